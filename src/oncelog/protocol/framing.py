@@ -1,0 +1,65 @@
+"""Size-prefixed framing, sans-IO.
+
+Every Kafka request and response is an int32 big-endian length followed by
+that many bytes. :class:`FrameDecoder` takes bytes as they arrive and yields
+whole frames; it never touches a socket.
+"""
+
+from __future__ import annotations
+
+import struct
+
+_LEN = struct.Struct(">i")
+
+
+class FrameError(Exception):
+    """The peer sent a frame we refuse (negative or over the size limit)."""
+
+
+class FrameDecoder:
+    """Accumulates bytes and splits them into frames.
+
+    ``max_frame_bytes`` mirrors Kafka's ``socket.request.max.bytes``: a frame
+    that announces a larger size raises :class:`FrameError` before any of its
+    body is buffered, so an oversize request cannot exhaust memory.
+    """
+
+    __slots__ = ("_buf", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int = 100 * 1024 * 1024) -> None:
+        self._buf = bytearray()
+        self.max_frame_bytes = max_frame_bytes
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add ``data``; return every frame it completes (bodies only)."""
+        buf = self._buf
+        buf += data
+        frames: list[bytes] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= 4:
+            (size,) = _LEN.unpack_from(buf, pos)
+            if size < 0:
+                raise FrameError(f"negative frame size {size}")
+            if size > self.max_frame_bytes:
+                raise FrameError(
+                    f"frame of {size} bytes exceeds socket.request.max.bytes={self.max_frame_bytes}"
+                )
+            if end - pos - 4 < size:
+                break
+            frames.append(bytes(buf[pos + 4 : pos + 4 + size]))
+            pos += 4 + size
+        if pos:
+            del buf[:pos]
+        return frames
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held that do not yet form a whole frame."""
+        return len(self._buf)
+
+
+def frame(payload_parts: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    """Prefix ``payload_parts`` with their total length; returns the parts to write."""
+    total = sum(len(p) for p in payload_parts)
+    return [_LEN.pack(total), *payload_parts]
