@@ -1,0 +1,480 @@
+"""Kafka record batch (magic v2) header handling.
+
+The broker treats batches as opaque bytes: it parses the fixed 61-byte header,
+checks the CRC32C and patches a few header fields.  Record encoding/decoding
+helpers at the bottom of this module are for tests and control markers only.
+
+Batch layout (big-endian)::
+
+    baseOffset i64 @0 | batchLength i32 @8 | partitionLeaderEpoch i32 @12
+    magic i8 @16 | crc u32 @17 | attributes i16 @21 | lastOffsetDelta i32 @23
+    baseTimestamp i64 @27 | maxTimestamp i64 @35 | producerId i64 @43
+    producerEpoch i16 @51 | baseSequence i32 @53 | recordsCount i32 @57
+    records...
+
+``batchLength`` counts the bytes after itself, so a batch occupies
+``12 + batchLength`` bytes.  The CRC covers everything from ``attributes``
+to the end of the batch.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from crc32c import crc32c
+
+# --- layout -----------------------------------------------------------------
+
+BASE_OFFSET_OFFSET = 0
+BATCH_LENGTH_OFFSET = 8
+PARTITION_LEADER_EPOCH_OFFSET = 12
+MAGIC_OFFSET = 16
+CRC_OFFSET = 17
+ATTRIBUTES_OFFSET = 21
+LAST_OFFSET_DELTA_OFFSET = 23
+BASE_TIMESTAMP_OFFSET = 27
+MAX_TIMESTAMP_OFFSET = 35
+PRODUCER_ID_OFFSET = 43
+PRODUCER_EPOCH_OFFSET = 51
+BASE_SEQUENCE_OFFSET = 53
+RECORDS_COUNT_OFFSET = 57
+RECORDS_OFFSET = 61
+
+HEADER_SIZE = 61
+LOG_OVERHEAD = 12  # baseOffset + batchLength
+MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD  # smallest legal batchLength (49)
+CRC_START = ATTRIBUTES_OFFSET
+MAGIC_V2 = 2
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+assert _HEADER.size == HEADER_SIZE
+_I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_I16 = struct.Struct(">h")
+
+# --- attributes ---------------------------------------------------------------
+
+COMPRESSION_MASK = 0x07
+COMPRESSION_NONE = 0
+COMPRESSION_GZIP = 1
+COMPRESSION_SNAPPY = 2
+COMPRESSION_LZ4 = 3
+COMPRESSION_ZSTD = 4
+MAX_COMPRESSION_CODEC = COMPRESSION_ZSTD
+TIMESTAMP_TYPE_BIT = 0x08  # set = LogAppendTime
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
+DELETE_HORIZON_BIT = 0x40
+
+TIMESTAMP_CREATE_TIME = 0
+TIMESTAMP_LOG_APPEND_TIME = 1
+NO_TIMESTAMP = -1
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+
+# --- Kafka error codes used here ------------------------------------------------
+
+CORRUPT_MESSAGE = 2
+MESSAGE_TOO_LARGE = 10
+RECORD_LIST_TOO_LARGE = 18
+UNSUPPORTED_COMPRESSION_TYPE = 76
+INVALID_RECORD = 87
+
+# Control record types (key: version i16, type i16).
+CONTROL_TYPE_ABORT = 0
+CONTROL_TYPE_COMMIT = 1
+
+
+class InvalidRecordError(Exception):
+    """A record batch failed validation; ``error_code`` is the Kafka error code."""
+
+    def __init__(self, error_code: int, message: str) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+        self.message = message
+
+
+@dataclass(slots=True)
+class BatchHeader:
+    """The fixed 61-byte header of a v2 record batch."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def size(self) -> int:
+        """Total bytes the batch occupies, including offset and length fields."""
+        return LOG_OVERHEAD + self.batch_length
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def timestamp_type(self) -> int:
+        """0 = CreateTime, 1 = LogAppendTime."""
+        return 1 if self.attributes & TIMESTAMP_TYPE_BIT else 0
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_BIT)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_BIT)
+
+    @property
+    def last_sequence(self) -> int:
+        """Sequence of the last record, wrapping at 2**31 like Kafka (-1 if none)."""
+        if self.base_sequence < 0:
+            return NO_SEQUENCE
+        return (self.base_sequence + self.last_offset_delta) % 0x80000000
+
+
+_Buffer = bytes | bytearray | memoryview
+
+
+def parse_batch_header(buf: _Buffer, pos: int = 0) -> BatchHeader:
+    """Parse the header at ``pos``; raises CORRUPT_MESSAGE if fewer than 61 bytes remain."""
+    try:
+        return BatchHeader(*_HEADER.unpack_from(buf, pos))
+    except struct.error:
+        raise InvalidRecordError(
+            CORRUPT_MESSAGE,
+            f"record batch header truncated: {len(buf) - pos} bytes available, {HEADER_SIZE} needed",
+        ) from None
+
+
+def compute_crc(buf: _Buffer, pos: int = 0, end: int | None = None) -> int:
+    """CRC32C of a batch's checksummed region (attributes .. end of batch)."""
+    if end is None:
+        end = pos + LOG_OVERHEAD + _I32.unpack_from(buf, pos + BATCH_LENGTH_OFFSET)[0]
+    return crc32c(memoryview(buf)[pos + CRC_START : end])
+
+
+def update_crc(buf: bytearray | memoryview, pos: int = 0) -> int:
+    """Recompute and store the CRC of the batch at ``pos``; returns it."""
+    crc = compute_crc(buf, pos)
+    _U32.pack_into(buf, pos + CRC_OFFSET, crc)
+    return crc
+
+
+def validate_produce_records(records: _Buffer, max_message_bytes: int) -> list[BatchHeader]:
+    """Check a Produce v3+ partition payload as Kafka does; never decodes records.
+
+    Raises :class:`InvalidRecordError` with the Kafka error code on failure.
+    """
+    n = len(records)
+    if n == 0:
+        raise InvalidRecordError(
+            INVALID_RECORD, "Produce requests with version 3+ must contain exactly one record batch (got none)"
+        )
+    if n < MAGIC_OFFSET + 1:
+        raise InvalidRecordError(CORRUPT_MESSAGE, f"record batch truncated: only {n} bytes")
+    magic = records[MAGIC_OFFSET]
+    if magic > 127:
+        magic -= 256
+    if magic != MAGIC_V2:
+        raise InvalidRecordError(
+            INVALID_RECORD, f"record batch magic {magic} is not supported; Produce v3+ requires magic 2"
+        )
+    hdr = parse_batch_header(records, 0)
+    if hdr.batch_length < MIN_BATCH_LENGTH:
+        raise InvalidRecordError(
+            CORRUPT_MESSAGE, f"record batch length {hdr.batch_length} is smaller than the minimum {MIN_BATCH_LENGTH}"
+        )
+    size = hdr.size
+    if size > n:
+        raise InvalidRecordError(
+            CORRUPT_MESSAGE, f"record batch truncated: header declares {size} bytes but only {n} were sent"
+        )
+    if size < n:
+        raise InvalidRecordError(
+            INVALID_RECORD,
+            "Produce requests with version 3+ are only allowed to contain exactly one record batch "
+            f"({n - size} bytes follow the first batch)",
+        )
+    if size > max_message_bytes:
+        raise InvalidRecordError(
+            MESSAGE_TOO_LARGE, f"record batch of {size} bytes exceeds the maximum of {max_message_bytes} bytes"
+        )
+    actual_crc = crc32c(memoryview(records)[CRC_START:size])
+    if actual_crc != hdr.crc:
+        raise InvalidRecordError(
+            CORRUPT_MESSAGE, f"record batch CRC mismatch: stored {hdr.crc:#010x}, computed {actual_crc:#010x}"
+        )
+    if hdr.compression > MAX_COMPRESSION_CODEC:
+        raise InvalidRecordError(UNSUPPORTED_COMPRESSION_TYPE, f"unknown compression codec {hdr.compression}")
+    if hdr.is_control:
+        raise InvalidRecordError(INVALID_RECORD, "clients may not produce control batches")
+    if hdr.base_offset != 0:
+        raise InvalidRecordError(INVALID_RECORD, f"record batch baseOffset must be 0, got {hdr.base_offset}")
+    if hdr.last_offset_delta < 0:
+        raise InvalidRecordError(INVALID_RECORD, f"record batch lastOffsetDelta {hdr.last_offset_delta} is negative")
+    if hdr.records_count != hdr.last_offset_delta + 1:
+        raise InvalidRecordError(
+            INVALID_RECORD,
+            f"record batch recordsCount {hdr.records_count} does not match lastOffsetDelta {hdr.last_offset_delta}",
+        )
+    return [hdr]
+
+
+def iter_batch_headers(buf: _Buffer, pos: int = 0) -> Iterator[tuple[BatchHeader, int, int]]:
+    """Yield ``(header, start, end)`` for each complete batch; stops at an incomplete tail.
+
+    Does not check CRCs; stops at a header whose length field is impossible.
+    """
+    n = len(buf)
+    unpack = _HEADER.unpack_from
+    while pos + HEADER_SIZE <= n:
+        hdr = BatchHeader(*unpack(buf, pos))
+        if hdr.batch_length < MIN_BATCH_LENGTH:
+            return
+        end = pos + LOG_OVERHEAD + hdr.batch_length
+        if end > n:
+            return
+        yield hdr, pos, end
+        pos = end
+
+
+def patch_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
+    """Overwrite the batch's baseOffset (not covered by the CRC)."""
+    _I64.pack_into(buf, pos + BASE_OFFSET_OFFSET, base_offset)
+
+
+def patch_log_append_time(buf: bytearray | memoryview, pos: int, ts_ms: int) -> None:
+    """Mark the batch LogAppendTime with ``ts_ms`` as maxTimestamp and fix its CRC."""
+    (attrs,) = _I16.unpack_from(buf, pos + ATTRIBUTES_OFFSET)
+    _I16.pack_into(buf, pos + ATTRIBUTES_OFFSET, attrs | TIMESTAMP_TYPE_BIT)
+    _I64.pack_into(buf, pos + MAX_TIMESTAMP_OFFSET, ts_ms)
+    update_crc(buf, pos)
+
+
+def log_append_time_header(batch: _Buffer, base_offset: int, ts_ms: int) -> bytes:
+    """Patched 61-byte header for ``batch`` with base offset and LogAppendTime applied.
+
+    The CRC covers the unchanged record bytes after the header too, so callers can
+    write ``header + batch[61:]`` without copying the records.
+    """
+    hdr = bytearray(memoryview(batch)[:HEADER_SIZE])
+    patch_base_offset(hdr, 0, base_offset)
+    (attrs,) = _I16.unpack_from(hdr, ATTRIBUTES_OFFSET)
+    _I16.pack_into(hdr, ATTRIBUTES_OFFSET, attrs | TIMESTAMP_TYPE_BIT)
+    _I64.pack_into(hdr, MAX_TIMESTAMP_OFFSET, ts_ms)
+    crc = crc32c(memoryview(batch)[HEADER_SIZE:], crc32c(memoryview(hdr)[CRC_START:]))
+    _U32.pack_into(hdr, CRC_OFFSET, crc)
+    return bytes(hdr)
+
+
+# --- record encoding (tests and control markers; not the hot path) -------------
+
+
+@dataclass
+class Record:
+    """One record inside a batch, as used by the encode/decode helpers."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
+    timestamp_delta: int = 0
+
+
+def _zigzag(n: int) -> int:
+    return (n << 1) ^ (n >> 63)
+
+
+def _write_varint(out: bytearray, n: int) -> None:
+    v = _zigzag(n) & 0xFFFFFFFFFFFFFFFF
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def _read_varint(buf: _Buffer, pos: int) -> tuple[int, int]:
+    shift = 0
+    v = 0
+    while True:
+        if pos >= len(buf):
+            raise InvalidRecordError(CORRUPT_MESSAGE, "varint runs past the end of the batch")
+        b = buf[pos]
+        pos += 1
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise InvalidRecordError(CORRUPT_MESSAGE, "varint too long")
+    return (v >> 1) ^ -(v & 1), pos
+
+
+def _write_bytes(out: bytearray, data: bytes | None) -> None:
+    if data is None:
+        _write_varint(out, -1)
+    else:
+        _write_varint(out, len(data))
+        out += data
+
+
+def _read_bytes(buf: _Buffer, pos: int) -> tuple[bytes | None, int]:
+    n, pos = _read_varint(buf, pos)
+    if n < 0:
+        return None, pos
+    if pos + n > len(buf):
+        raise InvalidRecordError(CORRUPT_MESSAGE, "record field runs past the end of the batch")
+    return bytes(buf[pos : pos + n]), pos + n
+
+
+def _encode_record(rec: Record, offset_delta: int) -> bytes:
+    body = bytearray(b"\x00")  # attributes (unused)
+    _write_varint(body, rec.timestamp_delta)
+    _write_varint(body, offset_delta)
+    _write_bytes(body, rec.key)
+    _write_bytes(body, rec.value)
+    _write_varint(body, len(rec.headers))
+    for hkey, hval in rec.headers:
+        _write_bytes(body, hkey.encode())
+        _write_bytes(body, hval)
+    out = bytearray()
+    _write_varint(out, len(body))
+    return bytes(out + body)
+
+
+def encode_record_batch(
+    records: list[Record],
+    *,
+    base_offset: int = 0,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    is_transactional: bool = False,
+    is_control: bool = False,
+    base_timestamp: int | None = None,
+    partition_leader_epoch: int = 0,
+) -> bytes:
+    """Encode an uncompressed v2 batch (CreateTime) holding ``records``."""
+    if not records:
+        raise ValueError("a record batch needs at least one record")
+    if base_timestamp is None:
+        base_timestamp = int(time.time() * 1000)
+    body = b"".join(_encode_record(r, i) for i, r in enumerate(records))
+    attributes = (TRANSACTIONAL_BIT if is_transactional else 0) | (CONTROL_BIT if is_control else 0)
+    max_ts = base_timestamp + max(r.timestamp_delta for r in records)
+    buf = bytearray(HEADER_SIZE + len(body))
+    _HEADER.pack_into(
+        buf, 0, base_offset, HEADER_SIZE - LOG_OVERHEAD + len(body), partition_leader_epoch, MAGIC_V2, 0,
+        attributes, len(records) - 1, base_timestamp, max_ts, producer_id, producer_epoch, base_sequence,
+        len(records),
+    )  # fmt: skip
+    buf[HEADER_SIZE:] = body
+    update_crc(buf, 0)
+    return bytes(buf)
+
+
+def iter_records(batch: _Buffer, pos: int = 0) -> Iterator[tuple[int, int, Record]]:
+    """Yield ``(offset, timestamp, record)`` for an uncompressed batch at ``pos``."""
+    hdr = parse_batch_header(batch, pos)
+    if hdr.compression != COMPRESSION_NONE:
+        raise InvalidRecordError(
+            UNSUPPORTED_COMPRESSION_TYPE, f"cannot decode compressed batch (codec {hdr.compression})"
+        )
+    end = pos + hdr.size
+    if end > len(batch):
+        raise InvalidRecordError(CORRUPT_MESSAGE, "record batch truncated")
+    view = memoryview(batch)[:end]
+    p = pos + RECORDS_OFFSET
+    log_append = hdr.timestamp_type == TIMESTAMP_LOG_APPEND_TIME
+    for _ in range(hdr.records_count):
+        length, p = _read_varint(view, p)
+        rec_end = p + length
+        if length < 0 or rec_end > end:
+            raise InvalidRecordError(CORRUPT_MESSAGE, "record runs past the end of the batch")
+        p += 1  # attributes
+        ts_delta, p = _read_varint(view, p)
+        offset_delta, p = _read_varint(view, p)
+        key, p = _read_bytes(view, p)
+        value, p = _read_bytes(view, p)
+        n_headers, p = _read_varint(view, p)
+        headers: list[tuple[str, bytes | None]] = []
+        for _h in range(n_headers):
+            hkey, p = _read_bytes(view, p)
+            hval, p = _read_bytes(view, p)
+            headers.append(((hkey or b"").decode(), hval))
+        if p != rec_end:
+            raise InvalidRecordError(CORRUPT_MESSAGE, "record length does not match its contents")
+        ts = hdr.max_timestamp if log_append else hdr.base_timestamp + ts_delta
+        yield hdr.base_offset + offset_delta, ts, Record(key, value, headers, ts_delta)
+    if p != end:
+        raise InvalidRecordError(CORRUPT_MESSAGE, "trailing bytes after the last record")
+
+
+def decode_records(batch: _Buffer) -> list[Record]:
+    """Decode all records of one uncompressed batch."""
+    return [rec for _off, _ts, rec in iter_records(batch)]
+
+
+def encode_control_batch(
+    producer_id: int,
+    producer_epoch: int,
+    commit: bool,
+    coordinator_epoch: int,
+    base_offset: int = 0,
+    timestamp_ms: int | None = None,
+) -> bytes:
+    """Encode a transaction marker (COMMIT or ABORT) control batch with one record."""
+    key = struct.pack(">hh", 0, CONTROL_TYPE_COMMIT if commit else CONTROL_TYPE_ABORT)
+    value = struct.pack(">hi", 0, coordinator_epoch)
+    return encode_record_batch(
+        [Record(key, value)],
+        base_offset=base_offset,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        is_transactional=True,
+        is_control=True,
+        base_timestamp=timestamp_ms,
+    )
+
+
+@dataclass(slots=True)
+class ControlMarker:
+    """Decoded transaction marker."""
+
+    commit: bool
+    coordinator_epoch: int
+
+
+def read_control_marker(batch: _Buffer, pos: int = 0) -> ControlMarker:
+    """Decode the marker held by the control batch at ``pos`` (uncompressed)."""
+    for _off, _ts, rec in iter_records(batch, pos):
+        if rec.key is None or len(rec.key) < 4:
+            raise InvalidRecordError(CORRUPT_MESSAGE, "control record key too short")
+        _version, ctype = struct.unpack_from(">hh", rec.key)
+        epoch = -1
+        if rec.value is not None and len(rec.value) >= 6:
+            _v, epoch = struct.unpack_from(">hi", rec.value)
+        return ControlMarker(ctype == CONTROL_TYPE_COMMIT, epoch)
+    raise InvalidRecordError(CORRUPT_MESSAGE, "control batch holds no record")
