@@ -1,0 +1,58 @@
+"""Small durable-file helpers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fsync_dir(path: str | Path) -> None:
+    """fsync a directory so that renames/creations inside it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably.
+
+    Writes a temp file in the same directory, fsyncs it, renames it over the
+    target and fsyncs the directory.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """os.write until every byte is written."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def read_all(fd: int, size: int, pos: int) -> bytes:
+    """os.pread ``size`` bytes at ``pos`` (fewer only at end of file)."""
+    data = os.pread(fd, size, pos)
+    if len(data) == size or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        more = os.pread(fd, size - got, pos + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
