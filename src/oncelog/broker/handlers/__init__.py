@@ -1,1 +1,71 @@
+"""One module per Kafka API, in the manner of franz-go's kfake.
 
+Each module opens with the API's behaviour and version notes, declares
+``API_KEY``, ``MIN_VERSION`` and ``MAX_VERSION`` (the versions it really
+handles, which is what ApiVersions advertises), and defines
+``async def handle(ctx, request)``. A handler returns a dict shaped like the
+response schema (see :mod:`oncelog.protocol.build`), a kio entity, raw
+``bytes`` of an already encoded body, or ``None`` for "no response" (acks=0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Awaitable, Callable
+
+from oncelog.broker.handlers import (
+    api_versions,
+    create_partitions,
+    create_topics,
+    delete_topics,
+    describe_cluster,
+    describe_configs,
+    fetch,
+    incremental_alter_configs,
+    alter_configs,
+    list_offsets,
+    metadata,
+    produce,
+)
+
+
+@dataclass(frozen=True)
+class Handler:
+    api_key: int
+    min_version: int
+    max_version: int
+    handle: Callable[..., Awaitable[Any]]
+    name: str
+
+
+def _from(module: ModuleType) -> Handler:
+    return Handler(
+        module.API_KEY,
+        module.MIN_VERSION,
+        module.MAX_VERSION,
+        module.handle,
+        module.__name__.rsplit(".", 1)[-1],
+    )
+
+
+HANDLERS: dict[int, Handler] = {
+    h.api_key: h
+    for h in map(
+        _from,
+        (
+            produce,
+            fetch,
+            list_offsets,
+            metadata,
+            api_versions,
+            create_topics,
+            delete_topics,
+            create_partitions,
+            describe_configs,
+            alter_configs,
+            incremental_alter_configs,
+            describe_cluster,
+        ),
+    )
+}

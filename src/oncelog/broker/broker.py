@@ -1,0 +1,214 @@
+"""The broker's domain state: topics, partitions, durability. No socket IO here.
+
+Handlers (one module per API under :mod:`oncelog.broker.handlers`) check the
+request version and then call the methods of :class:`Broker`, which own the
+state and enforce the rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from oncelog.broker.config import BrokerConfig
+from oncelog.broker.durability import GroupCommitter
+from oncelog.broker.partition import Partition
+from oncelog.protocol.errors import ErrorCode, KafkaError
+from oncelog.storage.catalog import TopicCatalog
+from oncelog.storage.config import LogConfig
+from oncelog.storage.engine import LogManager
+from oncelog.storage.fileutil import atomic_write
+
+log = logging.getLogger(__name__)
+
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+# topic-level configs this broker implements (DescribeConfigs/AlterConfigs)
+TOPIC_CONFIG_KEYS = (
+    "segment.bytes",
+    "segment.ms",
+    "retention.ms",
+    "retention.bytes",
+    "max.message.bytes",
+    "message.timestamp.type",
+    "index.interval.bytes",
+)
+
+
+def validate_topic_name(name: str) -> None:
+    if name in (".", "..") or not _LEGAL_TOPIC.match(name or ""):
+        raise KafkaError(
+            ErrorCode.invalid_topic_exception,
+            f"topic name {name!r} is illegal: use 1-249 of [a-zA-Z0-9._-], not '.' or '..'",
+        )
+
+
+@dataclass
+class Topic:
+    name: str
+    topic_id: uuid.UUID
+    partitions: list[Partition] = field(default_factory=list)
+    configs: dict[str, str] = field(default_factory=dict)
+    internal: bool = False
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, clock: Callable[[], int] = _now_ms) -> None:
+        self.config = config
+        self.clock = clock
+        self.topics: dict[str, Topic] = {}
+        self.topics_by_id: dict[uuid.UUID, Topic] = {}
+        self.committer = GroupCommitter(config.fsync_on_ack, config.log_flush_interval_ms)
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.cluster_id = self._load_cluster_id()
+        self.catalog = TopicCatalog.load(config.data_dir)
+        self.logs = LogManager(config.data_dir, config.log)
+        self.logs.open_all(self.catalog, self.clock())
+        for meta in self.catalog.topics():
+            self._attach_topic(meta.name, uuid.UUID(str(meta.topic_id)), meta.num_partitions, meta.configs)
+
+    # -- identity ---------------------------------------------------------
+
+    def _load_cluster_id(self) -> str:
+        path = self.config.data_dir / "meta" / "cluster_id"
+        if path.exists():
+            return path.read_text().strip()
+        cid = uuid.uuid4().hex[:22]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, cid.encode())
+        return cid
+
+    @property
+    def node_id(self) -> int:
+        return self.config.node_id
+
+    # -- topics -----------------------------------------------------------
+
+    def _attach_topic(self, name: str, topic_id: uuid.UUID, n: int, configs: dict[str, str]) -> Topic:
+        topic = Topic(name, topic_id, [], dict(configs), internal=name.startswith("__"))
+        for i in range(n):
+            topic.partitions.append(Partition(name, i, topic_id, self.logs.get(name, i)))
+        self.topics[name] = topic
+        self.topics_by_id[topic_id] = topic
+        return topic
+
+    def topic_log_config(self, name: str) -> LogConfig:
+        return self.logs.effective_config(name)
+
+    def check_topic_configs(self, configs: dict[str, str]) -> None:
+        for key, value in configs.items():
+            if key not in TOPIC_CONFIG_KEYS:
+                raise KafkaError(ErrorCode.invalid_config, f"unknown or unsupported topic config {key!r}")
+            if value is None:
+                continue
+        try:
+            LogConfig.from_properties(configs, self.config.log)
+        except (ValueError, TypeError) as exc:
+            raise KafkaError(ErrorCode.invalid_config, f"invalid topic config: {exc}") from None
+
+    def create_topic(
+        self,
+        name: str,
+        num_partitions: int = -1,
+        replication_factor: int = -1,
+        configs: dict[str, str] | None = None,
+        validate_only: bool = False,
+    ) -> Topic | None:
+        validate_topic_name(name)
+        if name in self.topics:
+            raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+        if num_partitions == -1:
+            num_partitions = self.config.num_partitions
+        if num_partitions <= 0:
+            raise KafkaError(ErrorCode.invalid_partitions, "Number of partitions must be larger than 0.")
+        if replication_factor == -1:
+            replication_factor = self.config.default_replication_factor
+        if replication_factor <= 0:
+            raise KafkaError(ErrorCode.invalid_replication_factor, "Replication factor must be larger than 0.")
+        configs = {k: v for k, v in (configs or {}).items() if v is not None}
+        self.check_topic_configs(configs)
+        if validate_only:
+            return None
+        meta = self.catalog.create_topic(name, num_partitions, configs)
+        self.logs.create_partitions(name, 0, num_partitions, self.clock())
+        log.info("created topic %s with %d partitions", name, num_partitions)
+        return self._attach_topic(name, uuid.UUID(str(meta.topic_id)), num_partitions, configs)
+
+    def delete_topic(self, name: str) -> None:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
+        if not self.config.delete_topic_enable:
+            raise KafkaError(ErrorCode.topic_deletion_disabled, "delete.topic.enable is false")
+        del self.topics[name]
+        self.topics_by_id.pop(topic.topic_id, None)
+        for p in topic.partitions:
+            p.wake()
+        self.catalog.delete_topic(name)
+        self.logs.delete_topic(name)
+        log.info("deleted topic %s", name)
+
+    def create_partitions(self, name: str, total: int, validate_only: bool = False) -> None:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
+        current = len(topic.partitions)
+        if total <= current:
+            raise KafkaError(
+                ErrorCode.invalid_partitions,
+                f"Topic currently has {current} partitions, {total} would not be an increase.",
+            )
+        if validate_only:
+            return
+        self.catalog.add_partitions(name, total)
+        self.logs.create_partitions(name, current, total, self.clock())
+        for i in range(current, total):
+            topic.partitions.append(Partition(name, i, topic.topic_id, self.logs.get(name, i)))
+
+    def alter_topic_configs(self, name: str, configs: dict[str, str], validate_only: bool = False) -> None:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
+        self.check_topic_configs({k: v for k, v in configs.items() if v is not None})
+        if validate_only:
+            return
+        self.catalog.set_configs(name, configs)
+        topic.configs = dict(configs)
+        self.logs.reconfigure(name)
+
+    def auto_create(self, name: str) -> Topic | None:
+        """Metadata/Produce auto-creation (``auto.create.topics.enable``)."""
+        if not self.config.auto_create_topics_enable:
+            return None
+        try:
+            return self.create_topic(name)
+        except KafkaError as exc:
+            if exc.code == ErrorCode.topic_already_exists:
+                return self.topics[name]
+            raise
+
+    def partition(self, topic: str, index: int) -> Partition:
+        t = self.topics.get(topic)
+        if t is None or not 0 <= index < len(t.partitions):
+            raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown partition {topic}-{index}")
+        return t.partitions[index]
+
+    # -- maintenance -------------------------------------------------------
+
+    def retention_pass(self) -> int:
+        deleted = self.logs.retention_pass(self.clock())
+        if deleted:
+            log.info("retention deleted %d segments", deleted)
+        return deleted
+
+    def close(self) -> None:
+        self.committer.close()
+        self.logs.close()

@@ -1,0 +1,145 @@
+"""Broker configuration with Kafka's property names.
+
+``oncelog serve --config FILE`` reads a Java-style properties file. Broker-wide
+log defaults (``log.segment.bytes``, ``log.retention.ms``, ...) are handed to
+:class:`oncelog.storage.config.LogConfig`; the rest is read here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from oncelog.storage.config import LogConfig
+
+_LISTENER = re.compile(r"^(?:[A-Za-z_]+://)?\[?([^\]]*?)\]?:(\d+)$")
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Parse Java properties (``key=value`` or ``key: value``; # and ! comments)."""
+    props: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+        if sep < 0:
+            props[line] = ""
+        else:
+            props[line[:sep].strip()] = line[sep + 1 :].strip()
+    return props
+
+
+def parse_listener(value: str) -> tuple[str, int]:
+    """``PLAINTEXT://127.0.0.1:19092`` or ``127.0.0.1:19092`` → (host, port)."""
+    first = value.split(",")[0].strip()
+    m = _LISTENER.match(first)
+    if not m:
+        raise ValueError(f"cannot parse listener {value!r}")
+    return m.group(1) or "127.0.0.1", int(m.group(2))
+
+
+def _bool(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class BrokerConfig:
+    host: str = "127.0.0.1"
+    port: int = 9092
+    data_dir: Path = Path("./data")
+    node_id: int = 1
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    auto_create_topics_enable: bool = True
+    num_partitions: int = 1
+    default_replication_factor: int = 1
+    socket_request_max_bytes: int = 104857600
+    # 1 = fsync before every acknowledgement (group commit); larger values leave
+    # data in the page cache and flush every log_flush_interval_ms, as Kafka does.
+    log_flush_interval_messages: int = 1
+    log_flush_interval_ms: int = 1000
+    log_retention_check_interval_ms: int = 300000
+    delete_topic_enable: bool = True
+    log: LogConfig = field(default_factory=LogConfig)
+    raw: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def fsync_on_ack(self) -> bool:
+        return self.log_flush_interval_messages <= 1
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        return (self.advertised_host or self.host, self.advertised_port or self.port)
+
+    @classmethod
+    def from_properties(cls, props: dict[str, str], **overrides: object) -> "BrokerConfig":
+        cfg = cls(raw=dict(props))
+        get = props.get
+        if "node.id" in props or "broker.id" in props:
+            cfg.node_id = int(get("node.id") or get("broker.id") or 1)
+        if "listeners" in props:
+            cfg.host, cfg.port = parse_listener(props["listeners"])
+        if "advertised.listeners" in props:
+            cfg.advertised_host, cfg.advertised_port = parse_listener(props["advertised.listeners"])
+        if "log.dirs" in props or "log.dir" in props:
+            cfg.data_dir = Path((get("log.dirs") or get("log.dir") or "./data").split(",")[0])
+        ints = {
+            "num.partitions": "num_partitions",
+            "default.replication.factor": "default_replication_factor",
+            "socket.request.max.bytes": "socket_request_max_bytes",
+            "log.flush.interval.messages": "log_flush_interval_messages",
+            "log.flush.interval.ms": "log_flush_interval_ms",
+            "log.retention.check.interval.ms": "log_retention_check_interval_ms",
+        }
+        for key, attr in ints.items():
+            if key in props:
+                setattr(cfg, attr, int(props[key]))
+        if "auto.create.topics.enable" in props:
+            cfg.auto_create_topics_enable = _bool(props["auto.create.topics.enable"])
+        if "delete.topic.enable" in props:
+            cfg.delete_topic_enable = _bool(props["delete.topic.enable"])
+        cfg.log = LogConfig.from_properties(props)
+        for key, value in overrides.items():
+            if value is not None:
+                setattr(cfg, key, value)
+        return cfg
+
+    @classmethod
+    def load(cls, path: str | Path | None, **overrides: object) -> "BrokerConfig":
+        props = parse_properties(Path(path).read_text()) if path else {}
+        return cls.from_properties(props, **overrides)
+
+    def broker_configs(self) -> dict[str, str]:
+        """Broker-level configs as DescribeConfigs(BROKER) reports them."""
+        out = {
+            "node.id": str(self.node_id),
+            "broker.id": str(self.node_id),
+            "listeners": f"PLAINTEXT://{self.host}:{self.port}",
+            "advertised.listeners": "PLAINTEXT://%s:%d" % self.advertised,
+            "log.dirs": str(self.data_dir),
+            "auto.create.topics.enable": str(self.auto_create_topics_enable).lower(),
+            "num.partitions": str(self.num_partitions),
+            "default.replication.factor": str(self.default_replication_factor),
+            "socket.request.max.bytes": str(self.socket_request_max_bytes),
+            "log.flush.interval.messages": str(self.log_flush_interval_messages),
+            "log.flush.interval.ms": str(self.log_flush_interval_ms),
+            "log.retention.check.interval.ms": str(self.log_retention_check_interval_ms),
+            "delete.topic.enable": str(self.delete_topic_enable).lower(),
+        }
+        for key, value in self.log.to_topic_configs().items():
+            out[_BROKER_NAME.get(key, "log." + key)] = value
+        return out
+
+
+# topic-level config name → broker-level default name (Kafka's mapping)
+_BROKER_NAME = {
+    "segment.bytes": "log.segment.bytes",
+    "segment.ms": "log.roll.ms",
+    "retention.ms": "log.retention.ms",
+    "retention.bytes": "log.retention.bytes",
+    "max.message.bytes": "message.max.bytes",
+    "message.timestamp.type": "log.message.timestamp.type",
+    "index.interval.bytes": "log.index.interval.bytes",
+}

@@ -1,0 +1,68 @@
+"""From one request frame to one response frame (no socket IO).
+
+:func:`handle_frame` parses the header, checks the API key and version
+against the handler table, decodes the body, calls the handler and encodes
+the response with the right header version. Protocol violations that Kafka
+answers by closing the connection raise :class:`CloseConnection`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from oncelog.broker.context import RequestContext
+from oncelog.broker.handlers import HANDLERS, api_versions
+from oncelog.protocol.build import materialize
+from oncelog.protocol.codec import DecodeError, decode_request, encode_response, is_flexible, response_type
+from oncelog.protocol.headers import (
+    API_VERSIONS_KEY,
+    HeaderError,
+    parse_request_header_prefix,
+    response_header,
+    skip_tagged_fields,
+)
+
+log = logging.getLogger("oncelog.requests")
+
+
+class CloseConnection(Exception):
+    """The request is a protocol violation; Kafka closes the connection."""
+
+
+async def handle_frame(broker: Any, frame: bytes, peer: str = "?") -> list[bytes] | None:
+    """Handle one request body; return the response parts, or None for no response."""
+    try:
+        header, pos = parse_request_header_prefix(frame)
+    except HeaderError as exc:
+        raise CloseConnection(f"malformed request header: {exc}") from None
+    handler = HANDLERS.get(header.api_key)
+    if handler is None:
+        raise CloseConnection(f"unknown API key {header.api_key}")
+    version = header.api_version
+    if not handler.min_version <= version <= handler.max_version:
+        if header.api_key == API_VERSIONS_KEY:
+            # KIP-511: answer in v0 format with UNSUPPORTED_VERSION and our ranges
+            return [response_header(header.correlation_id, False), api_versions.unsupported_v0()]
+        raise CloseConnection(
+            f"unsupported version {version} of {handler.name} "
+            f"(supported {handler.min_version}-{handler.max_version})"
+        )
+    flexible = is_flexible(header.api_key, version)
+    try:
+        if flexible:
+            pos = skip_tagged_fields(frame, pos)
+        request = decode_request(header.api_key, version, frame, pos)
+    except (HeaderError, DecodeError) as exc:
+        raise CloseConnection(f"cannot decode {handler.name} v{version}: {exc}") from None
+    ctx = RequestContext(broker, header, peer)
+    result = await handler.handle(ctx, request)
+    if result is None:
+        return None
+    if isinstance(result, dict):
+        result = materialize(response_type(header.api_key, version), result)
+    body = result if isinstance(result, (bytes, bytearray, memoryview)) else encode_response(result)
+    # ApiVersions responses always carry header v0 (KIP-511)
+    resp_flexible = flexible and header.api_key != API_VERSIONS_KEY
+    return [response_header(header.correlation_id, resp_flexible), body]
+

@@ -1,0 +1,52 @@
+"""ApiVersions (key 18).
+
+Behavior: lists every API this broker handles with the exact version range
+its handler implements, plus the finalized features (none yet).
+
+Version notes:
+- v0-v4 are handled. v3+ is flexible and carries the client's software
+  name/version, which we ignore.
+- A version above 4 is answered in v0 format with UNSUPPORTED_VERSION (35) and
+  the API list, so the client can retry with a version we speak (KIP-511);
+  the dispatcher calls :func:`unsupported_v0` for that.
+- The response header is always v0, even for flexible versions.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from oncelog.broker.context import RequestContext
+
+API_KEY = 18
+MIN_VERSION = 0
+MAX_VERSION = 4
+
+
+def _api_keys() -> list[dict[str, int]]:
+    from oncelog.broker.handlers import HANDLERS
+
+    return [
+        {"api_key": h.api_key, "min_version": h.min_version, "max_version": h.max_version}
+        for h in sorted(HANDLERS.values(), key=lambda h: h.api_key)
+    ]
+
+
+async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    return {
+        "error_code": 0,
+        "api_keys": _api_keys(),
+        "throttle_time": 0,
+        "supported_features": [],
+        "finalized_features_epoch": -1,
+        "finalized_features": [],
+    }
+
+
+def unsupported_v0() -> bytes:
+    """ApiVersions v0 body with error 35 and our API list."""
+    keys = _api_keys()
+    parts = [struct.pack(">hi", 35, len(keys))]
+    parts += [struct.pack(">hhh", k["api_key"], k["min_version"], k["max_version"]) for k in keys]
+    return b"".join(parts)

@@ -1,0 +1,99 @@
+"""CreateTopics (key 19).
+
+Behavior: creates each topic with its partition count and topic-level
+configs. -1 partitions/replication factor take ``num.partitions`` /
+``default.replication.factor``. Explicit replica assignments give the
+partition count. A replication factor above 1 is accepted and capped at 1,
+as single-node brokers do. ``validate_only`` checks everything and changes
+nothing. Errors: TOPIC_ALREADY_EXISTS, INVALID_TOPIC_EXCEPTION,
+INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, INVALID_CONFIG,
+INVALID_REQUEST (duplicate names in one request).
+
+Version notes:
+- v2-v7 handled. v5+ returns partitions, replication factor and configs; v5+
+  flexible; v7+ returns the topic id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from typing import Any
+
+from oncelog.broker.context import RequestContext
+from oncelog.broker.handlers.describe_configs import topic_config_entries
+from oncelog.protocol.errors import ErrorCode, KafkaError
+
+API_KEY = 19
+MIN_VERSION = 2
+MAX_VERSION = 7
+
+_ZERO = uuid.UUID(int=0)
+
+
+def _result(name: str, code: int, message: str | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "topic_id": _ZERO,
+        "error_code": code,
+        "error_message": message,
+        "topic_config_error_code": 0,
+        "num_partitions": -1,
+        "replication_factor": -1,
+        "configs": None,
+    }
+
+
+async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    broker = ctx.broker
+    counts = Counter(t.name for t in request.topics)
+    results = []
+    for t in request.topics:
+        if counts[t.name] > 1:
+            results.append(_result(t.name, ErrorCode.invalid_request, "Duplicate topic name in request."))
+            continue
+        num_partitions = t.num_partitions
+        replication = t.replication_factor
+        if t.assignments:
+            if num_partitions != -1 or replication != -1:
+                results.append(
+                    _result(
+                        t.name,
+                        ErrorCode.invalid_request,
+                        "Both numPartitions or replicationFactor and replicasAssignments were set.",
+                    )
+                )
+                continue
+            num_partitions = len(t.assignments)
+            replication = len(t.assignments[0].broker_ids) or 1
+        if replication > 1:
+            replication = 1  # single node: accepted and capped
+        configs = {c.name: c.value for c in t.configs}
+        try:
+            topic = broker.create_topic(t.name, num_partitions, replication, configs, request.validate_only)
+        except KafkaError as exc:
+            results.append(_result(t.name, exc.code, str(exc)))
+            continue
+        n = len(topic.partitions) if topic else (num_partitions if num_partitions > 0 else broker.config.num_partitions)
+        results.append(
+            {
+                "name": t.name,
+                "topic_id": topic.topic_id if topic else _ZERO,
+                "error_code": 0,
+                "error_message": None,
+                "topic_config_error_code": 0,
+                "num_partitions": n,
+                "replication_factor": 1,
+                "configs": [
+                    {
+                        "name": e["name"],
+                        "value": e["value"],
+                        "read_only": e["read_only"],
+                        "config_source": e["config_source"],
+                        "is_sensitive": False,
+                    }
+                    for e in topic_config_entries(broker, t.name if topic else None, configs)
+                ],
+            }
+        )
+    return {"throttle_time": 0, "topics": results}

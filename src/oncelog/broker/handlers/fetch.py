@@ -1,0 +1,166 @@
+"""Fetch (key 1).
+
+Behavior: for each partition, whole stored batches from the one holding
+``fetch_offset`` up to the high watermark (the durable end of the log) are
+returned as stored bytes. The first batch of the response is returned whole
+even when it exceeds ``partition_max_bytes``/``max_bytes`` (KIP-74), so a
+consumer always makes progress; later partitions get nothing once the
+request's ``max_bytes`` is used up. ``fetch_offset`` below the log start
+offset or above the log end offset gets OFFSET_OUT_OF_RANGE.
+
+Long poll: when fewer than ``min_bytes`` are available the handler waits up
+to ``max_wait_ms`` for an append to any requested partition to become
+durable, then reads again.
+
+Fetch sessions (KIP-227) are not kept: every response has session id 0, which
+tells clients to send full fetch requests, as Kafka does when its session
+cache is full.
+
+Version notes:
+- v4-v17 handled. v4+ carries isolation_level and aborted transactions (null
+  for read_uncommitted, empty for read_committed until transactions land).
+- v12+ flexible; v13+ names topics by id (UNKNOWN_TOPIC_ID when unknown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from oncelog.broker.context import RequestContext
+from oncelog.broker.partition import Partition
+from oncelog.protocol.build import to_ms
+from oncelog.protocol.errors import ErrorCode
+from oncelog.storage.log import OffsetOutOfRangeError
+
+API_KEY = 1
+MIN_VERSION = 4
+MAX_VERSION = 17
+
+
+def _empty(index: int, code: int, hw: int = -1, lso: int = -1, log_start: int = -1) -> dict[str, Any]:
+    return {
+        "partition_index": index,
+        "error_code": code,
+        "high_watermark": hw,
+        "last_stable_offset": lso,
+        "log_start_offset": log_start,
+        "aborted_transactions": None,
+        "preferred_read_replica": -1,
+        "records": None,
+    }
+
+
+class _Plan:
+    """The resolved partitions of one fetch request."""
+
+    def __init__(self, ctx: RequestContext, request: Any) -> None:
+        broker = ctx.broker
+        self.by_id = ctx.version >= 13
+        self.read_committed = request.isolation_level == 1
+        self.topics: list[tuple[Any, list[tuple[Any, Partition | None, int]]]] = []
+        for t in request.topics:
+            if self.by_id:
+                topic = broker.topics_by_id.get(t.topic_id)
+                missing = ErrorCode.unknown_topic_id
+                key = t.topic_id
+            else:
+                topic = broker.topics.get(t.topic)
+                missing = ErrorCode.unknown_topic_or_partition
+                key = t.topic
+            entries = []
+            for p in t.partitions:
+                part = None
+                code = missing
+                if topic is not None:
+                    if 0 <= p.partition < len(topic.partitions):
+                        part = topic.partitions[p.partition]
+                        code = 0
+                    else:
+                        code = ErrorCode.unknown_topic_or_partition
+                entries.append((p, part, code))
+            self.topics.append((key, entries))
+
+    def partitions(self) -> list[Partition]:
+        return [part for _, entries in self.topics for _, part, _ in entries if part is not None]
+
+    def read(self, max_bytes: int) -> tuple[list[dict[str, Any]], int]:
+        out = []
+        total = 0
+        for key, entries in self.topics:
+            parts_out = []
+            for req, part, code in entries:
+                if part is None:
+                    parts_out.append(_empty(req.partition, code))
+                    continue
+                parts_out.append(self._read_partition(req, part, max_bytes - total, total == 0))
+                records = parts_out[-1]["records"]
+                if records:
+                    total += len(records)
+            topic_key = {"topic_id": key} if self.by_id else {"topic": key}
+            out.append({**topic_key, "partitions": parts_out})
+        return out, total
+
+    def _read_partition(self, req: Any, part: Partition, budget: int, first: bool) -> dict[str, Any]:
+        hw = part.high_watermark
+        lso = hw
+        log_start = part.log_start_offset
+        entry = _empty(req.partition, 0, hw, lso, log_start)
+        if self.read_committed:
+            entry["aborted_transactions"] = []
+        offset = req.fetch_offset
+        limit = min(req.partition_max_bytes, budget)
+        if offset < log_start or offset > part.log.log_end_offset:
+            entry["error_code"] = ErrorCode.offset_out_of_range
+            return entry
+        upper = lso if self.read_committed else hw
+        if offset >= upper or (limit <= 0 and not first):
+            entry["records"] = b""
+            return entry
+        try:
+            result = part.log.read(offset, max(limit, 0), max_offset=upper, min_one=first)
+        except OffsetOutOfRangeError:
+            entry["error_code"] = ErrorCode.offset_out_of_range
+            return entry
+        entry["records"] = bytes(result.data)
+        return entry
+
+
+async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    plan = _Plan(ctx, request)
+    max_bytes = request.max_bytes if request.max_bytes > 0 else 0x7FFFFFFF
+    wait_ms = to_ms(request.max_wait)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_ms / 1000
+    topics, total = plan.read(max_bytes)
+    while total < request.min_bytes and not _has_error(topics):
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        fut: asyncio.Future[None] = loop.create_future()
+        parts = plan.partitions()
+        if not parts:
+            await asyncio.sleep(remaining)
+            break
+        for p in parts:
+            p.add_waiter(fut)
+        try:
+            await asyncio.wait_for(fut, remaining)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            for p in parts:
+                p.remove_waiter(fut)
+        topics, total = plan.read(max_bytes)
+    return {
+        "throttle_time": 0,
+        "error_code": 0,
+        "session_id": 0,
+        "responses": topics,
+        "node_endpoints": [],
+    }
+
+
+def _has_error(topics: list[dict[str, Any]]) -> bool:
+    return any(p["error_code"] for t in topics for p in t["partitions"])
+

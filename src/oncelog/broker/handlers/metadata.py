@@ -1,0 +1,107 @@
+"""Metadata (key 3).
+
+Behavior: this node is the only broker, the controller and the leader of
+every partition (leader epoch 0, replicas = ISR = [this node]). A null topic
+list means all topics; a named topic that does not exist is auto-created
+when ``auto.create.topics.enable`` is true and the request allows it,
+otherwise it gets UNKNOWN_TOPIC_OR_PARTITION. An illegal name gets
+INVALID_TOPIC_EXCEPTION. Lookups by topic id (v10+) that miss get
+UNKNOWN_TOPIC_ID.
+
+Version notes:
+- v0: an empty topic list means all topics; auto-creation always allowed.
+- v1+: null means all topics, an empty list means none.
+- v4+: ``allow_auto_topic_creation``.
+- v10+: topic ids. v9+ flexible.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from oncelog.broker.broker import Topic
+from oncelog.broker.context import RequestContext
+from oncelog.protocol.errors import ErrorCode, KafkaError
+
+API_KEY = 3
+MIN_VERSION = 0
+MAX_VERSION = 12
+
+_ZERO_UUID = uuid.UUID(int=0)
+
+
+def topic_entry(broker: Any, topic: Topic) -> dict[str, Any]:
+    node = broker.node_id
+    return {
+        "error_code": 0,
+        "name": topic.name,
+        "topic_id": topic.topic_id,
+        "is_internal": topic.internal,
+        "partitions": [
+            {
+                "error_code": 0,
+                "partition_index": p.index,
+                "leader_id": node,
+                "leader_epoch": 0,
+                "replica_nodes": [node],
+                "isr_nodes": [node],
+                "offline_replicas": [],
+            }
+            for p in topic.partitions
+        ],
+        "topic_authorized_operations": -2147483648,
+    }
+
+
+def _error_entry(name: str | None, topic_id: uuid.UUID | None, code: int) -> dict[str, Any]:
+    return {
+        "error_code": code,
+        "name": name,
+        "topic_id": topic_id or _ZERO_UUID,
+        "is_internal": False,
+        "partitions": [],
+        "topic_authorized_operations": -2147483648,
+    }
+
+
+async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    broker = ctx.broker
+    version = ctx.version
+    wanted = request.topics
+    if wanted is None or (version == 0 and not wanted):
+        entries = [topic_entry(broker, t) for t in list(broker.topics.values())]
+    else:
+        allow_create = getattr(request, "allow_auto_topic_creation", True)
+        entries = []
+        for req_topic in wanted:
+            name = req_topic.name
+            topic_id = getattr(req_topic, "topic_id", None)
+            if not name and topic_id and topic_id != _ZERO_UUID:
+                found = broker.topics_by_id.get(topic_id)
+                entries.append(
+                    topic_entry(broker, found)
+                    if found
+                    else _error_entry(None, topic_id, ErrorCode.unknown_topic_id)
+                )
+                continue
+            topic = broker.topics.get(name)
+            if topic is None:
+                try:
+                    topic = broker.auto_create(name) if allow_create else None
+                except KafkaError as exc:
+                    entries.append(_error_entry(name, None, exc.code))
+                    continue
+            if topic is None:
+                entries.append(_error_entry(name, None, ErrorCode.unknown_topic_or_partition))
+            else:
+                entries.append(topic_entry(broker, topic))
+    host, port = broker.config.advertised
+    return {
+        "throttle_time": 0,
+        "brokers": [{"node_id": broker.node_id, "host": host, "port": port, "rack": None}],
+        "cluster_id": broker.cluster_id,
+        "controller_id": broker.node_id,
+        "topics": entries,
+        "cluster_authorized_operations": -2147483648,
+    }

@@ -1,0 +1,198 @@
+"""The asyncio server: the only module that touches sockets.
+
+One :class:`KafkaConnection` per client socket. Frames are split sans-IO by
+:class:`oncelog.protocol.framing.FrameDecoder`; each request becomes a task
+started in arrival order, and responses are written strictly in request order.
+Handlers do all their state changes before their first ``await``, so requests
+of one connection take effect in order while their fsync waits and long polls
+overlap (pipelining within and across connections). A connection that sends a
+malformed or oversize frame, or an unknown API, is closed alone and logged in
+one line; every other connection keeps being served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections import deque
+from typing import Any
+
+from oncelog.broker.broker import Broker
+from oncelog.broker.config import BrokerConfig
+from oncelog.broker.dispatch import CloseConnection, handle_frame
+from oncelog.protocol.framing import FrameDecoder, FrameError, frame
+
+log = logging.getLogger("oncelog.server")
+
+MAX_IN_FLIGHT = 64  # per connection; beyond it we stop reading the socket
+
+
+class KafkaConnection(asyncio.Protocol):
+    def __init__(self, server: "BrokerServer") -> None:
+        self.server = server
+        self.broker = server.broker
+        self.decoder = FrameDecoder(server.broker.config.socket_request_max_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.pending: deque[asyncio.Task[list[bytes] | None]] = deque()
+        self.closed = False
+        self.reading_paused = False
+        self.writable = asyncio.Event()
+        self.writable.set()
+
+    # -- asyncio.Protocol ---------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        for task in self.pending:
+            task.cancel()
+        self.pending.clear()
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except FrameError as exc:
+            self.abort(f"bad frame: {exc}")
+            return
+        for body in frames:
+            task = asyncio.get_running_loop().create_task(self._handle(body))
+            self.pending.append(task)
+            task.add_done_callback(self._on_done)
+        if len(self.pending) >= MAX_IN_FLIGHT and not self.reading_paused and self.transport:
+            self.transport.pause_reading()
+            self.reading_paused = True
+
+    # -- request processing ---------------------------------------------------
+
+    async def _handle(self, body: bytes) -> list[bytes] | None:
+        try:
+            return await handle_frame(self.broker, body, self.peer)
+        except CloseConnection as exc:
+            self.abort(str(exc))
+            return None
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("request from %s failed; closing the connection", self.peer)
+            self.abort("internal error")
+            return None
+
+    def _on_done(self, _task: asyncio.Task[Any]) -> None:
+        """Write every finished response at the head of the queue, in order."""
+        pending = self.pending
+        while pending and pending[0].done():
+            task = pending.popleft()
+            if self.closed or task.cancelled():
+                continue
+            parts = task.result()
+            if parts is not None and self.transport is not None:
+                self.transport.writelines(frame(parts))
+        if self.reading_paused and len(pending) < MAX_IN_FLIGHT // 2 and self.transport and not self.closed:
+            self.transport.resume_reading()
+            self.reading_paused = False
+
+    def abort(self, reason: str) -> None:
+        if self.closed:
+            return
+        log.warning("closing connection from %s: %s", self.peer, reason)
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class BrokerServer:
+    """Owns the listening socket and the background maintenance tasks."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.connections: set[KafkaConnection] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.port: int = broker.config.port
+
+    async def start(self) -> None:
+        cfg = self.broker.config
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: KafkaConnection(self), cfg.host, cfg.port, reuse_address=True, backlog=1024
+        )
+        sock = self._server.sockets[0]
+        self.port = sock.getsockname()[1]
+        if cfg.port == 0:
+            cfg.port = self.port
+        self._tasks.append(loop.create_task(self._retention_loop()))
+        if not cfg.fsync_on_ack:
+            self._tasks.append(loop.create_task(self.broker.committer.periodic_flush()))
+
+    async def _retention_loop(self) -> None:
+        interval = max(self.broker.config.log_retention_check_interval_ms, 10) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.broker.retention_pass()
+            except Exception:
+                log.exception("retention pass failed")
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        await self.broker.committer.drain()
+        if self._server is not None:
+            await self._server.wait_closed()
+        self.broker.close()
+
+
+def _install_loop() -> None:
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        pass
+
+
+async def serve(config: BrokerConfig, ready: Any = None) -> None:
+    """Run the broker until SIGTERM/SIGINT (or until ``ready``'s stop event)."""
+    started = time.monotonic()
+    broker = Broker(config)
+    server = BrokerServer(broker)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    log.info("started in %.0f ms", (time.monotonic() - started) * 1000)
+    print(f"oncelog listening on {config.host}:{server.port}", flush=True)
+    if ready is not None:
+        ready(server, stop, loop)
+    await stop.wait()
+    log.info("shutting down")
+    await server.stop()
+
+
+def run(config: BrokerConfig) -> None:
+    _install_loop()
+    asyncio.run(serve(config))
