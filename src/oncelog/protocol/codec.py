@@ -106,6 +106,7 @@ def decode_response(api_key: int, version: int, buf: bytes | memoryview, offset:
 
 
 # -- tolerant walker --------------------------------------------------------
+# kio readers return (value, bytes consumed); so do ours.
 
 
 @cache
@@ -123,22 +124,27 @@ def _tolerant_reader(cls: type) -> Any:
             tagged[int(tag)] = (field.name, reader)
             defaults[field.name] = _tag_default(field)
 
-    def read(buf: Any, pos: int) -> tuple[Any, int]:
+    def read(buf: Any, start: int) -> tuple[Any, int]:
         values: dict[str, Any] = {}
+        pos = start
         for name, reader in plain:
-            values[name], pos = reader(buf, pos)
+            values[name], size = reader(buf, pos)
+            pos += size
         if flexible:
             values.update(defaults)
-            count, pos = read_unsigned_varint(buf, pos)
+            count, size = read_unsigned_varint(buf, pos)
+            pos += size
             for _ in range(count):
-                tag, pos = read_unsigned_varint(buf, pos)
-                size, pos = read_unsigned_varint(buf, pos)
+                tag, size = read_unsigned_varint(buf, pos)
+                pos += size
+                length, size = read_unsigned_varint(buf, pos)
+                pos += size
                 known = tagged.get(tag)
                 if known is not None:
                     name, reader = known
-                    values[name], _ = reader(bytes(buf[pos : pos + size]), 0)
-                pos += size
-        return cls(**values), pos
+                    values[name], _ = reader(bytes(buf[pos : pos + length]), 0)
+                pos += length
+        return cls(**values), pos - start
 
     return read
 
@@ -159,25 +165,28 @@ def _field_reader(cls: type, field: Field, flexible: bool, is_tag: bool) -> Any:
             return inner
 
         def read_optional(buf: Any, pos: int) -> tuple[Any, int]:
-            marker, pos = read_int8(buf, pos)
+            marker, size = read_int8(buf, pos)
             if marker < 0:
-                return None, pos
-            return inner(buf, pos)
+                return None, size
+            value, inner_size = inner(buf, pos + size)
+            return value, size + inner_size
 
         return read_optional
     if isinstance(kind, EntityTupleField):
         inner = _tolerant_reader(kind.type_)
         read_len = read_compact_array_length if flexible else read_legacy_array_length
 
-        def read_array(buf: Any, pos: int) -> tuple[Any, int]:
-            n, pos = read_len(buf, pos)
+        def read_array(buf: Any, start: int) -> tuple[Any, int]:
+            n, pos = read_len(buf, start)
+            pos += start
             if n < 0:
-                return None, pos
+                return None, pos - start
             items = []
             for _ in range(n):
-                item, pos = inner(buf, pos)
+                item, size = inner(buf, pos)
+                pos += size
                 items.append(item)
-            return tuple(items), pos
+            return tuple(items), pos - start
 
         return read_array
     return get_field_reader(cls, field, False, is_tag)
