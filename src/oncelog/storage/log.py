@@ -1,0 +1,472 @@
+"""A durable, segmented partition log modelled on Kafka's.
+
+Threading: every method runs on one thread (the event loop) except
+:meth:`PartitionLog.sync`, which may run in a worker thread concurrently with
+appends, rolls and retention.  Group commit works like this::
+
+    end = await loop.run_in_executor(pool, log.sync)   # fdatasync outside the loop
+    # every append that returned before sync() was called is durable now (< end)
+
+Files in the partition directory besides the segments:
+
+* ``log-start-offset``: checkpoint of the log start offset (retention moves it);
+* ``recovery-point``: every segment below this base offset was fsynced whole,
+  so an unclean restart only fully CRC-scans segments from here on;
+* ``.clean_shutdown``: written by :meth:`close`; when present on open, no
+  segment needs a full scan.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import threading
+from bisect import bisect_right
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from oncelog.protocol.records import (
+    COMPRESSION_NONE,
+    HEADER_SIZE,
+    TIMESTAMP_LOG_APPEND_TIME,
+    BatchHeader,
+    InvalidRecordError,
+    iter_records,
+    log_append_time_header,
+    parse_batch_header,
+)
+from oncelog.storage.config import LogConfig
+from oncelog.storage.fileutil import atomic_write, fsync_dir
+from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment
+
+CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
+LOG_START_FILE = "log-start-offset"
+RECOVERY_POINT_FILE = "recovery-point"
+OFFSET_OUT_OF_RANGE = 1
+
+_I64 = struct.Struct(">q")
+
+
+class OffsetOutOfRangeError(Exception):
+    """Fetch offset outside [log_start_offset, log_end_offset] (Kafka error 1)."""
+
+    error_code = OFFSET_OUT_OF_RANGE
+
+    def __init__(self, offset: int, log_start_offset: int, log_end_offset: int) -> None:
+        super().__init__(f"offset {offset} is out of range [{log_start_offset}, {log_end_offset}]")
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+@dataclass(slots=True)
+class AppendInfo:
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int  # -1 unless the log uses LogAppendTime
+    max_timestamp: int
+    position: int  # byte position inside the segment
+    segment_base_offset: int
+    size: int
+
+
+@dataclass(slots=True)
+class ReadResult:
+    data: bytes  # whole batches, possibly empty
+    first_offset: int  # base offset of the first batch returned (the requested offset if none)
+    next_offset: int  # offset after the last batch returned (the requested offset if none)
+    log_start_offset: int
+    log_end_offset: int
+
+
+def _read_checkpoint(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class PartitionLog:
+    """Segments of one partition in ``directory`` (see module docstring)."""
+
+    def __init__(self, directory: Path, config: LogConfig, segments: list[Segment], log_start_offset: int) -> None:
+        self.directory = directory
+        self.config = config
+        self.segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self._log_start = log_start_offset
+        self._size = sum(s.size for s in segments)
+        self._lock = threading.Lock()
+        self._ckpt_lock = threading.Lock()
+        self._unsynced: dict[Segment, None] = {}  # ordered set of segments with unsynced writes
+        self._dir_dirty = False
+        self._durable_end = self.log_end_offset
+        self._recovery_point = segments[-1].base_offset
+        self._closed = False
+
+    # -- opening and recovery ---------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
+        """Create or load the log in ``directory``, recovering from an unclean shutdown."""
+        directory.mkdir(parents=True, exist_ok=True)
+        marker = directory / CLEAN_SHUTDOWN_FILE
+        clean = marker.exists()
+        recovery_point = _read_checkpoint(directory / RECOVERY_POINT_FILE) or 0
+        bases = sorted(int(p.stem) for p in directory.glob("*" + LOG_SUFFIX) if p.stem.isdigit())
+        for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+            for p in directory.glob("*" + suffix):
+                if not p.stem.isdigit() or int(p.stem) not in bases:
+                    p.unlink()
+        segments: list[Segment] = []
+        for i, base in enumerate(bases):
+            seg = Segment(directory, base, config.index_interval_bytes)
+            full = not clean and (i == len(bases) - 1 or base >= recovery_point)
+            seg.load(now_ms, full_recovery=full)
+            segments.append(seg)
+        checkpoint = _read_checkpoint(directory / LOG_START_FILE)
+        if not segments:
+            segments.append(Segment(directory, max(checkpoint or 0, 0), config.index_interval_bytes))
+        log_end = segments[-1].next_offset
+        log_start = min(max(checkpoint or 0, segments[0].base_offset), log_end)
+        log = cls(directory, config, segments, log_start)
+        if clean:
+            marker.unlink()
+        log._recovery_point = recovery_point if not clean else segments[-1].base_offset
+        fsync_dir(directory)
+        fsync_dir(directory.parent)
+        return log
+
+    # -- properties ---------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start
+
+    @property
+    def log_end_offset(self) -> int:
+        """Next offset to assign (the high watermark on a single node)."""
+        return self.segments[-1].next_offset
+
+    @property
+    def durable_end_offset(self) -> int:
+        """Every offset below this has been fdatasynced."""
+        return self._durable_end
+
+    @property
+    def has_unsynced(self) -> bool:
+        return bool(self._unsynced) or self._dir_dirty
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size
+
+    @property
+    def active_segment(self) -> Segment:
+        return self.segments[-1]
+
+    def set_config(self, config: LogConfig) -> None:
+        """Apply new settings (used by later appends, rolls and retention)."""
+        self.config = config
+        self.segments[-1].index_interval_bytes = config.index_interval_bytes
+
+    # -- appends ----------------------------------------------------------------
+
+    def append(self, batch: bytes | bytearray | memoryview, now_ms: int) -> AppendInfo:
+        """Append one validated batch, assigning offsets from the log end offset.
+
+        Writes to the OS page cache only; call :meth:`sync` for durability.
+        """
+        hdr = parse_batch_header(batch)
+        size = hdr.size
+        if size != len(batch):
+            raise ValueError(f"batch is {len(batch)} bytes but its header says {size}")
+        cfg = self.config
+        view = memoryview(batch)
+        with self._lock:
+            active = self.segments[-1]
+            base = active.next_offset
+            last = base + hdr.last_offset_delta
+            if not active.fits(size, last, cfg.segment_bytes) or self._roll_due(active, now_ms):
+                active = self._roll()
+            hdr.base_offset = base
+            if cfg.log_append_time:
+                parts: list[bytes | memoryview] = [log_append_time_header(view, base, now_ms), view[HEADER_SIZE:]]
+                hdr.max_timestamp = now_ms
+                append_time = now_ms
+            else:
+                parts = [_I64.pack(base), view[8:]]
+                append_time = -1
+            pos = active.append(parts, size, hdr, now_ms)
+            self._size += size
+            self._unsynced[active] = None
+        return AppendInfo(base, last, append_time, hdr.max_timestamp, pos, active.base_offset, size)
+
+    def append_control(self, batch: bytes | bytearray | memoryview, now_ms: int) -> AppendInfo:
+        """Append a broker-built control batch (transaction marker)."""
+        return self.append(batch, now_ms)
+
+    def _roll_due(self, seg: Segment, now_ms: int) -> bool:
+        return seg.size > 0 and seg.created_ms is not None and now_ms - seg.created_ms > self.config.segment_ms
+
+    def _roll(self) -> Segment:
+        """Seal the active segment and start a new one at the log end offset (lock held)."""
+        old = self.segments[-1]
+        old.seal()
+        new = Segment(self.directory, old.next_offset, self.config.index_interval_bytes)
+        self.segments.append(new)
+        self._bases.append(new.base_offset)
+        self._unsynced[old] = None
+        self._dir_dirty = True
+        return new
+
+    def maybe_roll(self, now_ms: int) -> bool:
+        """Roll the active segment if it is older than segment.ms; True if rolled."""
+        with self._lock:
+            if self._roll_due(self.segments[-1], now_ms):
+                self._roll()
+                return True
+        return False
+
+    def roll(self) -> None:
+        """Force a new active segment (no-op when the active one is empty)."""
+        with self._lock:
+            if self.segments[-1].size > 0:
+                self._roll()
+
+    # -- durability ---------------------------------------------------------------
+
+    def sync(self) -> int:
+        """fdatasync everything appended so far; returns the offset now durable below.
+
+        Safe to call from a worker thread while appends continue: appends made
+        after the call started are left for the next sync.
+        """
+        with self._lock:
+            end = self.segments[-1].next_offset
+            active = self.segments[-1]
+            segs = list(self._unsynced)
+            self._unsynced.clear()
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+            fds: list[int] = []
+            for seg in segs:
+                if seg.fd >= 0:
+                    fds += seg.sync_fds(with_indexes=seg is not active)
+            recovery_point = active.base_offset
+        try:
+            for fd in fds:
+                os.fdatasync(fd)
+            if dir_dirty:
+                fsync_dir(self.directory)
+        except BaseException:
+            with self._lock:
+                for seg in segs:
+                    if seg.fd >= 0:
+                        self._unsynced[seg] = None
+                self._dir_dirty |= dir_dirty
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        with self._lock:
+            if end > self._durable_end:
+                self._durable_end = end
+        self._advance_recovery_point(recovery_point)
+        return end
+
+    def _advance_recovery_point(self, offset: int) -> None:
+        with self._ckpt_lock:
+            if offset > self._recovery_point and not self._closed:
+                atomic_write(self.directory / RECOVERY_POINT_FILE, b"%d\n" % offset)
+                self._recovery_point = offset
+
+    # -- reads ------------------------------------------------------------------
+
+    def _segment_index(self, offset: int) -> int:
+        return max(bisect_right(self._bases, offset) - 1, 0)
+
+    def read(self, offset: int, max_bytes: int, max_offset: int | None = None, min_one: bool = True) -> ReadResult:
+        """Whole batches starting with the one holding ``offset``.
+
+        Stops before ``max_bytes`` (but returns the first batch whole when
+        ``min_one``) and before the first batch whose last offset is >=
+        ``max_offset``.  Continues into later segments while under budget.
+        """
+        start, end = self._log_start, self.log_end_offset
+        if offset < start or offset > end:
+            raise OffsetOutOfRangeError(offset, start, end)
+        chunks: list[bytes] = []
+        total = 0
+        nxt = offset
+        if offset < end and (max_offset is None or offset < max_offset):
+            i = self._segment_index(offset)
+            pos = self.segments[i].find(offset)
+            while i < len(self.segments):
+                if pos is not None:
+                    budget = max(max_bytes - total, 0)
+                    data, n, more = self.segments[i].read_at(pos, budget, max_offset, min_one and not chunks)
+                    if data:
+                        chunks.append(data)
+                        total += len(data)
+                        nxt = n
+                    if not more or total >= max_bytes:
+                        break
+                i += 1
+                pos = 0
+        if not chunks:
+            return ReadResult(b"", offset, offset, start, end)
+        first = _I64.unpack_from(chunks[0])[0]
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return ReadResult(data, first, nxt, start, end)
+
+    def scan_batches(self, start_offset: int | None = None) -> Iterator[tuple[BatchHeader, bytes | memoryview]]:
+        """Every stored batch from the one holding ``start_offset`` (default: log start)."""
+        offset = self._log_start if start_offset is None else start_offset
+        i = self._segment_index(offset)
+        for n, seg in enumerate(list(self.segments[i:])):
+            pos = seg.find(offset) if n == 0 else 0
+            if pos is None:
+                continue
+            for hdr, _pos, data in seg.iter_batches(pos):
+                yield hdr, data
+
+    # -- offsets by time ----------------------------------------------------------
+
+    def earliest_offset(self) -> int:
+        return self._log_start
+
+    def latest_offset(self) -> int:
+        return self.log_end_offset
+
+    def offset_for_timestamp(self, ts_ms: int) -> tuple[int, int] | None:
+        """``(offset, timestamp)`` of the first record with timestamp >= ``ts_ms``.
+
+        Batches are located by their maxTimestamp (time index, then header
+        scan).  Uncompressed CreateTime batches are then decoded to find the
+        exact record; for compressed ones the batch's base offset and
+        maxTimestamp are returned (a slightly early but safe answer).
+        """
+        for seg in list(self.segments):
+            if seg.max_timestamp < ts_ms or seg.next_offset <= self._log_start:
+                continue
+            found = seg.find_timestamp(ts_ms)
+            if found is None:
+                continue
+            hdr, pos = found
+            if hdr.last_offset < self._log_start:
+                continue
+            exact = self._exact_record(seg, hdr, pos, ts_ms)
+            if exact is not None:
+                return exact
+            return max(hdr.base_offset, self._log_start), hdr.max_timestamp
+        return None
+
+    def _exact_record(self, seg: Segment, hdr: BatchHeader, pos: int, ts_ms: int) -> tuple[int, int] | None:
+        if hdr.timestamp_type == TIMESTAMP_LOG_APPEND_TIME or hdr.compression != COMPRESSION_NONE:
+            return None
+        try:
+            for off, ts, _rec in iter_records(seg.read_batch(pos, hdr.size)):
+                if ts >= ts_ms and off >= self._log_start:
+                    return off, ts
+        except InvalidRecordError:
+            return None
+        return None
+
+    # -- retention ----------------------------------------------------------------
+
+    def apply_retention(self, now_ms: int, upper_bound: int | None = None) -> int:
+        """Delete whole segments breaching retention.ms / retention.bytes.
+
+        Like Kafka, the active segment counts too: if it must go, a new one is
+        rolled first.  Only segments entirely below ``upper_bound`` (default:
+        the durable end offset) are deleted.  Returns the number deleted.
+        """
+        cfg = self.config
+        bound = self._durable_end if upper_bound is None else upper_bound
+        deleted = 0
+        if cfg.retention_ms >= 0:
+            deleted += self._delete_oldest(lambda seg: now_ms - seg.largest_timestamp() > cfg.retention_ms, bound)
+        if cfg.retention_bytes >= 0:
+            excess = [self._size - cfg.retention_bytes]
+
+            def over(seg: Segment) -> bool:
+                if excess[0] - seg.size >= 0:
+                    excess[0] -= seg.size
+                    return True
+                return False
+
+            deleted += self._delete_oldest(over, bound)
+        return deleted
+
+    def _delete_oldest(self, predicate: Callable[[Segment], bool], bound: int) -> int:
+        doomed: list[Segment] = []
+        for seg in self.segments:
+            if seg.size == 0 or seg.next_offset > bound or not predicate(seg):
+                break
+            doomed.append(seg)
+        if not doomed:
+            return 0
+        with self._lock:
+            if len(doomed) == len(self.segments):
+                self._roll()
+            for seg in doomed:
+                self._drop_segment(seg)
+        self._set_log_start(self.segments[0].base_offset)
+        return len(doomed)
+
+    def _drop_segment(self, seg: Segment) -> None:
+        """Remove the oldest segment (lock held)."""
+        assert self.segments[0] is seg
+        self.segments.pop(0)
+        self._bases.pop(0)
+        self._unsynced.pop(seg, None)
+        self._size -= seg.size
+        seg.delete()
+
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords: move the log start offset up to ``offset``; returns the new start."""
+        if offset > self.log_end_offset:
+            raise OffsetOutOfRangeError(offset, self._log_start, self.log_end_offset)
+        if offset > self._log_start:
+            with self._lock:
+                while len(self.segments) > 1 and self.segments[1].base_offset <= offset:
+                    self._drop_segment(self.segments[0])
+            self._set_log_start(offset)
+        return self._log_start
+
+    def _set_log_start(self, offset: int) -> None:
+        if offset > self._log_start:
+            self._log_start = offset
+            atomic_write(self.directory / LOG_START_FILE, b"%d\n" % offset)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Sync everything, mark a clean shutdown and close the files."""
+        if self._closed:
+            return
+        with self._lock:
+            for seg in self.segments:
+                for fd in seg.sync_fds(with_indexes=True):
+                    try:
+                        os.fdatasync(fd)
+                    finally:
+                        os.close(fd)
+            self._unsynced.clear()
+            self._durable_end = self.log_end_offset
+            with self._ckpt_lock:
+                self._closed = True
+                atomic_write(self.directory / CLEAN_SHUTDOWN_FILE, b"")
+            for seg in self.segments:
+                seg.close()
+
+    def delete(self) -> None:
+        """Close the files and remove the whole directory."""
+        with self._lock, self._ckpt_lock:
+            self._closed = True
+            for seg in self.segments:
+                seg.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
