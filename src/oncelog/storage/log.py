@@ -22,6 +22,7 @@ import os
 import shutil
 import struct
 import threading
+import uuid
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, 
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 LOG_START_FILE = "log-start-offset"
 RECOVERY_POINT_FILE = "recovery-point"
+DELETE_SUFFIX = "-delete"
 OFFSET_OUT_OF_RANGE = 1
 
 _I64 = struct.Struct(">q")
@@ -468,5 +470,14 @@ class PartitionLog:
             self._closed = True
             for seg in self.segments:
                 seg.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        self.remove_directory(self.directory)
+
+    @staticmethod
+    def remove_directory(directory: Path) -> None:
+        """Rename to ``<name>.<id>-delete`` (durably), then remove it; leftovers are
+        cleared by :class:`~oncelog.storage.engine.LogManager` on startup."""
+        doomed = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
+        os.rename(directory, doomed)
+        fsync_dir(directory.parent)
+        shutil.rmtree(doomed, ignore_errors=True)
 
