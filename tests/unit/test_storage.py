@@ -705,3 +705,19 @@ def test_log_manager_removes_stale_and_leftover_dirs(tmp_path: Path) -> None:
     assert not (tmp_path / "gone-0").exists() and not (tmp_path / "x-0.abc-delete").exists()
     assert (tmp_path / "unrelated").exists()
     mgr.close()
+
+
+def test_append_with_parsed_header_and_fd_usage(tmp_path: Path) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    log = PartitionLog.open(tmp_path / "t-0", small_cfg(), T0)
+    b = mk([b"x", b"y"])
+    hdr = parse_batch_header(b)
+    for _ in range(20):
+        log.append(b, T0, header=hdr)
+    assert hdr.base_offset == 0  # caller's header untouched
+    assert log.log_end_offset == 40 and len(log.segments) > 3
+    # sealed segments keep only the .log open; the active one also its two indexes
+    assert len(os.listdir("/proc/self/fd")) - before == len(log.segments) + 2
+    assert log.sync() == 40
+    log.close()
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -31,6 +31,7 @@ from pathlib import Path
 from oncelog.protocol.records import (
     COMPRESSION_NONE,
     HEADER_SIZE,
+    LOG_OVERHEAD,
     TIMESTAMP_LOG_APPEND_TIME,
     BatchHeader,
     InvalidRecordError,
@@ -38,7 +39,7 @@ from oncelog.protocol.records import (
     log_append_time_header,
     parse_batch_header,
 )
-from oncelog.storage.config import LogConfig
+from oncelog.storage.config import LOG_APPEND_TIME, LogConfig
 from oncelog.storage.fileutil import atomic_write, fsync_dir
 from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment
 
@@ -127,6 +128,8 @@ class PartitionLog:
             seg = Segment(directory, base, config.index_interval_bytes)
             full = not clean and (i == len(bases) - 1 or base >= recovery_point)
             seg.load(now_ms, full_recovery=full)
+            if i < len(bases) - 1:
+                seg.release_index_files()
             segments.append(seg)
         checkpoint = _read_checkpoint(directory / LOG_START_FILE)
         if not segments:
@@ -176,13 +179,16 @@ class PartitionLog:
 
     # -- appends ----------------------------------------------------------------
 
-    def append(self, batch: bytes | bytearray | memoryview, now_ms: int) -> AppendInfo:
+    def append(
+        self, batch: bytes | bytearray | memoryview, now_ms: int, header: BatchHeader | None = None
+    ) -> AppendInfo:
         """Append one validated batch, assigning offsets from the log end offset.
 
+        ``header`` may pass the batch's already parsed header (it is not modified).
         Writes to the OS page cache only; call :meth:`sync` for durability.
         """
-        hdr = parse_batch_header(batch)
-        size = hdr.size
+        hdr = header or parse_batch_header(batch)
+        size = LOG_OVERHEAD + hdr.batch_length
         if size != len(batch):
             raise ValueError(f"batch is {len(batch)} bytes but its header says {size}")
         cfg = self.config
@@ -193,18 +199,16 @@ class PartitionLog:
             last = base + hdr.last_offset_delta
             if not active.fits(size, last, cfg.segment_bytes) or self._roll_due(active, now_ms):
                 active = self._roll()
-            hdr.base_offset = base
-            if cfg.log_append_time:
+            if cfg.message_timestamp_type == LOG_APPEND_TIME:
                 parts: list[bytes | memoryview] = [log_append_time_header(view, base, now_ms), view[HEADER_SIZE:]]
-                hdr.max_timestamp = now_ms
-                append_time = now_ms
+                max_ts = append_time = now_ms
             else:
                 parts = [_I64.pack(base), view[8:]]
-                append_time = -1
-            pos = active.append(parts, size, hdr, now_ms)
+                max_ts, append_time = hdr.max_timestamp, -1
+            pos = active.append(parts, size, base, last + 1, max_ts, now_ms)
             self._size += size
             self._unsynced[active] = None
-        return AppendInfo(base, last, append_time, hdr.max_timestamp, pos, active.base_offset, size)
+        return AppendInfo(base, last, append_time, max_ts, pos, active.base_offset, size)
 
     def append_control(self, batch: bytes | bytearray | memoryview, now_ms: int) -> AppendInfo:
         """Append a broker-built control batch (transaction marker)."""

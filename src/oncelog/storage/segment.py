@@ -225,11 +225,10 @@ class Segment:
 
     # -- appends --------------------------------------------------------------
 
-    def append(self, parts: list[bytes | memoryview], size: int, hdr: BatchHeader, now_ms: int) -> int:
-        """Write one batch (given as buffers) and index it; returns its position.
-
-        ``hdr`` must describe the batch as written (patched base offset/timestamp).
-        """
+    def append(
+        self, parts: list[bytes | memoryview], size: int, base_offset: int, next_offset: int, max_ts: int, now_ms: int
+    ) -> int:
+        """Write one batch (given as buffers, already patched) and index it; returns its position."""
         pos = self.size
         try:
             written = os.writev(self.fd, parts)
@@ -240,7 +239,7 @@ class Segment:
             raise
         if self.created_ms is None:
             self.created_ms = now_ms
-        self.track(hdr.base_offset, hdr.next_offset, hdr.max_timestamp, pos, size, write=True)
+        self.track(base_offset, next_offset, max_ts, pos, size, write=True)
         return pos
 
     def track(self, base_offset: int, next_offset: int, max_ts: int, pos: int, size: int, *, write: bool) -> None:
@@ -268,8 +267,16 @@ class Segment:
                 os.write(self._time_fd, _TIME_ENTRY.pack(self.max_timestamp, rel))
 
     def seal(self) -> None:
-        """Called when the segment stops being active: record its final max timestamp."""
+        """The segment stops being active: record its final max timestamp, release index fds."""
         self._add_time_entry(self._last_base - self.base_offset, True)
+        self.release_index_files()
+
+    def release_index_files(self) -> None:
+        """Close the index fds (sealed segments never write them again)."""
+        for fd in (self._index_fd, self._time_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._index_fd = self._time_fd = -1
 
     def largest_timestamp(self) -> int:
         """Largest batch timestamp, or the file's mtime if no batch has one (Kafka's rule)."""
@@ -353,15 +360,22 @@ class Segment:
     # -- lifecycle --------------------------------------------------------------
 
     def sync_fds(self, *, with_indexes: bool) -> list[int]:
-        """Duplicated fds to fdatasync (safe even if the segment is closed meanwhile)."""
-        fds = [self.fd, self._index_fd, self._time_fd] if with_indexes else [self.fd]
-        return [os.dup(fd) for fd in fds]
+        """Fresh fds to fdatasync, owned by the caller (safe even if the segment
+        is closed or deleted meanwhile)."""
+        fds = [os.dup(self.fd)]
+        if with_indexes:
+            for fd, path in ((self._index_fd, self.index_path), (self._time_fd, self.timeindex_path)):
+                try:
+                    fds.append(os.dup(fd) if fd >= 0 else os.open(path, os.O_RDONLY))
+                except FileNotFoundError:
+                    pass
+        return fds
 
     def close(self) -> None:
-        for fd in (self.fd, self._index_fd, self._time_fd):
-            if fd >= 0:
-                os.close(fd)
-        self.fd = self._index_fd = self._time_fd = -1
+        self.release_index_files()
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
 
     def delete(self) -> None:
         self.close()
