@@ -721,3 +721,21 @@ def test_append_with_parsed_header_and_fd_usage(tmp_path: Path) -> None:
     assert log.sync() == 40
     log.close()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_retention_skips_past_segment_emptied_by_recovery(tmp_path: Path) -> None:
+    d = tmp_path / "t-0"
+    log = PartitionLog.open(d, small_cfg(retention_ms=1000), T0)
+    fill(log, 10)
+    first = log.segments[0]
+    crash(log)
+    with open(first.log_path, "r+b") as f:  # destroy the first batch: segment 0 recovers empty
+        f.seek(30)
+        f.write(b"\xff" * 8)
+    log = PartitionLog.open(d, small_cfg(retention_ms=1000), T0 + 10)
+    assert log.segments[0].size == 0 and len(log.segments) > 2
+    n_before = len(log.segments)
+    newest = max(s.max_timestamp for s in log.segments)
+    assert log.apply_retention(newest + 500) == 1  # only the empty one goes
+    assert len(log.segments) == n_before - 1
+    assert log.log_start_offset == log.segments[0].base_offset > 0

@@ -409,7 +409,12 @@ class PartitionLog:
     def _delete_oldest(self, predicate: Callable[[Segment], bool], bound: int) -> int:
         doomed: list[Segment] = []
         for seg in self.segments:
-            if seg.size == 0 or seg.next_offset > bound or not predicate(seg):
+            if seg.next_offset > bound:
+                break
+            if seg.size == 0:  # emptied by recovery; an empty active segment stays
+                if seg is self.segments[-1]:
+                    break
+            elif not predicate(seg):
                 break
             doomed.append(seg)
         if not doomed:
