@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -739,3 +740,26 @@ def test_retention_skips_past_segment_emptied_by_recovery(tmp_path: Path) -> Non
     assert log.apply_retention(newest + 500) == 1  # only the empty one goes
     assert len(log.segments) == n_before - 1
     assert log.log_start_offset == log.segments[0].base_offset > 0
+
+
+def test_concurrent_syncs_do_not_report_early(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(), T0)
+    fill(log, 2)
+    events: list[str] = []
+    started = threading.Event()
+    real = os.fdatasync
+
+    def slow_fdatasync(fd: int) -> None:
+        events.append("start")
+        started.set()
+        time.sleep(0.2)
+        real(fd)
+        events.append("end")
+
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    th = threading.Thread(target=log.sync)
+    th.start()
+    assert started.wait(5)
+    assert log.sync() == 4  # must not claim durability while the first sync is in flight
+    assert events[:2] == ["start", "end"]
+    th.join()

@@ -102,7 +102,7 @@ class PartitionLog:
         self._log_start = log_start_offset
         self._size = sum(s.size for s in segments)
         self._lock = threading.Lock()
-        self._ckpt_lock = threading.Lock()
+        self._sync_lock = threading.Lock()  # one sync at a time; taken before _lock
         self._unsynced: dict[Segment, None] = {}  # ordered set of segments with unsynced writes
         self._dir_dirty = False
         self._durable_end = self.log_end_offset
@@ -247,46 +247,44 @@ class PartitionLog:
     def sync(self) -> int:
         """fdatasync everything appended so far; returns the offset now durable below.
 
-        Safe to call from a worker thread while appends continue: appends made
-        after the call started are left for the next sync.
+        Safe to call from worker threads while appends continue (appends made
+        after the call started are left for the next sync).  Concurrent calls
+        are serialised, so a return always means "durable up to the result".
         """
-        with self._lock:
-            end = self.segments[-1].next_offset
-            active = self.segments[-1]
-            segs = list(self._unsynced)
-            self._unsynced.clear()
-            dir_dirty, self._dir_dirty = self._dir_dirty, False
-            fds: list[int] = []
-            for seg in segs:
-                if seg.fd >= 0:
-                    fds += seg.sync_fds(with_indexes=seg is not active)
-            recovery_point = active.base_offset
-        try:
-            for fd in fds:
-                os.fdatasync(fd)
-            if dir_dirty:
-                fsync_dir(self.directory)
-        except BaseException:
+        with self._sync_lock:
             with self._lock:
+                active = self.segments[-1]
+                end = active.next_offset
+                segs = list(self._unsynced)
+                self._unsynced.clear()
+                dir_dirty, self._dir_dirty = self._dir_dirty, False
+                fds: list[int] = []
                 for seg in segs:
                     if seg.fd >= 0:
-                        self._unsynced[seg] = None
-                self._dir_dirty |= dir_dirty
-            raise
-        finally:
-            for fd in fds:
-                os.close(fd)
-        with self._lock:
-            if end > self._durable_end:
-                self._durable_end = end
-        self._advance_recovery_point(recovery_point)
-        return end
-
-    def _advance_recovery_point(self, offset: int) -> None:
-        with self._ckpt_lock:
-            if offset > self._recovery_point and not self._closed:
-                atomic_write(self.directory / RECOVERY_POINT_FILE, b"%d\n" % offset)
-                self._recovery_point = offset
+                        fds += seg.sync_fds(with_indexes=seg is not active)
+            try:
+                for fd in fds:
+                    os.fdatasync(fd)
+                if dir_dirty:
+                    fsync_dir(self.directory)
+            except BaseException:
+                with self._lock:
+                    for seg in segs:
+                        if seg.fd >= 0:
+                            self._unsynced[seg] = None
+                    self._dir_dirty |= dir_dirty
+                raise
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            with self._lock:
+                if end > self._durable_end:
+                    self._durable_end = end
+            if active.base_offset > self._recovery_point and not self._closed:
+                # every segment before the active one is now fully on disk
+                atomic_write(self.directory / RECOVERY_POINT_FILE, b"%d\n" % active.base_offset)
+                self._recovery_point = active.base_offset
+            return end
 
     # -- reads ------------------------------------------------------------------
 
@@ -456,9 +454,9 @@ class PartitionLog:
 
     def close(self) -> None:
         """Sync everything, mark a clean shutdown and close the files."""
-        if self._closed:
-            return
-        with self._lock:
+        with self._sync_lock, self._lock:
+            if self._closed:
+                return
             for seg in self.segments:
                 for fd in seg.sync_fds(with_indexes=True):
                     try:
@@ -467,15 +465,14 @@ class PartitionLog:
                         os.close(fd)
             self._unsynced.clear()
             self._durable_end = self.log_end_offset
-            with self._ckpt_lock:
-                self._closed = True
-                atomic_write(self.directory / CLEAN_SHUTDOWN_FILE, b"")
+            self._closed = True
+            atomic_write(self.directory / CLEAN_SHUTDOWN_FILE, b"")
             for seg in self.segments:
                 seg.close()
 
     def delete(self) -> None:
         """Close the files and remove the whole directory."""
-        with self._lock, self._ckpt_lock:
+        with self._sync_lock, self._lock:
             self._closed = True
             for seg in self.segments:
                 seg.close()
