@@ -306,11 +306,13 @@ records_st = st.lists(
 @given(
     recs=records_st,
     base_ts=st.integers(min_value=0, max_value=2**50),
-    pid=st.integers(min_value=-1, max_value=2**62),
-    seq=st.integers(min_value=-1, max_value=2**31 - 1),
-    txn=st.booleans(),
+    producer=st.one_of(
+        st.just((-1, -1, False)),  # plain producer
+        st.tuples(st.integers(0, 2**62), st.integers(0, 2**31 - 1), st.booleans()),  # idempotent / txn
+    ),
 )
-def test_round_trip_property(recs: list[Record], base_ts: int, pid: int, seq: int, txn: bool) -> None:
+def test_round_trip_property(recs: list[Record], base_ts: int, producer: tuple[int, int, bool]) -> None:
+    pid, seq, txn = producer
     b = encode_record_batch(recs, base_timestamp=base_ts, producer_id=pid, base_sequence=seq, is_transactional=txn)
     (h,) = validate_produce_records(b, 1 << 30)
     assert isinstance(h, BatchHeader)
@@ -318,3 +320,18 @@ def test_round_trip_property(recs: list[Record], base_ts: int, pid: int, seq: in
     assert h.max_timestamp == base_ts + max(r.timestamp_delta for r in recs)
     assert (h.producer_id, h.base_sequence, h.is_transactional) == (pid, seq, txn)
     assert decode_records(b) == recs
+
+
+def test_validate_segment_size_limit() -> None:
+    b = sample_batch(3)
+    assert validate_produce_records(b, MAX, segment_bytes=len(b))[0].size == len(b)
+    with pytest.raises(InvalidRecordError) as ei:
+        validate_produce_records(b, MAX, segment_bytes=len(b) - 1)
+    assert ei.value.error_code == R.RECORD_LIST_TOO_LARGE
+
+
+def test_validate_producer_fields() -> None:
+    assert code_of(sample_batch(producer_id=5, producer_epoch=0, base_sequence=-1)) == R.INVALID_RECORD
+    assert code_of(sample_batch(is_transactional=True)) == R.INVALID_RECORD
+    ok = sample_batch(producer_id=5, producer_epoch=0, base_sequence=0, is_transactional=True)
+    assert validate_produce_records(ok, MAX)[0].producer_id == 5

@@ -183,10 +183,14 @@ def update_crc(buf: bytearray | memoryview, pos: int = 0) -> int:
     return crc
 
 
-def validate_produce_records(records: _Buffer, max_message_bytes: int) -> list[BatchHeader]:
+def validate_produce_records(
+    records: _Buffer, max_message_bytes: int, segment_bytes: int | None = None
+) -> list[BatchHeader]:
     """Check a Produce v3+ partition payload as Kafka does; never decodes records.
 
-    Raises :class:`InvalidRecordError` with the Kafka error code on failure.
+    ``segment_bytes``, if given, rejects a batch that could never fit in a
+    segment (RECORD_LIST_TOO_LARGE).  Raises :class:`InvalidRecordError` with
+    the Kafka error code on failure.
     """
     n = len(records)
     if n == 0:
@@ -222,6 +226,10 @@ def validate_produce_records(records: _Buffer, max_message_bytes: int) -> list[B
         raise InvalidRecordError(
             MESSAGE_TOO_LARGE, f"record batch of {size} bytes exceeds the maximum of {max_message_bytes} bytes"
         )
+    if segment_bytes is not None and size > segment_bytes:
+        raise InvalidRecordError(
+            RECORD_LIST_TOO_LARGE, f"record batch of {size} bytes is larger than the segment size {segment_bytes}"
+        )
     actual_crc = crc32c(memoryview(records)[CRC_START:size])
     if actual_crc != hdr.crc:
         raise InvalidRecordError(
@@ -240,6 +248,12 @@ def validate_produce_records(records: _Buffer, max_message_bytes: int) -> list[B
             INVALID_RECORD,
             f"record batch recordsCount {hdr.records_count} does not match lastOffsetDelta {hdr.last_offset_delta}",
         )
+    if hdr.producer_id >= 0 and hdr.base_sequence < 0:
+        raise InvalidRecordError(
+            INVALID_RECORD, f"invalid sequence {hdr.base_sequence} in a batch with producerId {hdr.producer_id}"
+        )
+    if hdr.is_transactional and hdr.producer_id < 0:
+        raise InvalidRecordError(INVALID_RECORD, "transactional record batch without a producerId")
     return [hdr]
 
 
