@@ -763,3 +763,12 @@ def test_concurrent_syncs_do_not_report_early(tmp_path: Path, monkeypatch: pytes
     assert log.sync() == 4  # must not claim durability while the first sync is in flight
     assert events[:2] == ["start", "end"]
     th.join()
+
+
+def test_max_timestamp_offset(tmp_path: Path) -> None:
+    log = PartitionLog.open(tmp_path / "t-0", small_cfg(), T0)
+    assert log.max_timestamp_offset() is None
+    for ts in [100, 900, 300, 900, 200, 50, 60]:  # batch of 2: second record is ts+5
+        log.append(mk([b"a", b"b"], ts=ts, deltas=[0, 5]), T0)
+    assert len(log.segments) > 1
+    assert log.max_timestamp_offset() == (3, 905)

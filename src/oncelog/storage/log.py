@@ -367,6 +367,13 @@ class PartitionLog:
             return max(hdr.base_offset, self._log_start), hdr.max_timestamp
         return None
 
+    def max_timestamp_offset(self) -> tuple[int, int] | None:
+        """``(offset, timestamp)`` of the first record with the largest timestamp (ListOffsets -3)."""
+        live = [s.max_timestamp for s in self.segments if s.size > 0 and s.next_offset > self._log_start]
+        if not live or max(live) < 0:
+            return None
+        return self.offset_for_timestamp(max(live))
+
     def _exact_record(self, seg: Segment, hdr: BatchHeader, pos: int, ts_ms: int) -> tuple[int, int] | None:
         if hdr.timestamp_type == TIMESTAMP_LOG_APPEND_TIME or hdr.compression != COMPRESSION_NONE:
             return None
