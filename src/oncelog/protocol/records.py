@@ -216,12 +216,6 @@ def validate_produce_records(
         raise InvalidRecordError(
             CORRUPT_MESSAGE, f"record batch truncated: header declares {size} bytes but only {n} were sent"
         )
-    if size < n:
-        raise InvalidRecordError(
-            INVALID_RECORD,
-            "Produce requests with version 3+ are only allowed to contain exactly one record batch "
-            f"({n - size} bytes follow the first batch)",
-        )
     if size > max_message_bytes:
         raise InvalidRecordError(
             MESSAGE_TOO_LARGE, f"record batch of {size} bytes exceeds the maximum of {max_message_bytes} bytes"
@@ -234,6 +228,15 @@ def validate_produce_records(
     if actual_crc != hdr.crc:
         raise InvalidRecordError(
             CORRUPT_MESSAGE, f"record batch CRC mismatch: stored {hdr.crc:#010x}, computed {actual_crc:#010x}"
+        )
+    # after the CRC check, as in Kafka: a batchLength smaller than the bytes sent
+    # fails the CRC (CORRUPT_MESSAGE); only a sound first batch followed by more
+    # bytes is the "more than one batch" error
+    if size < n:
+        raise InvalidRecordError(
+            INVALID_RECORD,
+            "Produce requests with version 3+ are only allowed to contain exactly one record batch "
+            f"({n - size} bytes follow the first batch)",
         )
     if hdr.compression > MAX_COMPRESSION_CODEC:
         raise InvalidRecordError(UNSUPPORTED_COMPRESSION_TYPE, f"unknown compression codec {hdr.compression}")
