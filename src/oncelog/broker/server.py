@@ -141,20 +141,18 @@ class BrokerServer:
         self.port = sock.getsockname()[1]
         if cfg.port == 0:
             cfg.port = self.port
-        self._tasks.append(loop.create_task(self._every(cfg.log_retention_check_interval_ms, self.broker.retention_pass)))
-        self._tasks.append(
-            loop.create_task(self._every(cfg.producer_id_expiration_check_interval_ms, self.broker.expire_producers))
-        )
+        self._tasks.append(loop.create_task(self._retention_loop()))
         if not cfg.fsync_on_ack:
             self._tasks.append(loop.create_task(self.broker.committer.periodic_flush()))
 
-    async def _every(self, interval_ms: int, job: Any) -> None:
+    async def _retention_loop(self) -> None:
+        interval = max(self.broker.config.log_retention_check_interval_ms, 10) / 1000
         while True:
-            await asyncio.sleep(max(interval_ms, 10) / 1000)
+            await asyncio.sleep(interval)
             try:
-                job()
+                self.broker.retention_pass()
             except Exception:
-                log.exception("%s failed", job.__name__)
+                log.exception("retention pass failed")
 
     async def stop(self) -> None:
         if self._server is not None:
