@@ -1,0 +1,177 @@
+"""kafkajs 2.2.4 (Node) against the broker, driven through tests/js/roundtrip.js.
+
+kafkajs's Consumer needs consumer groups, which the broker does not have yet,
+so records are read back (a) by kafkajs's own Fetch path without a group (see
+roundtrip.js) and (b) by confluent-kafka from Python; kafkajs's
+``admin.fetchTopicOffsets`` must report the high watermarks.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oncelog.testing import EmbeddedBroker
+
+pytestmark = pytest.mark.timeout(180)
+
+JS_DIR = Path(__file__).resolve().parent.parent / "js"
+SCRIPT = JS_DIR / "roundtrip.js"
+NODE_TIMEOUT = 90
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    exe = shutil.which("node")
+    if exe is None:
+        pytest.skip("node is not installed")
+    if not (JS_DIR / "node_modules" / "kafkajs" / "package.json").exists():
+        npm = shutil.which("npm")
+        assert npm is not None, "node is installed but npm is not; cannot install kafkajs"
+        proc = subprocess.run(
+            [npm, "install", "--no-audit", "--no-fund", "--no-package-lock"],
+            cwd=JS_DIR, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, f"npm install failed:\n{proc.stdout}\n{proc.stderr}"
+    version = json.loads((JS_DIR / "node_modules" / "kafkajs" / "package.json").read_text())["version"]
+    assert version == "2.2.4", f"tests/js has kafkajs {version}, want 2.2.4"
+    return exe
+
+
+def run_js(node: str, *args: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [node, str(SCRIPT), *args],
+        cwd=JS_DIR, capture_output=True, text=True, timeout=NODE_TIMEOUT,
+        env={**os.environ, "KAFKAJS_NO_PARTITIONER_WARNING": "1",
+             "ROUNDTRIP_DEADLINE_MS": str((NODE_TIMEOUT - 10) * 1000)},
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"no output from roundtrip.js (rc={proc.returncode}); stderr:\n{proc.stderr[-4000:]}"
+    summary = json.loads(lines[-1])
+    assert proc.returncode == 0 and summary.get("ok") is True, (
+        f"roundtrip.js failed (rc={proc.returncode}): {summary.get('error')}\nstderr:\n{proc.stderr[-4000:]}"
+    )
+    return summary
+
+
+def unb64(s: str | None) -> bytes | None:
+    return None if s is None else base64.b64decode(s)
+
+
+def rec_view(r: dict[str, Any]) -> tuple[Any, ...]:
+    """The comparable content of a record from roundtrip.js's JSON."""
+    return (r["partition"], r["offset"], unb64(r["key"]), unb64(r["value"]), r["timestamp"],
+            tuple((k, unb64(v)) for k, v in r["headers"]))
+
+
+@pytest.fixture
+def js_broker(tmp_path: Path, kit: Any) -> Any:
+    b = kit.start_broker(tmp_path)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def test_kafkajs_admin_produce_and_read_back(node: str, js_broker: EmbeddedBroker, kit: Any) -> None:
+    count, partitions, topic = 100, 3, "kafkajs-roundtrip"
+    s = run_js(node, "produce", js_broker.bootstrap, topic, str(count), str(partitions))
+
+    # admin: topic created and visible
+    assert s["created"] is True
+    assert s["listed"] is True
+    assert s["metadataPartitions"] == partitions
+
+    # producer: every message acknowledged at a dense offset per partition
+    produced = s["produced"]
+    assert len(produced) == count
+    assert sorted(r["id"] for r in produced) == list(range(count))
+    per_part: dict[int, list[int]] = {p: [] for p in range(partitions)}
+    for r in produced:
+        per_part[r["partition"]].append(r["offset"])
+    for p, offs in per_part.items():
+        assert offs == list(range(len(offs))), f"partition {p}: offsets {offs}"
+    assert sum(1 for p in per_part.values() if p) >= 2, "keys should spread over partitions"
+
+    # admin.fetchTopicOffsets: high watermark = records per partition, log start 0
+    offsets = {o["partition"]: o for o in s["offsets"]}
+    assert sorted(offsets) == list(range(partitions))
+    for p in range(partitions):
+        assert offsets[p]["high"] == len(per_part[p])
+        assert offsets[p]["low"] == 0
+    assert s["highWatermarkTotal"] == count
+
+    # kafkajs reads back exactly what it produced (its own Fetch path, no group)
+    assert s["fetchErrors"] == []
+    want = sorted(rec_view(r) for r in produced)
+    got = [rec_view(r) for r in s["records"]]
+    assert got == want
+
+    # the broker stored kafkajs's gzip batches as gzip (kafkajs's decoder does
+    # not expose batch attributes, so look at the segment files)
+    compression = {(r["partition"], r["offset"]): r["compression"] for r in produced}
+    assert set(compression.values()) == {0, 1}, "expected uncompressed and gzip batches"
+    stored = kit.stored_codecs(js_broker.data_dir, topic, partitions)
+    gz = sum(1 for c in compression.values() if c == 1)
+    assert stored == {"gzip": gz, "none": count - gz}
+
+    # confluent-kafka (librdkafka) reads the same records
+    ends = {p: len(per_part[p]) for p in range(partitions)}
+    msgs = kit.confluent_consume_all(js_broker.bootstrap, topic, ends, timeout=30)
+    from_py = sorted(
+        (m.partition(), m.offset(), m.key(), m.value(), m.timestamp()[1], tuple(m.headers() or ()))
+        for lst in msgs.values() for m in lst
+    )
+    assert from_py == want
+
+
+def test_kafkajs_reads_confluent_records(node: str, js_broker: EmbeddedBroker, kit: Any) -> None:
+    """Batches written by librdkafka (gzip and uncompressed, null keys and values)
+    decode identically in kafkajs."""
+    from confluent_kafka import Producer
+
+    topic, partitions, per_codec = "from-confluent", 2, 150
+    kit.create_topic(js_broker.bootstrap, topic, partitions)
+    base_ts = int(time.time() * 1000) - 120_000
+    acked: dict[tuple[int, int], tuple[Any, ...]] = {}
+    errors: list[str] = []
+    i = 0
+    for codec in ("none", "gzip"):
+        p = Producer({"bootstrap.servers": js_broker.bootstrap, "acks": "all",
+                      "compression.type": codec, "linger.ms": 5})
+        for _ in range(per_codec):
+            key = None if i % 10 == 0 else f"ck-{i}".encode()
+            value = None if i % 17 == 0 else f"confluent value {i} ".encode() * (1 + i % 4)
+            headers = [("n", str(i).encode())] + ([("empty", b"")] if i % 4 == 0 else [])
+            ts = base_ts + i
+
+            def on_delivery(err, msg, _k=key, _v=value, _h=headers, _ts=ts):  # type: ignore[no-untyped-def]
+                if err is not None:
+                    errors.append(str(err))
+                else:
+                    acked[(msg.partition(), msg.offset())] = (_k, _v, _ts, tuple(_h))
+
+            p.produce(topic, value=value, key=key, partition=i % partitions, headers=headers,
+                      timestamp=ts, on_delivery=on_delivery)
+            i += 1
+        assert p.flush(30) == 0
+    assert not errors, errors
+    assert len(acked) == 2 * per_codec
+
+    s = run_js(node, "read", js_broker.bootstrap, topic)
+    assert s["fetchErrors"] == []
+    offsets = {o["partition"]: o for o in s["offsets"]}
+    for part in range(partitions):
+        n = sum(1 for (pp, _o) in acked if pp == part)
+        assert offsets[part] == {"partition": part, "high": n, "low": 0}
+    got = {(r["partition"], r["offset"]): rec_view(r)[2:] for r in s["records"]}
+    assert len(got) == len(s["records"]) == len(acked)
+    assert got == {k: (kv[0], kv[1], kv[2], kv[3]) for k, kv in acked.items()}
