@@ -17,6 +17,7 @@ from typing import Callable
 from oncelog.broker.config import BrokerConfig
 from oncelog.broker.durability import GroupCommitter
 from oncelog.broker.partition import Partition
+from oncelog.broker.producer_ids import ProducerIdManager
 from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.storage.catalog import TopicCatalog
 from oncelog.storage.config import LogConfig
@@ -69,6 +70,7 @@ class Broker:
         self.committer = GroupCommitter(config.fsync_on_ack, config.log_flush_interval_ms)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.cluster_id = self._load_cluster_id()
+        self.producer_ids = ProducerIdManager(config.data_dir / "meta")
         self.catalog = TopicCatalog.load(config.data_dir)
         self.logs = LogManager(config.data_dir, config.log)
         self.logs.open_all(self.catalog, self.clock())
@@ -95,10 +97,16 @@ class Broker:
     def _attach_topic(self, name: str, topic_id: uuid.UUID, n: int, configs: dict[str, str]) -> Topic:
         topic = Topic(name, topic_id, [], dict(configs), internal=name.startswith("__"))
         for i in range(n):
-            topic.partitions.append(Partition(name, i, topic_id, self.logs.get(name, i)))
+            topic.partitions.append(self._new_partition(name, i, topic_id))
         self.topics[name] = topic
         self.topics_by_id[topic_id] = topic
         return topic
+
+    def _new_partition(self, name: str, index: int, topic_id: uuid.UUID) -> Partition:
+        return Partition(name, index, topic_id, self.logs.get(name, index), self.config.max_producers_per_partition)
+
+    def all_partitions(self) -> list[Partition]:
+        return [p for t in self.topics.values() for p in t.partitions]
 
     def topic_log_config(self, name: str) -> LogConfig:
         return self.logs.effective_config(name)
@@ -171,7 +179,7 @@ class Broker:
         self.catalog.add_partitions(name, total)
         self.logs.create_partitions(name, current, total, self.clock())
         for i in range(current, total):
-            topic.partitions.append(Partition(name, i, topic.topic_id, self.logs.get(name, i)))
+            topic.partitions.append(self._new_partition(name, i, topic.topic_id))
 
     def alter_topic_configs(self, name: str, configs: dict[str, str], validate_only: bool = False) -> None:
         topic = self.topics.get(name)
@@ -209,6 +217,20 @@ class Broker:
             log.info("retention deleted %d segments", deleted)
         return deleted
 
+    def expire_producers(self) -> int:
+        now = self.clock()
+        expired = sum(
+            len(p.producers.expire(now, self.config.producer_id_expiration_ms)) for p in self.all_partitions()
+        )
+        if expired:
+            log.info("expired %d idle producer ids (producer.id.expiration.ms)", expired)
+        return expired
+
     def close(self) -> None:
         self.committer.close()
+        for p in self.all_partitions():
+            try:
+                p.snapshot_producer_state()
+            except OSError as exc:
+                log.error("producer snapshot of %s failed: %s", p, exc)
         self.logs.close()

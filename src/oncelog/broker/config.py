@@ -62,6 +62,10 @@ class BrokerConfig:
     log_flush_interval_ms: int = 1000
     log_retention_check_interval_ms: int = 300000
     delete_topic_enable: bool = True
+    producer_id_expiration_ms: int = 86400000
+    producer_id_expiration_check_interval_ms: int = 600000
+    # oncelog's bound on idempotent-producer entries kept per partition (LRU)
+    max_producers_per_partition: int = 10000
     log: LogConfig = field(default_factory=LogConfig)
     raw: dict[str, str] = field(default_factory=dict)
 
@@ -92,6 +96,9 @@ class BrokerConfig:
             "log.flush.interval.messages": "log_flush_interval_messages",
             "log.flush.interval.ms": "log_flush_interval_ms",
             "log.retention.check.interval.ms": "log_retention_check_interval_ms",
+            "producer.id.expiration.ms": "producer_id_expiration_ms",
+            "producer.id.expiration.check.interval.ms": "producer_id_expiration_check_interval_ms",
+            "oncelog.producer.state.max.producers": "max_producers_per_partition",
         }
         for key, attr in ints.items():
             if key in props:
@@ -127,6 +134,9 @@ class BrokerConfig:
             "log.flush.interval.ms": str(self.log_flush_interval_ms),
             "log.retention.check.interval.ms": str(self.log_retention_check_interval_ms),
             "delete.topic.enable": str(self.delete_topic_enable).lower(),
+            "producer.id.expiration.ms": str(self.producer_id_expiration_ms),
+            "producer.id.expiration.check.interval.ms": str(self.producer_id_expiration_check_interval_ms),
+            "oncelog.producer.state.max.producers": str(self.max_producers_per_partition),
         }
         for key, value in self.log.to_topic_configs().items():
             out[_BROKER_NAME.get(key, "log." + key)] = value

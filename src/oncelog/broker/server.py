@@ -141,18 +141,20 @@ class BrokerServer:
         self.port = sock.getsockname()[1]
         if cfg.port == 0:
             cfg.port = self.port
-        self._tasks.append(loop.create_task(self._retention_loop()))
+        self._tasks.append(loop.create_task(self._every(cfg.log_retention_check_interval_ms, self.broker.retention_pass)))
+        self._tasks.append(
+            loop.create_task(self._every(cfg.producer_id_expiration_check_interval_ms, self.broker.expire_producers))
+        )
         if not cfg.fsync_on_ack:
             self._tasks.append(loop.create_task(self.broker.committer.periodic_flush()))
 
-    async def _retention_loop(self) -> None:
-        interval = max(self.broker.config.log_retention_check_interval_ms, 10) / 1000
+    async def _every(self, interval_ms: int, job: Any) -> None:
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(interval_ms, 10) / 1000)
             try:
-                self.broker.retention_pass()
+                job()
             except Exception:
-                log.exception("retention pass failed")
+                log.exception("%s failed", job.__name__)
 
     async def stop(self) -> None:
         if self._server is not None:

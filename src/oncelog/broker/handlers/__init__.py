@@ -21,8 +21,10 @@ from oncelog.broker.handlers import (
     delete_topics,
     describe_cluster,
     describe_configs,
+    describe_producers,
     fetch,
     incremental_alter_configs,
+    init_producer_id,
     alter_configs,
     list_offsets,
     metadata,
@@ -66,6 +68,8 @@ HANDLERS: dict[int, Handler] = {
             alter_configs,
             incremental_alter_configs,
             describe_cluster,
+            init_producer_id,
+            describe_producers,
         ),
     )
 }

@@ -10,8 +10,17 @@ fsync waits overlap. With acks=1 or acks=-1 the response is sent only after
 the group-commit fdatasync covering the appends (one node: both mean
 "durable here"); with acks=0 no response is sent at all, as in Kafka.
 
+Idempotent batches (producer id >= 0) are checked against the partition's
+producer state (:mod:`oncelog.broker.producer_state`): a retried batch that
+is one of the producer's last 5 gets its original base offset back and is
+not written again; an older epoch gets INVALID_PRODUCER_EPOCH; a sequence gap
+or a new epoch not starting at 0 gets OUT_OF_ORDER_SEQUENCE_NUMBER; a
+producer id this broker never issued gets UNKNOWN_PRODUCER_ID. A duplicate
+still waits for the fsync round, so its answer never precedes durability.
+
 Errors per partition: UNKNOWN_TOPIC_OR_PARTITION, CORRUPT_MESSAGE,
-INVALID_RECORD, MESSAGE_TOO_LARGE, UNSUPPORTED_COMPRESSION_TYPE. Invalid
+INVALID_RECORD, MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE,
+UNSUPPORTED_COMPRESSION_TYPE, plus the idempotence errors above. Invalid
 ``acks`` gets INVALID_REQUIRED_ACKS for every partition.
 
 Version notes:
@@ -65,8 +74,8 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any] | None:
                 partition = broker.partition(name, index)
                 records = pdata.records or b""
                 config = partition.log.config
-                validate_produce_records(records, config.max_message_bytes)
-                info = partition.log.append(records, broker.clock())
+                (hdr,) = validate_produce_records(records, config.max_message_bytes, config.segment_bytes)
+                base_offset, append_time = partition.append_batch(records, hdr, broker.clock(), broker.producer_ids)
             except KafkaError as exc:
                 parts_out.append(_error(index, exc.code, str(exc)))
                 continue
@@ -81,8 +90,8 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any] | None:
                 {
                     "index": index,
                     "error_code": 0,
-                    "base_offset": info.base_offset,
-                    "log_append_time": info.log_append_time_ms,
+                    "base_offset": base_offset,
+                    "log_append_time": append_time,
                     "log_start_offset": partition.log_start_offset,
                     "record_errors": [],
                     "error_message": None,

@@ -1,0 +1,214 @@
+"""The pure idempotence rules (check_batch), the table, ids and snapshots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oncelog.broker.partition import Partition
+from oncelog.broker.producer_ids import MAX_EPOCH, ProducerIdManager
+from oncelog.broker.producer_state import (
+    BATCH_WINDOW,
+    INT32_MAX,
+    Accept,
+    Duplicate,
+    Incoming,
+    ProducerEntry,
+    ProducerStateTable,
+    Reject,
+    check_batch,
+    last_sequence,
+)
+from oncelog.protocol.errors import ErrorCode, KafkaError
+from oncelog.protocol.records import Record, encode_record_batch, parse_batch_header
+from oncelog.storage.config import LogConfig
+from oncelog.storage.log import PartitionLog
+
+PID = 7
+
+
+def _run(batches: list[tuple[int, int, int]], entry: ProducerEntry | None = None) -> tuple[ProducerEntry | None, list]:
+    """Feed (epoch, first_seq, count) batches; commit accepted ones at growing offsets."""
+    offset = 0 if entry is None else entry.last_offset + 1
+    out = []
+    for epoch, seq, count in batches:
+        d = check_batch(entry, Incoming(PID, epoch, seq, count))
+        out.append(d)
+        if isinstance(d, Accept):
+            entry = d.entry_after(offset, offset + count - 1, now_ms=1000 + offset)
+            offset += count
+    return entry, out
+
+
+def test_in_order_batches_are_accepted_and_window_keeps_last_five() -> None:
+    entry, out = _run([(0, i * 2, 2) for i in range(8)])
+    assert all(isinstance(d, Accept) for d in out)
+    assert entry is not None and entry.last_seq == 15
+    assert len(entry.batches) == BATCH_WINDOW
+    assert [b.first_seq for b in entry.batches] == [6, 8, 10, 12, 14]
+
+
+def test_duplicate_of_each_of_last_five_returns_original_offsets() -> None:
+    entry, _ = _run([(0, i * 2, 2) for i in range(8)])
+    for b in entry.batches:
+        d = check_batch(entry, Incoming(PID, 0, b.first_seq, 2))
+        assert isinstance(d, Duplicate)
+        assert d.batch.first_offset == b.first_offset == b.first_seq  # offsets follow seqs here
+
+
+def test_sixth_oldest_batch_is_no_longer_a_duplicate() -> None:
+    entry, _ = _run([(0, i * 2, 2) for i in range(6)])
+    assert [b.first_seq for b in entry.batches] == [2, 4, 6, 8, 10]
+    d = check_batch(entry, Incoming(PID, 0, 0, 2))  # the evicted first batch
+    assert isinstance(d, Reject) and d.code == ErrorCode.out_of_order_sequence_number
+    d = check_batch(entry, Incoming(PID, 0, 2, 2))  # oldest still cached
+    assert isinstance(d, Duplicate)
+
+
+def test_sequence_gap_is_out_of_order() -> None:
+    entry, _ = _run([(0, 0, 3)])
+    d = check_batch(entry, Incoming(PID, 0, 4, 1))
+    assert isinstance(d, Reject) and d.code == ErrorCode.out_of_order_sequence_number
+    assert "expected 3" in d.message
+
+
+def test_partial_overlap_is_out_of_order_not_duplicate() -> None:
+    entry, _ = _run([(0, 0, 3)])
+    d = check_batch(entry, Incoming(PID, 0, 0, 2))
+    assert isinstance(d, Reject) and d.code == ErrorCode.out_of_order_sequence_number
+
+
+def test_older_epoch_is_fenced() -> None:
+    entry, _ = _run([(3, 0, 1)])
+    d = check_batch(entry, Incoming(PID, 2, 1, 1))
+    assert isinstance(d, Reject) and d.code == ErrorCode.invalid_producer_epoch
+
+
+def test_new_epoch_must_start_at_zero() -> None:
+    entry, _ = _run([(0, 0, 5)])
+    bad = check_batch(entry, Incoming(PID, 1, 5, 1))
+    assert isinstance(bad, Reject) and bad.code == ErrorCode.out_of_order_sequence_number
+    good = check_batch(entry, Incoming(PID, 1, 0, 1))
+    assert isinstance(good, Accept)
+    bumped = good.entry_after(10, 10, 0)
+    assert bumped.epoch == 1 and [b.first_seq for b in bumped.batches] == [0]
+
+
+def test_unknown_producer_accepts_any_sequence() -> None:
+    # Kafka since KIP-360: no state (new or expired) -> any sequence is accepted
+    d = check_batch(None, Incoming(PID, 0, 12345, 2))
+    assert isinstance(d, Accept)
+
+
+def test_sequence_wraps_at_int32_max() -> None:
+    first = INT32_MAX - 1
+    assert last_sequence(first, 2) == INT32_MAX
+    assert last_sequence(first, 4) == 1
+    entry, out = _run([(0, first, 2), (0, 0, 3)])
+    assert all(isinstance(d, Accept) for d in out)
+    assert entry.last_seq == 2
+    entry2, out2 = _run([(0, first, 4)])
+    assert entry2.last_seq == 1
+    assert isinstance(check_batch(entry2, Incoming(PID, 0, 2, 1)), Accept)
+    assert isinstance(check_batch(entry2, Incoming(PID, 0, first, 4)), Duplicate)
+
+
+def test_table_bounds_memory_lru_and_expires_idle() -> None:
+    table = ProducerStateTable(max_producers=3)
+    for pid in range(5):
+        table.put(ProducerEntry(pid, 0, (), last_timestamp=pid * 100))
+    assert [e.producer_id for e in table] == [2, 3, 4]
+    gone = table.expire(now_ms=450, expiration_ms=100)
+    assert gone == [2, 3]
+    assert [e.producer_id for e in table] == [4]
+
+
+def test_snapshot_roundtrip() -> None:
+    entry, _ = _run([(2, i, 1) for i in range(7)])
+    table = ProducerStateTable()
+    table.put(entry)
+    again = ProducerStateTable.from_bytes(table.to_bytes())
+    assert again.get(PID) == entry
+    with pytest.raises(ValueError):
+        ProducerStateTable.from_bytes(b'{"version": 99, "producers": []}')
+
+
+def test_producer_ids_are_never_reused_across_restarts(tmp_path: Path) -> None:
+    m = ProducerIdManager(tmp_path)
+    first = [m.generate() for _ in range(5)]
+    assert first == [0, 1, 2, 3, 4]
+    assert m.was_issued(4) and not m.was_issued(5)
+    m2 = ProducerIdManager(tmp_path)  # "crash": the rest of the block is skipped
+    nxt = m2.generate()
+    assert nxt > max(first)
+    assert m2.was_issued(4) and m2.was_issued(nxt)
+
+
+def test_kip360_epoch_bump_retry_and_fencing(tmp_path: Path) -> None:
+    m = ProducerIdManager(tmp_path)
+    a = m.init_idempotent(-1, -1)
+    assert a.epoch == 0
+    b = m.init_idempotent(a.producer_id, 0)
+    assert (b.producer_id, b.epoch) == (a.producer_id, 1)
+    again = m.init_idempotent(a.producer_id, 0)  # retried bump: previous epoch
+    assert (again.producer_id, again.epoch) == (a.producer_id, 1)
+    with pytest.raises(KafkaError) as exc:
+        m.init_idempotent(a.producer_id, 7)
+    assert exc.value.code == ErrorCode.invalid_producer_epoch
+    unknown = m.init_idempotent(999_999, 3)  # not remembered: a fresh id, as Kafka
+    assert unknown.producer_id != a.producer_id and unknown.epoch == 0
+
+
+def test_epoch_exhaustion_rotates_producer_id(tmp_path: Path) -> None:
+    m = ProducerIdManager(tmp_path)
+    a = m.init_idempotent(-1, -1)
+    m._epochs[a.producer_id] = MAX_EPOCH
+    rotated = m.init_idempotent(a.producer_id, MAX_EPOCH)
+    assert rotated.producer_id != a.producer_id and rotated.epoch == 0
+
+
+def _batch(pid: int, epoch: int, seq: int, n: int) -> bytes:
+    return encode_record_batch(
+        [Record(key=None, value=b"v%d" % i) for i in range(n)], producer_id=pid, producer_epoch=epoch, base_sequence=seq
+    )
+
+
+def test_partition_dedup_survives_unclean_restart_by_replay(tmp_path: Path) -> None:
+    ids = ProducerIdManager(tmp_path / "meta")
+    pid = ids.generate()
+    cfg = LogConfig(segment_bytes=400)  # several rolls -> snapshots at rolls
+    log = PartitionLog.open(tmp_path / "t-0", cfg, 0)
+    part = Partition("t", 0, None, log)
+    offsets = []
+    for i in range(12):
+        raw = _batch(pid, 0, i * 3, 3)
+        base, _ = part.append_batch(raw, parse_batch_header(raw), 1000, ids)
+        offsets.append(base)
+    assert offsets == [i * 3 for i in range(12)]
+    assert list((tmp_path / "t-0").glob("*.snapshot")), "a roll writes a producer snapshot"
+    log.sync()
+    # no clean close: reopen from disk (snapshot at last roll + replay of the tail)
+    log2 = PartitionLog.open(tmp_path / "t-0", cfg, 0)
+    part2 = Partition("t", 0, None, log2)
+    retry = _batch(pid, 0, 33, 3)  # the last acknowledged batch, retried
+    base, _ = part2.append_batch(retry, parse_batch_header(retry), 2000, ids)
+    assert base == 33
+    assert log2.log_end_offset == 36, "a duplicate writes nothing"
+    nxt = _batch(pid, 0, 36, 1)
+    assert part2.append_batch(nxt, parse_batch_header(nxt), 2000, ids)[0] == 36
+    gap = _batch(pid, 0, 40, 1)
+    with pytest.raises(KafkaError) as exc:
+        part2.append_batch(gap, parse_batch_header(gap), 2000, ids)
+    assert exc.value.code == ErrorCode.out_of_order_sequence_number
+    assert log2.log_end_offset == 37, "a rejected batch writes nothing"
+
+
+def test_partition_rejects_never_issued_producer_id(tmp_path: Path) -> None:
+    ids = ProducerIdManager(tmp_path / "meta")
+    part = Partition("t", 0, None, PartitionLog.open(tmp_path / "t-0", LogConfig(), 0))
+    raw = _batch(424242, 0, 0, 1)
+    with pytest.raises(KafkaError) as exc:
+        part.append_batch(raw, parse_batch_header(raw), 0, ids)
+    assert exc.value.code == ErrorCode.unknown_producer_id
+    assert part.log.log_end_offset == 0
