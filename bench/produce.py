@@ -224,6 +224,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--idempotent", action="store_true", help="shorthand for --mode idempotent")
     p.add_argument("--only", choices=["oncelog", "mock"],
                    help="run a single broker (no ratio); plain/idempotent modes only")
+    p.add_argument("--max-in-flight", type=int, default=None,
+                   help="max.in.flight.requests.per.connection for every side (idempotent "
+                        "producers allow at most 5; set 5 to compare plain and idempotent "
+                        "at the same pipelining depth)")
     p.add_argument("--partitioner", choices=["roundrobin", "default"], default="roundrobin",
                    help="roundrobin: record i -> partition i %% 8; default: librdkafka's "
                         "sticky partitioner for null keys (default roundrobin)")
@@ -282,15 +286,21 @@ def main(argv: list[str] | None = None) -> int:
             return run_profile(args, tmp, meta)
 
         idem = {"enable.idempotence": True}
+        if args.max_in_flight:
+            inflight = {"max.in.flight.requests.per.connection": args.max_in_flight}
+            meta["producer"] = {**BASE_CONFIG, **inflight}
+            idem = {**idem, **inflight}
+        else:
+            inflight = {}
         want = {"oncelog", "mock"} if not args.only else {args.only}
         oncelog = stack.enter_context(OncelogBroker(tmp / "data")) if "oncelog" in want else None
         mock = stack.enter_context(MockCluster()) if "mock" in want else None
         if mock:
             meta["mock_librdkafka"] = mock.version
         if args.mode == "both":
-            sides = [Side("oncelog plain", oncelog), Side("oncelog idempotent", oncelog, idem)]
+            sides = [Side("oncelog plain", oncelog, dict(inflight)), Side("oncelog idempotent", oncelog, idem)]
         else:
-            extra = idem if args.mode == "idempotent" else {}
+            extra = idem if args.mode == "idempotent" else dict(inflight)
             sides = [s for s in (Side("oncelog", oncelog, extra), Side("mock", mock, extra))
                      if s.broker is not None]
 
