@@ -118,6 +118,20 @@ def confluent_consume_all(bootstrap: str, topic: str, expected: dict[int, int],
     return out
 
 
+def confluent_watermarks(bootstrap: str, topic: str, partitions: int,
+                         timeout: float = 10.0) -> dict[int, tuple[int, int]]:
+    """ListOffsets through librdkafka: ``{partition: (log_start, high_watermark)}``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused-watermarks",
+                  "enable.auto.commit": False})
+    try:
+        return {p: tuple(c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False))
+                for p in range(partitions)}
+    finally:
+        c.close()
+
+
 # -- on-disk inspection (independent of the broker's own parser) -------------
 
 CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
@@ -151,6 +165,42 @@ def scan_batches(path: Path) -> list[tuple[int, int, int]]:
         out.append((base_offset, last_delta + 1, attributes & 0x7))
         pos += 12 + length
     return out
+
+
+def check_segment_chain(data_dir: Path, topic: str, partition: int) -> tuple[int, int, int]:
+    """Strictly parse a partition's segment files: every byte belongs to a whole v2
+    batch with a valid CRC-32C, and base offsets continue across batches and
+    segments.  Returns ``(first_offset, next_offset, batches)``."""
+    import struct
+
+    from crc32c import crc32c
+
+    first = nxt = None
+    batches = 0
+    for path in segment_files(data_dir, topic, partition):
+        data = path.read_bytes()
+        pos = 0
+        assert int(path.stem) == (nxt if nxt is not None else int(path.stem)), (
+            f"{path.name}: segment base does not continue the previous segment (next {nxt})")
+        while pos < len(data):
+            assert pos + 61 <= len(data), f"{path}: {len(data) - pos} trailing bytes at {pos} (torn batch)"
+            base, length = struct.unpack_from(">qi", data, pos)
+            end = pos + 12 + length
+            assert length >= 49 and end <= len(data), f"{path}: torn batch at {pos} (length {length})"
+            assert data[pos + 16] == 2, f"{path}: bad magic at {pos}"
+            (crc,) = struct.unpack_from(">I", data, pos + 17)
+            assert crc32c(data[pos + 21:end]) == crc, f"{path}: CRC mismatch in batch at offset {base}"
+            (last_delta,) = struct.unpack_from(">i", data, pos + 23)
+            if nxt is not None:
+                assert base == nxt, f"{path}: batch base {base} does not follow {nxt}"
+            else:
+                first = base
+            nxt = base + last_delta + 1
+            batches += 1
+            pos = end
+        if nxt is None:
+            nxt = int(path.stem)
+    return (first if first is not None else (nxt or 0)), (nxt or 0), batches
 
 
 def stored_codecs(data_dir: Path, topic: str, partitions: int) -> dict[str, int]:
@@ -205,10 +255,12 @@ _KIT = _types.SimpleNamespace(
     wait_until=wait_until,
     create_topic=create_topic,
     confluent_consume_all=confluent_consume_all,
+    confluent_watermarks=confluent_watermarks,
     partition_dir=partition_dir,
     segment_files=segment_files,
     scan_batches=scan_batches,
     stored_codecs=stored_codecs,
+    check_segment_chain=check_segment_chain,
     CODEC_NAMES=CODEC_NAMES,
     api_versions=api_versions,
 )
