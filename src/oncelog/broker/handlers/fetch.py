@@ -39,6 +39,9 @@ MAX_VERSION = 17
 
 
 def _empty(index: int, code: int, hw: int = -1, lso: int = -1, log_start: int = -1) -> dict[str, Any]:
+    # records is empty, never null, even with an error: the schema allows null
+    # but Kafka always sends empty records, and librdkafka rejects a null
+    # (MessageSetSize -1) as a protocol parse failure for the whole response.
     return {
         "partition_index": index,
         "error_code": code,
@@ -47,7 +50,7 @@ def _empty(index: int, code: int, hw: int = -1, lso: int = -1, log_start: int = 
         "log_start_offset": log_start,
         "aborted_transactions": None,
         "preferred_read_replica": -1,
-        "records": None,
+        "records": b"",
     }
 
 
