@@ -16,6 +16,7 @@ from typing import Callable
 
 from oncelog.broker.config import BrokerConfig
 from oncelog.broker.durability import GroupCommitter
+from oncelog.broker.group import GroupConfig, GroupCoordinator, OffsetStore
 from oncelog.broker.partition import Partition
 from oncelog.broker.producer_ids import ProducerIdManager
 from oncelog.protocol.errors import ErrorCode, KafkaError
@@ -26,6 +27,7 @@ from oncelog.storage.fileutil import atomic_write
 
 log = logging.getLogger(__name__)
 
+OFFSETS_TOPIC = "__consumer_offsets"  # its one log is the offsets store's (broker/group/offsets.py)
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 # topic-level configs this broker implements (DescribeConfigs/AlterConfigs)
@@ -76,6 +78,18 @@ class Broker:
         self.logs.open_all(self.catalog, self.clock())
         for meta in self.catalog.topics():
             self._attach_topic(meta.name, uuid.UUID(str(meta.topic_id)), meta.num_partitions, meta.configs)
+        self.groups = GroupCoordinator(
+            OffsetStore.open(config.data_dir, self.committer.wait_durable, self.clock, config.offsets_snapshot_bytes),
+            self.clock,
+            GroupConfig(
+                min_session_timeout_ms=config.group_min_session_timeout_ms,
+                max_session_timeout_ms=config.group_max_session_timeout_ms,
+                initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+                max_size=config.group_max_size,
+                offset_metadata_max_bytes=config.offset_metadata_max_bytes,
+                offsets_retention_ms=config.offsets_retention_minutes * 60_000,
+            ),
+        )
 
     # -- identity ---------------------------------------------------------
 
@@ -131,6 +145,8 @@ class Broker:
         validate_only: bool = False,
     ) -> Topic | None:
         validate_topic_name(name)
+        if name == OFFSETS_TOPIC:
+            raise KafkaError(ErrorCode.invalid_request, f"{name} is internal to the group coordinator")
         if name in self.topics:
             raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
         if num_partitions == -1:
@@ -227,6 +243,10 @@ class Broker:
         return expired
 
     def close(self) -> None:
+        try:
+            self.groups.store.close()
+        except OSError as exc:
+            log.error("closing the offsets store failed: %s", exc)
         self.committer.close()
         for p in self.all_partitions():
             try:

@@ -66,6 +66,17 @@ class BrokerConfig:
     producer_id_expiration_check_interval_ms: int = 600000
     # oncelog's bound on idempotent-producer entries kept per partition (LRU)
     max_producers_per_partition: int = 10000
+    # consumer groups (Kafka's names; see docs/groups.md)
+    group_min_session_timeout_ms: int = 6000
+    group_max_session_timeout_ms: int = 1800000
+    group_initial_rebalance_delay_ms: int = 3000
+    group_max_size: int = 2147483647
+    offset_metadata_max_bytes: int = 4096
+    offsets_retention_minutes: int = 10080
+    offsets_retention_check_interval_ms: int = 600000
+    # oncelog's own: coordinator timer resolution, offsets log snapshot threshold
+    group_coordinator_tick_ms: int = 100
+    offsets_snapshot_bytes: int = 8388608
     log: LogConfig = field(default_factory=LogConfig)
     raw: dict[str, str] = field(default_factory=dict)
 
@@ -99,6 +110,15 @@ class BrokerConfig:
             "producer.id.expiration.ms": "producer_id_expiration_ms",
             "producer.id.expiration.check.interval.ms": "producer_id_expiration_check_interval_ms",
             "oncelog.producer.state.max.producers": "max_producers_per_partition",
+            "group.min.session.timeout.ms": "group_min_session_timeout_ms",
+            "group.max.session.timeout.ms": "group_max_session_timeout_ms",
+            "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
+            "group.max.size": "group_max_size",
+            "offset.metadata.max.bytes": "offset_metadata_max_bytes",
+            "offsets.retention.minutes": "offsets_retention_minutes",
+            "offsets.retention.check.interval.ms": "offsets_retention_check_interval_ms",
+            "oncelog.group.coordinator.tick.ms": "group_coordinator_tick_ms",
+            "oncelog.offsets.snapshot.bytes": "offsets_snapshot_bytes",
         }
         for key, attr in ints.items():
             if key in props:
@@ -137,6 +157,15 @@ class BrokerConfig:
             "producer.id.expiration.ms": str(self.producer_id_expiration_ms),
             "producer.id.expiration.check.interval.ms": str(self.producer_id_expiration_check_interval_ms),
             "oncelog.producer.state.max.producers": str(self.max_producers_per_partition),
+            "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),
+            "group.max.session.timeout.ms": str(self.group_max_session_timeout_ms),
+            "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),
+            "group.max.size": str(self.group_max_size),
+            "offset.metadata.max.bytes": str(self.offset_metadata_max_bytes),
+            "offsets.retention.minutes": str(self.offsets_retention_minutes),
+            "offsets.retention.check.interval.ms": str(self.offsets_retention_check_interval_ms),
+            "oncelog.group.coordinator.tick.ms": str(self.group_coordinator_tick_ms),
+            "oncelog.offsets.snapshot.bytes": str(self.offsets_snapshot_bytes),
         }
         for key, value in self.log.to_topic_configs().items():
             out[_BROKER_NAME.get(key, "log." + key)] = value

@@ -145,6 +145,10 @@ class BrokerServer:
         self._tasks.append(
             loop.create_task(self._every(cfg.producer_id_expiration_check_interval_ms, self.broker.expire_producers))
         )
+        groups = self.broker.groups
+        self._tasks.append(loop.create_task(self._every(cfg.group_coordinator_tick_ms, groups.tick)))
+        self._tasks.append(loop.create_task(self._every(cfg.offsets_retention_check_interval_ms, groups.expire_offsets)))
+        self._tasks.append(loop.create_task(self._every(1000, groups.store.maybe_snapshot)))
         if not cfg.fsync_on_ack:
             self._tasks.append(loop.create_task(self.broker.committer.periodic_flush()))
 

@@ -1,0 +1,38 @@
+"""DeleteGroups (key 42).
+
+Behavior: deletes Empty groups with their committed offsets (tombstones in
+the offsets log, durable before the answer). A group with members gets
+NON_EMPTY_GROUP; one that does not exist GROUP_ID_NOT_FOUND.
+
+Version notes: v0-v2 handled. v2+ flexible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from oncelog.broker.context import RequestContext
+from oncelog.protocol.errors import ErrorCode
+
+API_KEY = 42
+MIN_VERSION = 0
+MAX_VERSION = 2
+
+
+async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    names = list(request.groups_names)
+    errors, futures = ctx.broker.groups.delete_groups(names)
+    failed = False
+    for fut in futures:
+        try:
+            await asyncio.shield(fut)
+        except Exception:
+            failed = True
+    results = []
+    for name in names:
+        code = errors.get(name, 0)
+        if failed and code == 0:
+            code = ErrorCode.coordinator_not_available
+        results.append({"group_id": name, "error_code": code})
+    return {"throttle_time": 0, "results": results}

@@ -1,0 +1,80 @@
+"""OffsetFetch (key 9).
+
+Behavior: the committed offset, leader epoch and metadata of each requested
+partition, or of every partition the group has offsets for when the topic
+list is null (v2+). A partition without an offset, and every partition of a
+group that does not exist, answers offset -1 with no error, exactly like
+Kafka's classic coordinator (GROUP_ID_NOT_FOUND here makes librdkafka
+consumers using assign() stall). Offsets become visible once durable.
+require_stable (v7+) has nothing to wait for until transactions arrive.
+
+Version notes: v1-v10 handled (v0 was removed in Kafka 4.0). v2+ null topics
+means all, and a top-level error code; v3+ throttle time; v5+ leader epoch;
+v6+ flexible; v7+ require_stable; v8+ several groups per request, each with
+its own error; v9 member id/epoch (not checked for classic groups); v10
+names topics by id (unknown ids get UNKNOWN_TOPIC_ID).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oncelog.broker.context import RequestContext
+from oncelog.broker.group import TopicPartition
+from oncelog.protocol.errors import ErrorCode
+
+API_KEY = 9
+MIN_VERSION = 1
+MAX_VERSION = 10
+
+
+def _fetch_group(ctx: RequestContext, group_id: str, topics: Any, by_id: bool) -> tuple[int, list[dict[str, Any]]]:
+    broker = ctx.broker
+    coordinator = broker.groups
+    if topics is None:
+        error, rows = coordinator.fetch_offsets(group_id, None)
+        grouped: dict[str, list[dict[str, Any]]] = {}
+        for tp, offset, epoch, meta in rows:
+            grouped.setdefault(tp.topic, []).append(_part(tp.partition, offset, epoch, meta, 0))
+        out = []
+        for name, parts in grouped.items():
+            if by_id:
+                topic = broker.topics.get(name)
+                if topic is None:
+                    continue  # the topic is gone: it has no id to answer with
+                out.append({"topic_id": topic.topic_id, "partitions": parts})
+            else:
+                out.append({"name": name, "partitions": parts})
+        return error, out
+    out = []
+    for t in topics:
+        if by_id:
+            topic = broker.topics_by_id.get(t.topic_id)
+            if topic is None:
+                out.append({"topic_id": t.topic_id, "partitions": [
+                    _part(p, -1, -1, "", ErrorCode.unknown_topic_id) for p in t.partition_indexes]})
+                continue
+            name = topic.name
+        else:
+            name = t.name
+        error, rows = coordinator.fetch_offsets(group_id, [TopicPartition(name, p) for p in t.partition_indexes])
+        parts = [_part(tp.partition, offset, epoch, meta, error) for tp, offset, epoch, meta in rows]
+        out.append({"topic_id": t.topic_id, "partitions": parts} if by_id else {"name": name, "partitions": parts})
+    return 0, out
+
+
+def _part(index: int, offset: int, epoch: int, metadata: str, error: int) -> dict[str, Any]:
+    return {"partition_index": index, "committed_offset": offset, "committed_leader_epoch": epoch,
+            "metadata": metadata, "error_code": error}
+
+
+async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    v = ctx.version
+    if v < 8:
+        error, topics = _fetch_group(ctx, request.group_id, request.topics, False)
+        return {"throttle_time": 0, "error_code": error, "topics": topics}
+    groups = []
+    for g in request.groups:
+        error, topics = _fetch_group(ctx, g.group_id, g.topics, v >= 10)
+        groups.append({"group_id": g.group_id, "topics": topics, "error_code": error})
+    return {"throttle_time": 0, "groups": groups}
