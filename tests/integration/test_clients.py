@@ -344,7 +344,8 @@ def test_produce_acks(client: str, produced: Callable[[str], Produced], shared_b
     for codec in CODECS:
         assert len(prod.by_codec[codec]) == PER_CODEC
     counts = kit.stored_codecs(shared_broker.data_dir, prod.topic, PARTITIONS)
-    expected = {codec: PER_CODEC for codec in CODECS}
+    assert sum(counts.values()) == TOTAL, counts
+    codecs = list(CODECS)
     if client == "confluent" and FIND_COORDINATOR not in kit.api_versions(shared_broker.bootstrap):
         # librdkafka only enables its LZ4 feature when the broker advertises
         # FindCoordinator (rdkafka_feature.c: LZ4 "depends" on FindCoordinator
@@ -352,8 +353,15 @@ def test_produce_acks(client: str, produced: Callable[[str], Produced], shared_b
         # batch uncompressed.  Until consumer groups land, confluent's lz4
         # round is therefore stored as codec none; the other clients still
         # exercise lz4.
-        expected["none"] = expected.pop("lz4")
-    assert counts == expected, counts
+        codecs.remove("lz4")
+        assert counts.get("lz4", 0) == 0, counts
+        counts["none"] = counts.get("none", 0) - PER_CODEC
+    # Clients may send a tiny batch (a record or two at the end of a round)
+    # uncompressed when compression would not make it smaller (librdkafka
+    # does), so allow a few uncompressed records per round, no more.
+    for codec in codecs:
+        assert PER_CODEC - 50 <= counts.get(codec, 0) <= PER_CODEC, counts
+    assert 0 <= counts.get("none", 0) <= 50 * len(codecs), counts
 
 
 @pytest.mark.parametrize("consumer", CLIENTS)

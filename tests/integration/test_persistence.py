@@ -85,6 +85,9 @@ def make_producer(bootstrap: str, codec: str = "none", timeout_ms: int = 30_000)
         "reconnect.backoff.ms": 50,
         "reconnect.backoff.max.ms": 200,
         "queue.buffering.max.messages": 20_000,
+        # stay well below the brokers' small segment.bytes: like Kafka, the broker
+        # rejects a batch larger than a segment with RECORD_LIST_TOO_LARGE
+        "batch.size": 16_384,
     })
 
 
