@@ -577,6 +577,16 @@ def test_offset_delete() -> None:
     assert err == 0 and errors == {TP0: 0} and h.c.fetch_offsets("g", None)[1] == []
 
 
+def test_offsets_of_deleted_topics_are_removed() -> None:
+    h = Harness()
+    (a,), gen = h.stable_group(1)
+    h.c.commit_offsets("g", gen, a, None, {TP0: OffsetAndMetadata(1), TopicPartition("u", 0): OffsetAndMetadata(2)})
+    h.c.commit_offsets("only-t", -1, "", None, {TP0: OffsetAndMetadata(3), TP1: OffsetAndMetadata(4)})
+    assert h.c.on_topic_deleted("t") == 3
+    assert h.c.fetch_offsets("g", None)[1] == [(TopicPartition("u", 0), 2, -1, "")]
+    assert "only-t" not in h.c.groups and h.state("g") == GroupState.STABLE
+
+
 def test_describe_and_list() -> None:
     h = Harness()
     (a, b), gen = h.stable_group(2)

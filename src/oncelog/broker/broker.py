@@ -178,6 +178,7 @@ class Broker:
             p.wake()
         self.catalog.delete_topic(name)
         self.logs.delete_topic(name)
+        self.groups.on_topic_deleted(name)
         log.info("deleted topic %s", name)
 
     def create_partitions(self, name: str, total: int, validate_only: bool = False) -> None:

@@ -865,6 +865,22 @@ class GroupCoordinator:
                     self._delete_group(group)
         return removed
 
+    def on_topic_deleted(self, topic: str) -> int:
+        """Forget the committed offsets of a deleted topic (Kafka does the same);
+        Empty groups left without offsets are deleted."""
+        removed = 0
+        for gid, offsets in list(self.store.offsets.items()):
+            doomed = [tp for tp in offsets if tp.topic == topic]
+            if not doomed:
+                continue
+            left = len(offsets) - len(doomed)
+            self.store.delete_offsets(gid, doomed)
+            removed += len(doomed)
+            group = self.groups.get(gid)
+            if group is not None and not left and group.state == EMPTY and not group.members and not group.pending_members:
+                self._delete_group(group)
+        return removed
+
     @staticmethod
     def _expired(om: OffsetAndMetadata, now: int, retention: int, base: int | None) -> bool:
         if om.expire_timestamp is not None:
