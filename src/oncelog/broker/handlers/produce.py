@@ -26,6 +26,8 @@ UNSUPPORTED_COMPRESSION_TYPE, plus the idempotence errors above. Invalid
 Version notes:
 - v3-v12 handled (v3 is the first with magic v2 batches and transactional id).
 - v5+ returns log_start_offset; v8+ record_errors / error_message; v9+ flexible.
+- The response is encoded by hand (:mod:`oncelog.protocol.fast_produce`),
+  byte-identical to kio's encoding, because it is the hot path.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 
 from oncelog.broker.context import RequestContext
 from oncelog.protocol.errors import ErrorCode, KafkaError
+from oncelog.protocol.fast_produce import encode_produce_response
 from oncelog.protocol.records import InvalidRecordError, validate_produce_records
 
 API_KEY = 0
@@ -57,7 +60,7 @@ def _error(index: int, code: int, message: str | None = None) -> dict[str, Any]:
     }
 
 
-async def handle(ctx: RequestContext, request: Any) -> dict[str, Any] | None:
+async def handle(ctx: RequestContext, request: Any) -> bytes | None:
     broker = ctx.broker
     acks = request.acks
     waits: list[asyncio.Future[None]] = []
@@ -109,4 +112,4 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any] | None:
                 for p in t["partition_responses"]:
                     if p["error_code"] == 0:
                         p.update(_error(p["index"], ErrorCode.kafka_storage_error, str(exc)))
-    return {"responses": topics_out, "throttle_time": 0}
+    return encode_produce_response(ctx.version, topics_out)

@@ -1,0 +1,62 @@
+"""Hand-written Produce response encoder (the hot path; kio's Python writers
+cost about 100 µs for an 8-partition response, this about 5 µs).
+
+Covers Produce v3-v12. Tagged fields (v9+: CurrentLeader, NodeEndpoints) are
+never sent. ``tests/unit/test_fast_produce.py`` checks byte equality with kio
+for every version.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+_I32 = struct.Struct(">i")
+_PART_V3 = struct.Struct(">ihqq")  # index, error, base offset, log append time
+_I64 = struct.Struct(">q")
+_I16 = struct.Struct(">h")
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _string(s: str | None, flexible: bool) -> bytes:
+    if s is None:
+        return b"\x00" if flexible else b"\xff\xff"
+    raw = s.encode()
+    return (_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
+
+
+def _array_len(n: int, flexible: bool) -> bytes:
+    return _uvarint(n + 1) if flexible else _I32.pack(n)
+
+
+def encode_produce_response(version: int, topics: list[dict[str, Any]], throttle_ms: int = 0) -> bytes:
+    """Encode a Produce response body from the handler's dicts."""
+    flexible = version >= 9
+    out = [_array_len(len(topics), flexible)]
+    for t in topics:
+        out.append(_string(t["name"], flexible))
+        parts = t["partition_responses"]
+        out.append(_array_len(len(parts), flexible))
+        for p in parts:
+            out.append(_PART_V3.pack(p["index"], int(p["error_code"]), p["base_offset"], p["log_append_time"]))
+            if version >= 5:
+                out.append(_I64.pack(p["log_start_offset"]))
+            if version >= 8:
+                out.append(_array_len(0, flexible))  # record_errors
+                out.append(_string(p["error_message"], flexible))
+            if flexible:
+                out.append(b"\x00")
+        if flexible:
+            out.append(b"\x00")
+    out.append(_I32.pack(throttle_ms))
+    if flexible:
+        out.append(b"\x00")
+    return b"".join(out)
