@@ -36,7 +36,9 @@ async function consume(bootstrap, topic, groupId, count) {
     requestTimeout: 15000,
     retry: { retries: 5, initialRetryTime: 100, maxRetryTime: 2000 },
   })
-  const consumer = kafka.consumer({ groupId, sessionTimeout: 6000, heartbeatInterval: 500, rebalanceTimeout: 10000 })
+  const consumer = kafka.consumer({
+    groupId, sessionTimeout: 6000, heartbeatInterval: 500, rebalanceTimeout: 10000, maxWaitTimeInMs: 500,
+  })
   const admin = kafka.admin()
   const summary = { records: [], joins: [] }
   consumer.on(consumer.events.GROUP_JOIN, e => {
