@@ -49,17 +49,17 @@ def parse_request_header_prefix(buf: bytes) -> tuple[RequestHeader, int]:
 
 def skip_tagged_fields(buf: bytes, pos: int) -> int:
     """Skip a tagged-field block (header v2 carries only tags we ignore)."""
-    count, pos = _read_uvarint(buf, pos)
+    count, pos = read_uvarint(buf, pos)
     for _ in range(count):
-        _tag, pos = _read_uvarint(buf, pos)
-        size, pos = _read_uvarint(buf, pos)
+        _tag, pos = read_uvarint(buf, pos)
+        size, pos = read_uvarint(buf, pos)
         pos += size
         if pos > len(buf):
             raise HeaderError("tagged field runs past the end of the request")
     return pos
 
 
-def _read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+def read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
     value = 0
     shift = 0
     while True:

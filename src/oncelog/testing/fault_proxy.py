@@ -63,7 +63,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from oncelog.protocol.headers import HeaderError, parse_request_header_prefix, skip_tagged_fields
+from oncelog.protocol.headers import HeaderError, parse_request_header_prefix, read_uvarint, skip_tagged_fields
 
 __all__ = ["FaultProxy", "Faults", "ProxyStats", "PRODUCE"]
 
@@ -161,7 +161,7 @@ def expects_response(api_key: int, api_version: int, body: bytes, pos: int) -> b
     try:
         if api_version >= _PRODUCE_FLEXIBLE_FROM:
             pos = skip_tagged_fields(body, pos)
-            n, pos = _uvarint(body, pos)  # compact nullable transactional_id: length + 1
+            n, pos = read_uvarint(body, pos)  # compact nullable transactional_id: length + 1
             pos += max(n - 1, 0)
         elif api_version >= 3:
             (n,) = _I16.unpack_from(body, pos)
@@ -170,19 +170,6 @@ def expects_response(api_key: int, api_version: int, body: bytes, pos: int) -> b
     except (HeaderError, struct.error, IndexError):
         return True
     return acks != 0
-
-
-def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise HeaderError("varint too long")
 
 
 class _Conn:
