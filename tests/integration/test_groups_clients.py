@@ -187,6 +187,11 @@ class Runner(threading.Thread):
                     auto_commit_interval_ms=200, client_id=self.cname)
         conf.update(self.extra)
         c = KafkaConsumer(**conf)
+        # Load the topic's metadata before joining: a kafka-python leader that
+        # joins first assigns nothing ("No partition metadata") and must rejoin
+        # once metadata arrives, a client-side path that once left the member
+        # silent for a whole session on this busy machine.
+        c.partitions_for_topic(self.topic)
         c.subscribe([self.topic], listener=Listener())
         self.started_ok.set()
         coordinator = c._coordinator
