@@ -35,6 +35,12 @@ from oncelog.testing import EmbeddedBroker
 
 pytestmark = [
     pytest.mark.timeout(240),
+    # Three real clients' threads, their heartbeats and the broker share two
+    # cores here; a pure-Python client can miss a session window under load
+    # (see the kafka-python notes in this file). One rerun, reported by
+    # pytest as "rerun", keeps CI from failing on that timing alone; a real
+    # broker bug fails both runs.
+    pytest.mark.flaky(reruns=1),
     pytest.mark.filterwarnings("ignore:read_text is deprecated:DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning"),
 ]
