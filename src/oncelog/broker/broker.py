@@ -21,7 +21,7 @@ from oncelog.broker.partition import Partition
 from oncelog.broker.producer_ids import ProducerIdManager
 from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.storage.catalog import TopicCatalog
-from oncelog.storage.config import LogConfig
+from oncelog.storage.config import TOPIC_KEYS, LogConfig
 from oncelog.storage.engine import LogManager
 from oncelog.storage.fileutil import atomic_write
 
@@ -29,18 +29,6 @@ log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"  # its one log is the offsets store's (broker/group/offsets.py)
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
-
-# topic-level configs this broker implements (DescribeConfigs/AlterConfigs)
-TOPIC_CONFIG_KEYS = (
-    "segment.bytes",
-    "segment.ms",
-    "retention.ms",
-    "retention.bytes",
-    "max.message.bytes",
-    "message.timestamp.type",
-    "index.interval.bytes",
-)
-
 
 def validate_topic_name(name: str) -> None:
     if name in (".", "..") or not _LEGAL_TOPIC.match(name or ""):
@@ -126,11 +114,9 @@ class Broker:
         return self.logs.effective_config(name)
 
     def check_topic_configs(self, configs: dict[str, str]) -> None:
-        for key, value in configs.items():
-            if key not in TOPIC_CONFIG_KEYS:
+        for key in configs:
+            if key not in TOPIC_KEYS:
                 raise KafkaError(ErrorCode.invalid_config, f"unknown or unsupported topic config {key!r}")
-            if value is None:
-                continue
         try:
             LogConfig.from_properties(configs, self.config.log)
         except (ValueError, TypeError) as exc:

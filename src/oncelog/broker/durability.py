@@ -49,10 +49,6 @@ class GroupCommitter:
             self._task = asyncio.get_running_loop().create_task(self._run())
         return fut
 
-    def mark_dirty(self, partition: "Partition") -> None:
-        """An append nobody waits for (acks=0): flushed with the next round."""
-        self.wait_durable(partition)
-
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self._waiters or self._dirty:
