@@ -6,6 +6,9 @@ third-party clients; nothing is mocked.
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -269,3 +272,25 @@ _KIT = _types.SimpleNamespace(
 @pytest.fixture(scope="session")
 def kit() -> _types.SimpleNamespace:
     return _KIT
+
+
+JS_DIR = Path(__file__).resolve().parent.parent / "js"
+
+
+@pytest.fixture(scope="session")
+def node() -> str:
+    """The node executable, with tests/js's pinned kafkajs 2.2.4 installed."""
+    exe = shutil.which("node")
+    if exe is None:
+        pytest.skip("node is not installed")
+    if not (JS_DIR / "node_modules" / "kafkajs" / "package.json").exists():
+        npm = shutil.which("npm")
+        assert npm is not None, "node is installed but npm is not; cannot install kafkajs"
+        proc = subprocess.run(
+            [npm, "install", "--no-audit", "--no-fund", "--no-package-lock"],
+            cwd=JS_DIR, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, f"npm install failed:\n{proc.stdout}\n{proc.stderr}"
+    version = json.loads((JS_DIR / "node_modules" / "kafkajs" / "package.json").read_text())["version"]
+    assert version == "2.2.4", f"tests/js has kafkajs {version}, want 2.2.4"
+    return exe

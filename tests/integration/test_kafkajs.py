@@ -1,9 +1,9 @@
 """kafkajs 2.2.4 (Node) against the broker, driven through tests/js/roundtrip.js.
 
-kafkajs's Consumer needs consumer groups, which the broker does not have yet,
-so records are read back (a) by kafkajs's own Fetch path without a group (see
-roundtrip.js) and (b) by confluent-kafka from Python; kafkajs's
-``admin.fetchTopicOffsets`` must report the high watermarks.
+Records are read back without a consumer group (test_kafkajs_groups.py covers
+groups): (a) by kafkajs's own Fetch path (see roundtrip.js) and (b) by
+confluent-kafka from Python; kafkajs's ``admin.fetchTopicOffsets`` must report
+the high watermarks.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -26,24 +25,6 @@ pytestmark = pytest.mark.timeout(180)
 JS_DIR = Path(__file__).resolve().parent.parent / "js"
 SCRIPT = JS_DIR / "roundtrip.js"
 NODE_TIMEOUT = 90
-
-
-@pytest.fixture(scope="module")
-def node() -> str:
-    exe = shutil.which("node")
-    if exe is None:
-        pytest.skip("node is not installed")
-    if not (JS_DIR / "node_modules" / "kafkajs" / "package.json").exists():
-        npm = shutil.which("npm")
-        assert npm is not None, "node is installed but npm is not; cannot install kafkajs"
-        proc = subprocess.run(
-            [npm, "install", "--no-audit", "--no-fund", "--no-package-lock"],
-            cwd=JS_DIR, capture_output=True, text=True, timeout=300,
-        )
-        assert proc.returncode == 0, f"npm install failed:\n{proc.stdout}\n{proc.stderr}"
-    version = json.loads((JS_DIR / "node_modules" / "kafkajs" / "package.json").read_text())["version"]
-    assert version == "2.2.4", f"tests/js has kafkajs {version}, want 2.2.4"
-    return exe
 
 
 def run_js(node: str, *args: str) -> dict[str, Any]:

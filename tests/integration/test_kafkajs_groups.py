@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,20 +25,6 @@ JS_DIR = Path(__file__).resolve().parent.parent / "js"
 SCRIPT = JS_DIR / "group.js"
 NODE_TIMEOUT = 90
 PARTITIONS = 3
-
-
-@pytest.fixture(scope="module")
-def node() -> str:
-    exe = shutil.which("node")
-    if exe is None:
-        pytest.skip("node is not installed")
-    if not (JS_DIR / "node_modules" / "kafkajs" / "package.json").exists():
-        npm = shutil.which("npm")
-        assert npm is not None, "node is installed but npm is not; cannot install kafkajs"
-        proc = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--no-package-lock"],
-                              cwd=JS_DIR, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"npm install failed:\n{proc.stdout}\n{proc.stderr}"
-    return exe
 
 
 def run_group(node: str, bootstrap: str, topic: str, group: str, count: int) -> dict[str, Any]:
