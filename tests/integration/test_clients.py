@@ -4,7 +4,7 @@ Each client produces 20,000 records (5,000 per compression codec: gzip,
 snappy, lz4, zstd) with unique keys, ids in the values, headers and explicit
 timestamps, acks=all, spread over 4 partitions, and records every delivery
 offset.  Then every client reads every producer's topic back from offset 0 by
-manual assignment (no consumer groups yet): the diagonal of the matrix is the
+manual assignment (groups are covered by test_groups_clients.py): the diagonal of the matrix is the
 per-client round trip, the rest is the cross-client check.
 """
 

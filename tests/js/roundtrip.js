@@ -11,10 +11,9 @@
 // Prints one JSON summary line on stdout (kafkajs logs go to stderr). Keys,
 // values and header values are base64 so bytes survive exactly.
 //
-// kafkajs's Consumer needs consumer groups (FindCoordinator/JoinGroup/...),
-// which the broker does not implement yet, so the read back uses kafkajs's
-// lower-level cluster/broker objects: the same Fetch request encoding and
-// record batch decoding (including gzip) the Consumer uses, without a group.
+// The read back deliberately uses no consumer group (group.js covers groups):
+// kafkajs's lower-level cluster/broker objects send the same Fetch request and
+// do the same record batch decoding (including gzip) as its Consumer.
 'use strict'
 
 const { Kafka, logLevel, CompressionTypes, Partitioners } = require('kafkajs')
