@@ -44,6 +44,40 @@ def _bool(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
+# Kafka property name -> BrokerConfig attribute, for the plain int and bool settings
+_INTS = {
+    "num.partitions": "num_partitions",
+    "default.replication.factor": "default_replication_factor",
+    "socket.request.max.bytes": "socket_request_max_bytes",
+    "log.flush.interval.messages": "log_flush_interval_messages",
+    "log.flush.interval.ms": "log_flush_interval_ms",
+    "log.retention.check.interval.ms": "log_retention_check_interval_ms",
+    "producer.id.expiration.ms": "producer_id_expiration_ms",
+    "producer.id.expiration.check.interval.ms": "producer_id_expiration_check_interval_ms",
+    "oncelog.producer.state.max.producers": "max_producers_per_partition",
+    "group.min.session.timeout.ms": "group_min_session_timeout_ms",
+    "group.max.session.timeout.ms": "group_max_session_timeout_ms",
+    "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
+    "group.max.size": "group_max_size",
+    "offset.metadata.max.bytes": "offset_metadata_max_bytes",
+    "offsets.retention.minutes": "offsets_retention_minutes",
+    "offsets.retention.check.interval.ms": "offsets_retention_check_interval_ms",
+    "oncelog.group.coordinator.tick.ms": "group_coordinator_tick_ms",
+    "oncelog.offsets.snapshot.bytes": "offsets_snapshot_bytes",
+    "transaction.max.timeout.ms": "transaction_max_timeout_ms",
+    "transactional.id.expiration.ms": "transactional_id_expiration_ms",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "transaction_abort_timed_out_transaction_cleanup_interval_ms",
+    "transaction.remove.expired.transaction.cleanup.interval.ms": "transaction_remove_expired_transaction_cleanup_interval_ms",
+    "transaction.state.log.segment.bytes": "transaction_state_log_segment_bytes",
+    "oncelog.transaction.version": "transaction_version",
+}
+_BOOLS = {
+    "auto.create.topics.enable": "auto_create_topics_enable",
+    "delete.topic.enable": "delete_topic_enable",
+    "transaction.two.phase.commit.enable": "transaction_two_phase_commit_enable",
+}
+
+
 @dataclass
 class BrokerConfig:
     host: str = "127.0.0.1"
@@ -77,6 +111,15 @@ class BrokerConfig:
     # oncelog's own: coordinator timer resolution, offsets log snapshot threshold
     group_coordinator_tick_ms: int = 100
     offsets_snapshot_bytes: int = 8388608
+    # transactions (Kafka's names; see docs/transactions.md)
+    transaction_max_timeout_ms: int = 900000
+    transactional_id_expiration_ms: int = 604800000
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10000
+    transaction_remove_expired_transaction_cleanup_interval_ms: int = 3600000
+    transaction_state_log_segment_bytes: int = 104857600
+    transaction_two_phase_commit_enable: bool = False
+    # the finalized level of the transaction.version feature (KIP-890): 2 = TV2
+    transaction_version: int = 2
     log: LogConfig = field(default_factory=LogConfig)
     raw: dict[str, str] = field(default_factory=dict)
 
@@ -100,33 +143,12 @@ class BrokerConfig:
             cfg.advertised_host, cfg.advertised_port = parse_listener(props["advertised.listeners"])
         if "log.dirs" in props or "log.dir" in props:
             cfg.data_dir = Path((get("log.dirs") or get("log.dir") or "./data").split(",")[0])
-        ints = {
-            "num.partitions": "num_partitions",
-            "default.replication.factor": "default_replication_factor",
-            "socket.request.max.bytes": "socket_request_max_bytes",
-            "log.flush.interval.messages": "log_flush_interval_messages",
-            "log.flush.interval.ms": "log_flush_interval_ms",
-            "log.retention.check.interval.ms": "log_retention_check_interval_ms",
-            "producer.id.expiration.ms": "producer_id_expiration_ms",
-            "producer.id.expiration.check.interval.ms": "producer_id_expiration_check_interval_ms",
-            "oncelog.producer.state.max.producers": "max_producers_per_partition",
-            "group.min.session.timeout.ms": "group_min_session_timeout_ms",
-            "group.max.session.timeout.ms": "group_max_session_timeout_ms",
-            "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
-            "group.max.size": "group_max_size",
-            "offset.metadata.max.bytes": "offset_metadata_max_bytes",
-            "offsets.retention.minutes": "offsets_retention_minutes",
-            "offsets.retention.check.interval.ms": "offsets_retention_check_interval_ms",
-            "oncelog.group.coordinator.tick.ms": "group_coordinator_tick_ms",
-            "oncelog.offsets.snapshot.bytes": "offsets_snapshot_bytes",
-        }
-        for key, attr in ints.items():
+        for key, attr in _INTS.items():
             if key in props:
                 setattr(cfg, attr, int(props[key]))
-        if "auto.create.topics.enable" in props:
-            cfg.auto_create_topics_enable = _bool(props["auto.create.topics.enable"])
-        if "delete.topic.enable" in props:
-            cfg.delete_topic_enable = _bool(props["delete.topic.enable"])
+        for key, attr in _BOOLS.items():
+            if key in props:
+                setattr(cfg, attr, _bool(props[key]))
         cfg.log = LogConfig.from_properties(props)
         for key, value in overrides.items():
             if value is not None:
@@ -146,27 +168,9 @@ class BrokerConfig:
             "listeners": f"PLAINTEXT://{self.host}:{self.port}",
             "advertised.listeners": "PLAINTEXT://%s:%d" % self.advertised,
             "log.dirs": str(self.data_dir),
-            "auto.create.topics.enable": str(self.auto_create_topics_enable).lower(),
-            "num.partitions": str(self.num_partitions),
-            "default.replication.factor": str(self.default_replication_factor),
-            "socket.request.max.bytes": str(self.socket_request_max_bytes),
-            "log.flush.interval.messages": str(self.log_flush_interval_messages),
-            "log.flush.interval.ms": str(self.log_flush_interval_ms),
-            "log.retention.check.interval.ms": str(self.log_retention_check_interval_ms),
-            "delete.topic.enable": str(self.delete_topic_enable).lower(),
-            "producer.id.expiration.ms": str(self.producer_id_expiration_ms),
-            "producer.id.expiration.check.interval.ms": str(self.producer_id_expiration_check_interval_ms),
-            "oncelog.producer.state.max.producers": str(self.max_producers_per_partition),
-            "group.min.session.timeout.ms": str(self.group_min_session_timeout_ms),
-            "group.max.session.timeout.ms": str(self.group_max_session_timeout_ms),
-            "group.initial.rebalance.delay.ms": str(self.group_initial_rebalance_delay_ms),
-            "group.max.size": str(self.group_max_size),
-            "offset.metadata.max.bytes": str(self.offset_metadata_max_bytes),
-            "offsets.retention.minutes": str(self.offsets_retention_minutes),
-            "offsets.retention.check.interval.ms": str(self.offsets_retention_check_interval_ms),
-            "oncelog.group.coordinator.tick.ms": str(self.group_coordinator_tick_ms),
-            "oncelog.offsets.snapshot.bytes": str(self.offsets_snapshot_bytes),
         }
+        out.update((key, str(getattr(self, attr))) for key, attr in _INTS.items())
+        out.update((key, str(getattr(self, attr)).lower()) for key, attr in _BOOLS.items())
         for key, value in self.log.to_topic_configs().items():
             out[_BROKER_NAME.get(key, "log." + key)] = value
         return out
