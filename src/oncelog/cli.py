@@ -1,8 +1,9 @@
-"""``oncelog serve|topics|groups``: the broker and a small admin CLI that speaks the protocol."""
+"""``oncelog serve|topics|groups|txns``: the broker and a small admin CLI that speaks the protocol."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -131,6 +132,109 @@ def _groups_action(admin: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+# -- txns (KIP-664) -------------------------------------------------------------
+
+
+def _table(title: str, headers: list[str], rows: list[list[Any]]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=True, width=max(console.width, 250))
+    table = Table(title=title, box=box.SIMPLE, title_justify="left")
+    for h in headers:
+        table.add_column(h, no_wrap=True)
+    for row in rows:
+        table.add_row(*(Text("-" if v is None else str(v)) for v in row))
+    console.print(table)
+
+
+def _txns(args: argparse.Namespace) -> int:
+    from oncelog.client.txns import TxnAdmin, TxnAdminError
+
+    try:
+        with TxnAdmin(args.bootstrap) as admin:
+            return _txns_action(admin, args)
+    except (TxnAdminError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _txns_action(admin: Any, args: argparse.Namespace) -> int:
+    from oncelog.client.txns import AbortSpec
+
+    now = admin.clock()
+    if args.action == "list":
+        rows = admin.list_transactions(args.state or (), args.producer_id or (),
+                                       -1 if args.duration_ms is None else args.duration_ms)
+        if args.json:
+            print(json.dumps(rows))
+        else:
+            _table("Transactions", ["TransactionalId", "Coordinator", "ProducerId", "State"],
+                   [[r["transactional_id"], r["coordinator"], r["producer_id"], r["state"]] for r in rows])
+        return 0
+    if args.action == "describe":
+        found = admin.describe_transactions(args.transactional_ids)
+        failed = [d for d in found.values() if d.error]
+        for d in failed:
+            print(f"error: failed to describe transactional id {d.transactional_id!r}: {d.error}", file=sys.stderr)
+        ok = [d for d in found.values() if not d.error]
+        if args.json:
+            print(json.dumps([d.to_json(now) for d in ok]))
+        else:
+            _table("Transactions", ["CoordinatorId", "TransactionalId", "ProducerId", "ProducerEpoch", "State",
+                                    "TimeoutMs", "StartTimeMs", "DurationMs", "Partitions"],
+                   [[d.coordinator_id, d.transactional_id, d.producer_id, d.producer_epoch, d.state, d.timeout_ms,
+                     d.start_time_ms if d.start_time_ms >= 0 else None,
+                     now - d.start_time_ms if d.start_time_ms >= 0 else None,
+                     ",".join(f"{t}-{p}" for t, p in d.partitions)] for d in ok])
+        return 1 if failed else 0
+    if args.action == "find-hanging":
+        if args.partition is not None and args.topic is None:
+            print("error: --partition needs --topic", file=sys.stderr)
+            return 1
+        hanging = admin.find_hanging(args.topic, args.partition, args.max_transaction_timeout_ms, args.margin_ms)
+        now = admin.clock()
+        if args.json:
+            print(json.dumps([h.to_json(now) for h in hanging]))
+        else:
+            _table("Hanging transactions", ["Topic", "Partition", "ProducerId", "ProducerEpoch", "CoordinatorEpoch",
+                                            "StartOffset", "LastTimestamp", "Duration(ms)", "TransactionalId",
+                                            "Reason"],
+                   [[h.topic, h.partition, h.producer.producer_id, h.producer.producer_epoch,
+                     h.producer.coordinator_epoch, h.producer.current_txn_start_offset, h.producer.last_timestamp,
+                     now - h.producer.last_timestamp, h.transactional_id, h.reason] for h in hanging])
+        return 0
+    # abort
+    explicit = (args.producer_id, args.producer_epoch, args.coordinator_epoch)
+    if args.start_offset is not None:
+        if any(x is not None for x in explicit):
+            print("error: give either --start-offset or --producer-id/--producer-epoch/--coordinator-epoch",
+                  file=sys.stderr)
+            return 1
+        spec = admin.abort_spec(args.topic, args.partition, args.start_offset)
+    elif all(x is not None for x in explicit):
+        # a producer that never completed a transaction reports coordinator epoch -1: use 0, as Kafka's tool does
+        spec = AbortSpec(args.topic, args.partition, args.producer_id, args.producer_epoch,
+                         max(args.coordinator_epoch, 0))
+    else:
+        print("error: the transaction to abort must be identified either with --start-offset or with "
+              "--producer-id, --producer-epoch and --coordinator-epoch", file=sys.stderr)
+        return 1
+    admin.abort_transaction(spec)
+    result = {"topic": spec.topic, "partition": spec.partition, "producer_id": spec.producer_id,
+              "producer_epoch": spec.producer_epoch, "coordinator_epoch": spec.coordinator_epoch, "aborted": True}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"aborted the transaction of producer {spec.producer_id} (epoch {spec.producer_epoch}, "
+              f"coordinator epoch {spec.coordinator_epoch}) on {spec.topic}-{spec.partition}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oncelog", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -163,6 +267,33 @@ def build_parser() -> argparse.ArgumentParser:
     groups.add_argument("--shift-by", type=int)
     groups.add_argument("--execute", action="store_true", help="reset-offsets: commit (default: only show the plan)")
     groups.set_defaults(func=_groups)
+
+    txns = sub.add_parser("txns", help="list, describe, find hanging and abort transactions (KIP-664)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--bootstrap", default="127.0.0.1:9092")
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    tsub = txns.add_subparsers(dest="action", required=True)
+    t_list = tsub.add_parser("list", parents=[common], help="list transactions on every broker")
+    t_list.add_argument("--state", action="append", help="only this state, e.g. Ongoing (repeatable)")
+    t_list.add_argument("--producer-id", type=int, action="append", help="only this producer id (repeatable)")
+    t_list.add_argument("--duration-ms", type=int, help="only transactions open at least this long")
+    t_desc = tsub.add_parser("describe", parents=[common], help="describe transactional ids at their coordinator")
+    t_desc.add_argument("transactional_ids", nargs="+", metavar="TXN_ID")
+    t_hang = tsub.add_parser("find-hanging", parents=[common],
+                             help="open transactions older than the max transaction timeout that pin the LSO")
+    t_hang.add_argument("--topic", help="only this topic (default: all topics)")
+    t_hang.add_argument("--partition", type=int, help="only this partition (needs --topic)")
+    t_hang.add_argument("--max-transaction-timeout-ms", type=int, default=900_000,
+                        help="the brokers' transaction.max.timeout.ms (default 900000)")
+    t_hang.add_argument("--margin-ms", type=int, default=0, help="extra time before a transaction counts as hanging")
+    t_abort = tsub.add_parser("abort", parents=[common], help="abort a hanging transaction on one partition")
+    t_abort.add_argument("--topic", required=True)
+    t_abort.add_argument("--partition", type=int, required=True)
+    t_abort.add_argument("--start-offset", type=int, help="first offset of the open transaction to abort")
+    t_abort.add_argument("--producer-id", type=int)
+    t_abort.add_argument("--producer-epoch", type=int)
+    t_abort.add_argument("--coordinator-epoch", type=int)
+    txns.set_defaults(func=_txns)
     return parser
 
 
