@@ -14,6 +14,13 @@ Files in the partition directory besides the segments:
   so an unclean restart only fully CRC-scans segments from here on;
 * ``.clean_shutdown``: written by :meth:`close`; when present on open, no
   segment needs a full scan.
+
+Aborted transactions: each segment's ``.txnindex`` lists the aborted
+transactions whose ABORT markers it holds. The log only stores and searches
+them (:meth:`append_aborted_txn`, :meth:`collect_aborted_txns`,
+:meth:`truncate_txn_indexes`, :meth:`sync_txn_indexes`); deciding what was
+aborted is the partition's job. On open, entries for markers beyond the
+recovered log end are dropped.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from oncelog.protocol.records import (
 from oncelog.storage.config import LOG_APPEND_TIME, LogConfig
 from oncelog.storage.fileutil import atomic_write, fsync_dir
 from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment
+from oncelog.storage.txn_index import TXNINDEX_SUFFIX, AbortedTxn
 
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 LOG_START_FILE = "log-start-offset"
@@ -119,7 +127,7 @@ class PartitionLog:
         clean = marker.exists()
         recovery_point = _read_checkpoint(directory / RECOVERY_POINT_FILE) or 0
         bases = sorted(int(p.stem) for p in directory.glob("*" + LOG_SUFFIX) if p.stem.isdigit())
-        for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+        for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX):
             for p in directory.glob("*" + suffix):
                 if not p.stem.isdigit() or int(p.stem) not in bases:
                     p.unlink()
@@ -135,6 +143,8 @@ class PartitionLog:
         if not segments:
             segments.append(Segment(directory, max(checkpoint or 0, 0), config.index_interval_bytes))
         log_end = segments[-1].next_offset
+        for seg in segments:  # markers lost with a truncated tail take their entries along
+            seg.txn_index.truncate(log_end)
         log_start = min(max(checkpoint or 0, segments[0].base_offset), log_end)
         log = cls(directory, config, segments, log_start)
         if clean:
@@ -285,6 +295,62 @@ class PartitionLog:
                 atomic_write(self.directory / RECOVERY_POINT_FILE, b"%d\n" % active.base_offset)
                 self._recovery_point = active.base_offset
             return end
+
+    # -- aborted transactions ----------------------------------------------------
+
+    def append_aborted_txn(self, txn: AbortedTxn) -> None:
+        """Record an aborted transaction in the index of the segment holding its marker
+        (``txn.last_offset``); entries must come in increasing marker offsets."""
+        with self._lock:
+            seg = self.segments[self._segment_index(txn.last_offset)]
+            if not seg.base_offset <= txn.last_offset < seg.next_offset:
+                raise ValueError(f"marker offset {txn.last_offset} is not in the log")
+            seg.txn_index.append(txn)
+
+    def collect_aborted_txns(self, fetch_offset: int, upper_offset: int) -> list[AbortedTxn]:
+        """Aborted transactions with ``last_offset >= fetch_offset`` and ``first_offset < upper_offset``.
+
+        Searches from the segment holding ``fetch_offset`` onwards and stops
+        at the first segment whose index shows the search is complete
+        (Kafka's ``collectAbortedTransactions``).
+        """
+        found: list[AbortedTxn] = []
+        for seg in self.segments[self._segment_index(fetch_offset) :]:
+            txns, complete = seg.txn_index.collect(fetch_offset, upper_offset)
+            found += txns
+            if complete:
+                break
+        return found
+
+    def truncate_txn_indexes(self, offset: int) -> int:
+        """Drop every aborted-transaction entry with ``last_offset >= offset``; returns how many."""
+        with self._lock:
+            return sum(seg.txn_index.truncate(offset) for seg in self.segments[self._segment_index(offset) :])
+
+    def sync_txn_indexes(self) -> None:
+        """fdatasync every transaction index changed since its last sync."""
+        with self._sync_lock:
+            with self._lock:
+                todo = []
+                for seg in self.segments:
+                    dirty, new_file = seg.txn_index.take_dirty()
+                    if dirty or new_file:
+                        todo.append((seg, new_file, seg.txn_index.sync_fd()))
+            try:
+                for _seg, _new, fd in todo:
+                    if fd is not None:
+                        os.fdatasync(fd)
+                if any(new for _s, new, _fd in todo):
+                    fsync_dir(self.directory)
+            except BaseException:
+                with self._lock:
+                    for seg, new_file, _fd in todo:
+                        seg.txn_index.mark_dirty(new_file)
+                raise
+            finally:
+                for _seg, _new, fd in todo:
+                    if fd is not None:
+                        os.close(fd)
 
     # -- reads ------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""One log segment: ``<base>.log`` plus a sparse ``.index`` and ``.timeindex``.
+"""One log segment: ``<base>.log``, a sparse ``.index`` and ``.timeindex``, and
+(only once a transaction is aborted in it) a ``.txnindex``.
 
 * ``.log``: record batches back to back, exactly as produced (base offsets patched).
 * ``.index``: big-endian (relative offset u32, file position u32) pairs, one per
@@ -7,8 +8,14 @@
   "every batch up to and including the one at this offset has maxTimestamp <=
   timestamp".  Written together with ``.index`` entries when the maximum grows.
 
-Both indexes are kept in memory (arrays) and written through; they can always
-be rebuilt by scanning the batch headers of the ``.log`` file.
+* ``.txnindex``: the aborted transactions whose ABORT markers are in this
+  segment (see :mod:`oncelog.storage.txn_index`).
+
+The offset and time indexes are kept in memory (arrays) and written through;
+they can always be rebuilt by scanning the batch headers of the ``.log`` file.
+The transaction index cannot (it needs producer state): the partition rebuilds
+its entries above the producer snapshot it recovers from, and syncs it before
+writing a snapshot. All three are fsynced with the sealed segment.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from oncelog.protocol.records import (
     parse_batch_header,
 )
 from oncelog.storage.fileutil import read_all, write_all
+from oncelog.storage.txn_index import TXNINDEX_SUFFIX, TransactionIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -63,6 +71,7 @@ class Segment:
         self.log_path = stem.with_suffix(LOG_SUFFIX)
         self.index_path = stem.with_suffix(INDEX_SUFFIX)
         self.timeindex_path = stem.with_suffix(TIMEINDEX_SUFFIX)
+        self.txn_index = TransactionIndex(stem.with_suffix(TXNINDEX_SUFFIX), base_offset)
         flags = os.O_RDWR | os.O_APPEND | os.O_CREAT
         self.fd = os.open(self.log_path, flags, 0o644)
         self._index_fd = os.open(self.index_path, flags, 0o644)
@@ -277,6 +286,7 @@ class Segment:
             if fd >= 0:
                 os.close(fd)
         self._index_fd = self._time_fd = -1
+        self.txn_index.close()
 
     def largest_timestamp(self) -> int:
         """Largest batch timestamp, or the file's mtime if no batch has one (Kafka's rule)."""
@@ -369,6 +379,9 @@ class Segment:
                     fds.append(os.dup(fd) if fd >= 0 else os.open(path, os.O_RDONLY))
                 except FileNotFoundError:
                     pass
+            txn_fd = self.txn_index.sync_fd()
+            if txn_fd is not None:
+                fds.append(txn_fd)
         return fds
 
     def close(self) -> None:
@@ -381,4 +394,5 @@ class Segment:
         self.close()
         for path in (self.log_path, self.index_path, self.timeindex_path):
             path.unlink(missing_ok=True)
+        self.txn_index.delete()
 
