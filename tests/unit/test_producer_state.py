@@ -1,7 +1,9 @@
-"""The pure idempotence rules (check_batch), the table, ids and snapshots."""
+"""The pure idempotence and transaction rules (check_batch, check_marker), the table, ids and snapshots."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,12 +14,17 @@ from oncelog.broker.producer_state import (
     BATCH_WINDOW,
     INT32_MAX,
     Accept,
+    BatchMeta,
+    CompletedTxn,
     Duplicate,
     Incoming,
+    MarkerAccept,
     ProducerEntry,
     ProducerStateTable,
     Reject,
     check_batch,
+    check_marker,
+    has_ongoing_txn,
     last_sequence,
 )
 from oncelog.protocol.errors import ErrorCode, KafkaError
@@ -212,3 +219,119 @@ def test_partition_rejects_never_issued_producer_id(tmp_path: Path) -> None:
         part.append_batch(raw, parse_batch_header(raw), 0, ids)
     assert exc.value.code == ErrorCode.unknown_producer_id
     assert part.log.log_end_offset == 0
+
+
+# --- transactions (pure rules) ---------------------------------------------------------
+
+
+def _txn(entry: ProducerEntry | None, epoch: int, seq: int, n: int, offset: int, txn: bool = True):
+    d = check_batch(entry, Incoming(PID, epoch, seq, n, txn))
+    return d, (d.entry_after(offset, offset + n - 1, 0) if isinstance(d, Accept) else entry)
+
+
+def test_first_transactional_batch_opens_txn_and_later_ones_join() -> None:
+    _, e = _txn(None, 0, 0, 2, offset=10)
+    assert e.current_txn_first_offset == 10
+    _, e = _txn(e, 0, 2, 3, offset=20)
+    assert e.current_txn_first_offset == 10 and e.last_seq == 4
+    assert has_ongoing_txn(e, 0) and not has_ongoing_txn(e, 1) and not has_ongoing_txn(None, 0)
+
+
+def test_non_transactional_batch_during_open_txn_is_invalid_txn_state() -> None:
+    _, e = _txn(None, 0, 0, 2, offset=0)
+    d = check_batch(e, Incoming(PID, 0, 2, 1, is_transactional=False))
+    assert isinstance(d, Reject) and d.code == ErrorCode.invalid_txn_state
+    idem, _ = _run([(0, 0, 2)])  # no open txn: idempotent batches are fine
+    assert isinstance(check_batch(idem, Incoming(PID, 0, 2, 1)), Accept)
+
+
+def _open_entry(epoch: int = 3, coordinator_epoch: int = 5) -> ProducerEntry:
+    _, e = _txn(None, epoch, 0, 2, offset=100)
+    return replace(e, coordinator_epoch=coordinator_epoch)
+
+
+@pytest.mark.parametrize("tv", [0, 1])
+def test_classic_marker_epoch_rule(tv: int) -> None:
+    e = _open_entry(epoch=3)
+    bad = check_marker(e, 2, 5, tv)
+    assert isinstance(bad, Reject) and bad.code == ErrorCode.invalid_producer_epoch
+    ok = check_marker(e, 3, 5, tv)
+    assert isinstance(ok, MarkerAccept) and ok.open_txn_first_offset == 100
+    after = ok.entry_after(now_ms=9)
+    assert after.current_txn_first_offset == -1 and after.epoch == 3
+    assert after.batches == e.batches, "the same epoch keeps the duplicate window"
+    assert ok.completed(110, commit=False) == CompletedTxn(PID, 100, 110, aborted=True)
+    assert isinstance(check_marker(e, 4, 5, tv), MarkerAccept)  # a newer epoch is accepted
+
+
+def test_tv2_marker_needs_a_bumped_epoch_except_an_idempotent_retry() -> None:
+    e = _open_entry(epoch=3)
+    for epoch in (2, 3):  # <= current while the txn is open
+        d = check_marker(e, epoch, 5, 2)
+        assert isinstance(d, Reject) and d.code == ErrorCode.invalid_producer_epoch
+    ok = check_marker(e, 4, 5, 2)
+    assert isinstance(ok, MarkerAccept)
+    done = ok.entry_after(now_ms=9)
+    assert done.epoch == 4 and done.batches == () and done.coordinator_epoch == 5
+    retry = check_marker(done, 4, 5, 2)  # same epoch, nothing open: written again
+    assert isinstance(retry, MarkerAccept) and retry.completed(120, True) is None
+    stale = check_marker(done, 3, 5, 2)
+    assert isinstance(stale, Reject) and stale.code == ErrorCode.invalid_producer_epoch
+
+
+def test_marker_from_older_coordinator_epoch_is_fenced() -> None:
+    e = _open_entry(epoch=3, coordinator_epoch=5)
+    d = check_marker(e, 3, 4, 0)
+    assert isinstance(d, Reject) and d.code == ErrorCode.transaction_coordinator_fenced
+    assert isinstance(check_marker(e, 3, 5, 0), MarkerAccept)
+    assert isinstance(check_marker(e, 3, 6, 0), MarkerAccept)
+
+
+def test_marker_for_unknown_producer_creates_an_entry_expecting_sequence_zero() -> None:
+    ok = check_marker(None, 2, 1, 2, producer_id=PID)
+    assert isinstance(ok, MarkerAccept) and ok.completed(5, False) is None
+    e = ok.entry_after(now_ms=1)
+    assert (e.producer_id, e.epoch, e.coordinator_epoch) == (PID, 2, 1)
+    bad = check_batch(e, Incoming(PID, 2, 7, 1, True))
+    assert isinstance(bad, Reject) and bad.code == ErrorCode.out_of_order_sequence_number
+    assert isinstance(check_batch(e, Incoming(PID, 2, 0, 1, True)), Accept)
+
+
+def test_table_tracks_open_and_undecided_transactions() -> None:
+    t = ProducerStateTable()
+    for pid, first in ((1, 10), (2, 5), (3, 20)):
+        t.put(ProducerEntry(pid, 0, (BatchMeta(0, 0, first, first, 0),), current_txn_first_offset=first))
+    assert t.open_transactions() == [(2, 5), (1, 10), (3, 20)]
+    assert t.first_undecided_offset() == 5
+    assert t.next_incomplete_first_offset(2) == 10
+    done = t.complete(check_marker(t.get(2), 0, 0, 0), 30, commit=True, now_ms=0)
+    assert done == CompletedTxn(2, 5, 30, aborted=False)
+    assert t.open_transactions() == [(1, 10), (3, 20)]
+    assert t.first_undecided_offset() == 5, "the marker is not below the high watermark yet"
+    t.on_high_watermark(30)
+    assert t.first_undecided_offset() == 5
+    t.on_high_watermark(31)
+    assert t.first_undecided_offset() == 10
+
+
+def test_lru_never_evicts_a_producer_with_an_open_txn() -> None:
+    t = ProducerStateTable(max_producers=2)
+    t.put(ProducerEntry(1, 0, (), current_txn_first_offset=0))
+    for pid in (2, 3, 4):
+        t.put(ProducerEntry(pid, 0, ()))
+    assert sorted(e.producer_id for e in t) == [1, 4]
+    assert t.open_transactions() == [(1, 0)]
+    assert t.expire(now_ms=10**12, expiration_ms=1) == [4]
+
+
+def test_snapshot_keeps_open_txns_and_reads_version_1_without_txn_fields() -> None:
+    t = ProducerStateTable()
+    t.put(ProducerEntry(1, 0, (BatchMeta(0, 1, 40, 41, 0),), 7, coordinator_epoch=3, current_txn_first_offset=40))
+    t.put(ProducerEntry(2, 0, (BatchMeta(0, 1, 10, 11, 0),), 7, current_txn_first_offset=10))
+    again = ProducerStateTable.from_bytes(t.to_bytes())
+    assert again.open_transactions() == [(2, 10), (1, 40)]
+    assert again.get(1) == t.get(1)
+    old = json.dumps({"version": 1, "producers": [{"pid": 5, "epoch": 1, "ts": 3, "batches": [[0, 0, 0, 0, 3]]}]})
+    legacy = ProducerStateTable.from_bytes(old.encode())
+    assert legacy.get(5) == ProducerEntry(5, 1, (BatchMeta(0, 0, 0, 0, 3),), 3)
+    assert legacy.open_transactions() == []
