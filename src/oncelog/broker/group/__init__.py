@@ -2,7 +2,8 @@
 
 * :mod:`.state`: groups and members (data);
 * :mod:`.coordinator`: the sans-IO group coordinator (rules, timers via ``tick``);
-* :mod:`.offsets`: the durable store of committed offsets and group metadata.
+* :mod:`.offsets`: the durable store of committed offsets (plain, and transactional ones
+  pending until their transaction's marker) and group metadata.
 """
 
 from oncelog.broker.group.coordinator import GroupConfig, GroupCoordinator

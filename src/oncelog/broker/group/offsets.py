@@ -16,6 +16,25 @@ defines:
 
 Keys and values are UTF-8 JSON.
 
+**Transactional offset commits (KIP-98/447).** TxnOffsetCommit's offsets go
+to the log as a *transactional* batch (the producer's id and epoch, the
+transactional attribute) of the same ``"o"`` records. Once durable they are
+*pending*: kept per producer id, invisible to OffsetFetch. The transaction
+coordinator then has a marker written here (:meth:`OffsetStore.write_marker`,
+a COMMIT or ABORT control batch with that producer id); once the marker is
+durable the producer's pending offsets become visible (COMMIT) or are dropped
+(ABORT). As in Kafka's OffsetMetadataManager, a committed transactional offset
+replaces the visible one only if its record is *later in the log* than the
+visible one's (a plain OffsetCommit written between the transactional commit
+and its marker wins), so the store remembers the record offset of every
+visible and pending offset. A tombstone (OffsetDelete, group deletion, topic
+deletion, expiry) also drops that partition's pending offsets of every
+producer. A marker for a producer without pending offsets changes nothing.
+A marker whose epoch is older than the epoch of the producer's pending
+offsets is refused with INVALID_PRODUCER_EPOCH, as is a transactional commit
+older than the producer's pending one (the checks Kafka's producer state
+makes on the offsets partition).
+
 **Durability and visibility.** :meth:`OffsetStore.write` appends one batch
 and hands the log to the broker's group committer (the same fsync rounds as
 produce requests). The in-memory view is updated only once the batch is
@@ -27,7 +46,12 @@ visible at once, like produced records.
 last snapshot and no write is waiting for fsync, the whole live state is
 written to ``<N>.offsets-snapshot`` (atomic, fsynced; N is the log end
 offset) and the log segments below N are deleted. Loading reads the newest
-snapshot and replays the records after it.
+snapshot and replays the records after it: plain batches update the visible
+offsets, transactional batches the pending ones, control batches resolve
+them. Pending offsets are *persisted in the snapshot* (with their producer
+epoch and record offsets; format 2), so a transaction that stays open does
+not stop compaction and its offsets survive it; format-1 snapshots (no
+pending offsets, no record offsets) still load.
 
 The store knows nothing of group rules (the coordinator decides what to
 write); storage knows nothing of the store.
@@ -43,7 +67,15 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from oncelog.protocol.records import InvalidRecordError, Record, encode_record_batch, iter_records
+from oncelog.protocol.errors import ErrorCode, KafkaError
+from oncelog.protocol.records import (
+    InvalidRecordError,
+    Record,
+    encode_control_batch,
+    encode_record_batch,
+    iter_records,
+    read_control_marker,
+)
 from oncelog.storage.config import LogConfig
 from oncelog.storage.fileutil import atomic_write
 from oncelog.storage.log import PartitionLog
@@ -53,7 +85,8 @@ log = logging.getLogger(__name__)
 OFFSETS_DIR = "__consumer_offsets-0"
 SNAPSHOT_SUFFIX = ".offsets-snapshot"
 SNAPSHOTS_KEPT = 2
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
+NO_PRODUCER_ID = -1
 
 
 class TopicPartition(NamedTuple):
@@ -69,8 +102,12 @@ class OffsetAndMetadata(NamedTuple):
     expire_timestamp: int | None = None  # explicit expiry (OffsetCommit v2-v4 retention time)
 
 
-# one state change: ("o", group, tp, OffsetAndMetadata | None) or ("g", group, dict | None)
+# one state change: ("o", group, tp, OffsetAndMetadata | None), ("g", group, dict | None),
+# or ("m", commit: bool) for a transaction marker (its producer id travels with the batch)
 Op = tuple[Any, ...]
+
+# pending offsets of one producer: {group: {tp: (OffsetAndMetadata, record offset)}}
+TxnOffsets = dict[str, dict[TopicPartition, tuple[OffsetAndMetadata, int]]]
 
 
 def offsets_log_config() -> LogConfig:
@@ -135,11 +172,22 @@ class OffsetStore:
     ) -> None:
         self.offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
         self.group_records: dict[str, dict[str, Any]] = {}
+        # log offset of the record behind each visible offset (Kafka's recordOffset)
+        self._record_offsets: dict[str, dict[TopicPartition, int]] = {}
+        # durable pending transactional offsets, by producer id, and the epoch that wrote them
+        self.txn_offsets: dict[int, TxnOffsets] = {}
+        self._txn_epochs: dict[int, int] = {}
+        # producer ids with pending offsets, by group and partition (Kafka's openTransactions)
+        self._open: dict[str, dict[TopicPartition, set[int]]] = {}
+        # producer epochs of appended (maybe not yet durable) transactional commits without a marker yet
+        self._appended_epochs: dict[int, int] = {}
         self._log = log
         self._durable = _Durable(log) if log is not None else None
         self._durability = durability
         self._clock = clock or (lambda: 0)
-        self._pending: deque[tuple[int, list[Op]]] = deque()
+        # (end offset, base offset, producer id, producer epoch, ops) appended, not yet durable
+        self._pending: deque[tuple[int, int, int, int, list[Op]]] = deque()
+        self._mem_end = 0  # record offsets of the in-memory store
         self.snapshot_bytes = snapshot_bytes
         self.writes = 0
         self.snapshots = 0
@@ -173,6 +221,14 @@ class OffsetStore:
                 out.append((int(stem), p))
         return sorted(out)
 
+    def _clear(self) -> None:
+        self.offsets.clear()
+        self.group_records.clear()
+        self._record_offsets.clear()
+        self.txn_offsets.clear()
+        self._txn_epochs.clear()
+        self._open.clear()
+
     def _load(self) -> None:
         assert self._log is not None
         end = self._log.log_end_offset
@@ -186,8 +242,7 @@ class OffsetStore:
                 self._restore(json.loads(path.read_bytes()))
             except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
                 log.warning("ignoring unreadable offsets snapshot %s: %s", path, exc)
-                self.offsets.clear()
-                self.group_records.clear()
+                self._clear()
                 continue
             replay_from = max(offset, start)
             break
@@ -196,33 +251,60 @@ class OffsetStore:
                 log.error("offsets log starts at %d but no snapshot was found; older commits are lost", start)
         replayed = 0
         for hdr, data in self._log.scan_batches(replay_from):
-            if hdr.last_offset < replay_from or hdr.is_control:
+            if hdr.last_offset < replay_from:
                 continue
+            pid = hdr.producer_id if hdr.is_transactional else NO_PRODUCER_ID
             try:
+                if hdr.is_control:
+                    if hdr.base_offset >= replay_from and pid >= 0:
+                        marker = read_control_marker(data)
+                        self._apply(("m", marker.commit), hdr.base_offset, pid, hdr.producer_epoch)
+                        replayed += 1
+                    continue
                 for off, _ts, rec in iter_records(data):
                     if off >= replay_from:
-                        self._apply(_decode(rec))
+                        self._apply(_decode(rec), off, pid, hdr.producer_epoch)
                         replayed += 1
             except (InvalidRecordError, ValueError, KeyError, IndexError, TypeError) as exc:
                 log.error("skipping unreadable offsets batch at %d: %s", hdr.base_offset, exc)
+        self._appended_epochs = dict(self._txn_epochs)
         log.info(
-            "loaded %d groups with offsets and %d group records (%d records replayed from offset %d)",
+            "loaded %d groups with offsets, %d group records and %d open transactions "
+            "(%d records replayed from offset %d)",
             len(self.offsets),
             len(self.group_records),
+            len(self.txn_offsets),
             replayed,
             replay_from,
         )
 
+    @staticmethod
+    def _entry(row: list[Any]) -> tuple[TopicPartition, OffsetAndMetadata, int]:
+        t, p, o, e, m, ts, exp = row[:7]
+        return TopicPartition(t, int(p)), OffsetAndMetadata(o, e, m, ts, exp), int(row[7]) if len(row) > 7 else -1
+
+    @staticmethod
+    def _row(tp: TopicPartition, om: OffsetAndMetadata, at: int) -> list[Any]:
+        return [tp.topic, tp.partition, *om, at]
+
     def _restore(self, snap: dict[str, Any]) -> None:
-        if snap.get("format") != SNAPSHOT_FORMAT:
+        if snap.get("format") not in (1, SNAPSHOT_FORMAT):
             raise ValueError(f"unknown snapshot format {snap.get('format')!r}")
-        self.offsets = {
-            group: {
-                TopicPartition(t, int(p)): OffsetAndMetadata(o, e, m, ts, exp) for t, p, o, e, m, ts, exp in entries
-            }
-            for group, entries in snap["offsets"].items()
-        }
+        self._clear()
+        for group, rows in snap["offsets"].items():
+            for row in rows:
+                tp, om, at = self._entry(row)
+                self.offsets.setdefault(group, {})[tp] = om
+                self._record_offsets.setdefault(group, {})[tp] = at
         self.group_records = dict(snap["groups"])
+        for pid, epoch, groups in snap.get("txns", []):
+            pid = int(pid)
+            self._txn_epochs[pid] = int(epoch)
+            for group, rows in groups.items():
+                for row in rows:
+                    tp, om, at = self._entry(row)
+                    self.txn_offsets.setdefault(pid, {}).setdefault(group, {})[tp] = (om, at)
+                    self._open.setdefault(group, {}).setdefault(tp, set()).add(pid)
 
     # -- reads ------------------------------------------------------------------
 
@@ -235,18 +317,33 @@ class OffsetStore:
     def has_offsets(self, group: str) -> bool:
         return bool(self.offsets.get(group))
 
+    def has_pending(self, group: str, tp: TopicPartition | None = None) -> bool:
+        """True while a transaction holds durable pending offsets of ``group`` (for ``tp``)."""
+        open_tps = self._open.get(group)
+        if not open_tps:
+            return False
+        return tp is None or bool(open_tps.get(TopicPartition(*tp)))
+
+    def pending_groups(self) -> list[str]:
+        return list(self._open)
+
+    def pending_partitions(self, group: str) -> list[TopicPartition]:
+        return list(self._open.get(group, {}))
+
+    def pending_offsets(self, producer_id: int) -> dict[str, dict[TopicPartition, OffsetAndMetadata]]:
+        """The durable pending offsets of one producer, ``{group: {tp: offset}}`` (a copy)."""
+        return {
+            group: {tp: om for tp, (om, _at) in tps.items()}
+            for group, tps in self.txn_offsets.get(producer_id, {}).items()
+        }
+
     @property
     def pending_writes(self) -> int:
         return len(self._pending)
 
     # -- writes -----------------------------------------------------------------
 
-    def commit(self, group: str, offsets: Mapping[TopicPartition, Any]) -> Any:
-        """Store ``{tp: (offset, leader_epoch, metadata)}`` (or OffsetAndMetadata).
-
-        Returns None when already applied, else a future that resolves once
-        the commit is durable and visible (or fails with the fsync error).
-        """
+    def _ops(self, group: str, offsets: Mapping[TopicPartition, Any]) -> list[Op]:
         now = self._clock()
         ops: list[Op] = []
         for tp, om in offsets.items():
@@ -255,7 +352,67 @@ class OffsetStore:
             if om.commit_timestamp < 0:
                 om = om._replace(commit_timestamp=now)
             ops.append(("o", group, TopicPartition(*tp), om))
-        return self.write(ops)
+        return ops
+
+    def commit(self, group: str, offsets: Mapping[TopicPartition, Any]) -> Any:
+        """Store ``{tp: (offset, leader_epoch, metadata)}`` (or OffsetAndMetadata).
+
+        Returns None when already applied, else a future that resolves once
+        the commit is durable and visible (or fails with the fsync error).
+        """
+        return self.write(self._ops(group, offsets))
+
+    def txn_commit(self, group: str, producer_id: int, producer_epoch: int, offsets: Mapping[TopicPartition, Any]) -> Any:
+        """A transactional commit: one transactional batch; pending (invisible) once durable.
+
+        Returns None when already applied, else the durability future.
+        Raises KafkaError(INVALID_PRODUCER_EPOCH) if the producer has pending
+        offsets from a newer epoch.
+        """
+        if producer_id < 0:
+            raise ValueError("a transactional commit needs a producer id")
+        current = self._appended_epochs.get(producer_id)
+        if current is not None and producer_epoch < current:
+            raise KafkaError(
+                ErrorCode.invalid_producer_epoch,
+                f"producer {producer_id} epoch {producer_epoch} is older than its open transaction's {current}",
+            )
+        ops = self._ops(group, offsets)
+        if not ops:
+            return None
+        self._appended_epochs[producer_id] = max(producer_epoch, current if current is not None else producer_epoch)
+        return self._append(ops, producer_id, producer_epoch)
+
+    def write_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int = 0,
+        transaction_version: int = 0,
+    ) -> Any:
+        """Append a COMMIT/ABORT control batch for ``producer_id``.
+
+        Once it is durable the producer's pending offsets are made visible
+        (commit) or dropped (abort). Returns None when already applied, else
+        the durability future. A marker for a producer without pending
+        offsets is written and changes nothing. While the producer has
+        pending offsets, a marker epoch older than theirs (transaction
+        version 0/1), or not newer (version 2, where EndTxn bumps the epoch:
+        the KIP-890 defence against a delayed marker), raises
+        KafkaError(INVALID_PRODUCER_EPOCH) and nothing is written, as
+        Partition.write_marker does.
+        """
+        current = self._appended_epochs.get(producer_id)
+        if current is not None and (
+            producer_epoch < current or (transaction_version >= 2 and producer_epoch == current)
+        ):
+            raise KafkaError(
+                ErrorCode.invalid_producer_epoch,
+                f"marker epoch {producer_epoch} of producer {producer_id} is stale for its transaction's {current}",
+            )
+        self._appended_epochs.pop(producer_id, None)
+        return self._append([("m", bool(commit))], producer_id, producer_epoch, coordinator_epoch)
 
     def delete_offsets(self, group: str, tps: Iterable[TopicPartition]) -> Any:
         return self.write([("o", group, TopicPartition(*tp), None) for tp in tps])
@@ -264,8 +421,10 @@ class OffsetStore:
         return self.write([("g", group, meta)])
 
     def delete_group(self, group: str) -> Any:
-        """Tombstones for every offset of ``group`` and its metadata."""
-        ops: list[Op] = [("o", group, tp, None) for tp in self.group_offsets(group)]
+        """Tombstones for every offset of ``group`` (visible or pending) and its metadata."""
+        tps = dict.fromkeys(self.group_offsets(group))
+        tps.update(dict.fromkeys(self.pending_partitions(group)))
+        ops: list[Op] = [("o", group, tp, None) for tp in tps]
         if group in self.group_records or not ops:
             ops.append(("g", group, None))
         return self.write(ops)
@@ -273,16 +432,32 @@ class OffsetStore:
     def write(self, ops: list[Op]) -> Any:
         if not ops:
             return None
+        return self._append(ops, NO_PRODUCER_ID, -1)
+
+    def _append(self, ops: list[Op], producer_id: int, producer_epoch: int, coordinator_epoch: int = 0) -> Any:
         self.writes += 1
         if self._log is None:
-            for op in ops:
-                self._apply(op)
+            base = self._mem_end
+            self._mem_end += len(ops)
+            for i, op in enumerate(ops):
+                self._apply(op, base + i, producer_id, producer_epoch)
             return None
         now = self._clock()
-        batch = encode_record_batch([_encode(op) for op in ops], base_timestamp=now)
-        self._log.append(batch, now)
+        if ops[0][0] == "m":
+            batch = encode_control_batch(producer_id, producer_epoch, ops[0][1], coordinator_epoch, timestamp_ms=now)
+        elif producer_id >= 0:
+            batch = encode_record_batch(
+                [_encode(op) for op in ops],
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                is_transactional=True,
+                base_timestamp=now,
+            )
+        else:
+            batch = encode_record_batch([_encode(op) for op in ops], base_timestamp=now)
+        info = self._log.append(batch, now)
         end = self._log.log_end_offset
-        self._pending.append((end, ops))
+        self._pending.append((end, info.base_offset, producer_id, producer_epoch, ops))
         fut = self._durability(self._durable) if self._durability is not None else None
         if fut is None:
             if self._durability is None:
@@ -300,26 +475,81 @@ class OffsetStore:
     def _apply_through(self, end: int) -> None:
         pending = self._pending
         while pending and pending[0][0] <= end:
-            for op in pending.popleft()[1]:
-                self._apply(op)
+            _end, base, pid, epoch, ops = pending.popleft()
+            for i, op in enumerate(ops):
+                self._apply(op, base + i, pid, epoch)
 
-    def _apply(self, op: Op) -> None:
-        if op[0] == "o":
+    def _apply(self, op: Op, at: int = -1, producer_id: int = NO_PRODUCER_ID, producer_epoch: int = -1) -> None:
+        kind = op[0]
+        if kind == "o":
             _, group, tp, om = op
             if om is None:
-                offsets = self.offsets.get(group)
-                if offsets is not None:
-                    offsets.pop(tp, None)
-                    if not offsets:
-                        del self.offsets[group]
+                self._remove(group, tp)
+            elif producer_id >= 0:
+                self.txn_offsets.setdefault(producer_id, {}).setdefault(group, {})[tp] = (om, at)
+                self._txn_epochs[producer_id] = max(producer_epoch, self._txn_epochs.get(producer_id, producer_epoch))
+                self._open.setdefault(group, {}).setdefault(tp, set()).add(producer_id)
             else:
                 self.offsets.setdefault(group, {})[tp] = om
+                self._record_offsets.setdefault(group, {})[tp] = at
+        elif kind == "m":
+            self._complete_txn(producer_id, op[1])
         else:
             _, group, meta = op
             if meta is None:
                 self.group_records.pop(group, None)
             else:
                 self.group_records[group] = meta
+
+    def _remove(self, group: str, tp: TopicPartition) -> None:
+        """A tombstone: the visible offset and every producer's pending one go."""
+        offsets = self.offsets.get(group)
+        if offsets is not None and offsets.pop(tp, None) is not None:
+            self._record_offsets[group].pop(tp, None)
+            if not offsets:
+                del self.offsets[group]
+                del self._record_offsets[group]
+        open_tps = self._open.get(group)
+        if open_tps is None:
+            return
+        for pid in open_tps.pop(tp, ()):
+            txn = self.txn_offsets.get(pid)
+            if txn is None:
+                continue
+            tps = txn.get(group)
+            if tps is not None:
+                tps.pop(tp, None)
+                if not tps:
+                    del txn[group]
+            if not txn:
+                del self.txn_offsets[pid]
+                self._txn_epochs.pop(pid, None)
+        if not open_tps:
+            del self._open[group]
+
+    def _complete_txn(self, producer_id: int, commit: bool) -> None:
+        txn = self.txn_offsets.pop(producer_id, None)
+        self._txn_epochs.pop(producer_id, None)
+        if txn is None:
+            return  # nothing pending (e.g. a retried marker): harmless
+        for group, tps in txn.items():
+            open_tps = self._open.get(group, {})
+            for tp, (om, at) in tps.items():
+                pids = open_tps.get(tp)
+                if pids is not None:
+                    pids.discard(producer_id)
+                    if not pids:
+                        del open_tps[tp]
+                if not commit:
+                    continue
+                current_at = self._record_offsets.get(group, {}).get(tp)
+                # the most recent record wins over a plain commit written after this one
+                if current_at is None or at > current_at:
+                    self.offsets.setdefault(group, {})[tp] = om
+                    self._record_offsets.setdefault(group, {})[tp] = at
+            if not open_tps:
+                self._open.pop(group, None)
+        log.debug("%s transactional offsets of producer %d", "committed" if commit else "aborted", producer_id)
 
     # -- compaction -------------------------------------------------------------
 
@@ -338,10 +568,15 @@ class OffsetStore:
             "format": SNAPSHOT_FORMAT,
             "offset": end,
             "offsets": {
-                group: [[tp.topic, tp.partition, *om] for tp, om in offsets.items()]
+                group: [self._row(tp, om, self._record_offsets[group].get(tp, -1)) for tp, om in offsets.items()]
                 for group, offsets in self.offsets.items()
             },
             "groups": self.group_records,
+            "txns": [
+                [pid, self._txn_epochs.get(pid, -1),
+                 {group: [self._row(tp, om, at) for tp, (om, at) in tps.items()] for group, tps in txn.items()}]
+                for pid, txn in self.txn_offsets.items()
+            ],  # fmt: skip
         }
         atomic_write(plog.directory / f"{end:020d}{SNAPSHOT_SUFFIX}", json.dumps(snap, separators=(",", ":")).encode())
         plog.delete_records_before(end)
@@ -351,7 +586,12 @@ class OffsetStore:
             except FileNotFoundError:
                 pass
         self.snapshots += 1
-        log.info("offsets store snapshot at %d (%d groups with offsets)", end, len(self.offsets))
+        log.info(
+            "offsets store snapshot at %d (%d groups with offsets, %d open transactions)",
+            end,
+            len(self.offsets),
+            len(self.txn_offsets),
+        )
         return True
 
     def close(self) -> None:
