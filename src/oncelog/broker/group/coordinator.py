@@ -24,7 +24,7 @@ from typing import Any
 
 from oncelog.broker.group.offsets import OffsetAndMetadata, OffsetStore, TopicPartition
 from oncelog.broker.group.state import CONSUMER_PROTOCOL_TYPE, Group, GroupState, Member
-from oncelog.protocol.errors import ErrorCode
+from oncelog.protocol.errors import ErrorCode, KafkaError
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,7 @@ class GroupCoordinator:
             and not group.pending_members
             and group.generation_id == 0
             and not self.store.has_offsets(group.group_id)
+            and not self.store.has_pending(group.group_id)
             and group.group_id not in self.store.group_records
             and self.groups.get(group.group_id) is group
         ):
@@ -782,6 +783,72 @@ class GroupCoordinator:
             self._maybe_drop(group)
         return errors, fut
 
+    def txn_commit_offsets(
+        self,
+        group_id: str | None,
+        producer_id: int,
+        producer_epoch: int,
+        generation_id: int,
+        member_id: str,
+        instance_id: str | None,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
+    ) -> tuple[dict[TopicPartition, int], Any]:
+        """TxnOffsetCommit (Kafka's commitTransactionalOffset): validate and store as pending.
+
+        Returns (per-partition errors, future of durability or None). The
+        offsets stay invisible to OffsetFetch until the transaction's COMMIT
+        marker is durable (:meth:`OffsetStore.write_marker`); an ABORT drops
+        them. The transaction itself (is the producer in one that holds the
+        offsets partition?) is checked by the caller, before this.
+
+        Errors: an empty group id -> INVALID_GROUP_ID; a group that does not
+        exist -> ILLEGAL_GENERATION if ``generation_id`` >= 0, else it is
+        created as a simple group; then KIP-447's member checks
+        (:meth:`validate_offset_commit` with ``is_transactional``: FENCED_INSTANCE_ID,
+        UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION; generation -1 with an empty
+        member id passes in any state, for v0-v2 clients and producers
+        outside the group; no REBALANCE_IN_PROGRESS); metadata above
+        ``offset.metadata.max.bytes`` -> OFFSET_METADATA_TOO_LARGE for that
+        partition; a producer epoch older than the producer's pending
+        offsets -> INVALID_PRODUCER_EPOCH. A transactional commit does not
+        count as a heartbeat (Kafka does not reschedule the member either).
+        """
+        if not group_id:
+            return {tp: int(E.invalid_group_id) for tp in offsets}, None
+        group = self.groups.get(group_id)
+        if group is None:
+            if generation_id >= 0:
+                return {tp: int(E.illegal_generation) for tp in offsets}, None
+            group = self.groups[group_id] = Group(group_id, self.clock())  # a "simple" group
+        error = self.validate_offset_commit(group, generation_id, member_id, instance_id, is_transactional=True)
+        if error is not None:
+            self._maybe_drop(group)
+            return {tp: error for tp in offsets}, None
+        errors: dict[TopicPartition, int] = {}
+        accepted: dict[TopicPartition, OffsetAndMetadata] = {}
+        limit = self.config.offset_metadata_max_bytes
+        for tp, om in offsets.items():
+            if om.metadata is not None and len(om.metadata) > limit:
+                errors[tp] = int(E.offset_metadata_too_large)
+            else:
+                errors[tp] = 0
+                accepted[tp] = om if om.metadata is not None else om._replace(metadata="")
+        fut = None
+        if accepted:
+            try:
+                fut = self.store.txn_commit(group_id, producer_id, producer_epoch, accepted)
+            except KafkaError as exc:
+                errors = {tp: int(exc.code) for tp in offsets}
+                accepted = {}
+        if not accepted:
+            self._maybe_drop(group)
+        return errors, fut
+
+    def has_pending_txn_offsets(self, group_id: str | None, tp: TopicPartition) -> bool:
+        """True while a transaction holds pending offsets of ``group_id`` for ``tp``
+        (OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT then)."""
+        return group_id is not None and self.store.has_pending(group_id, tp)
+
     def fetch_offsets(
         self, group_id: str | None, partitions: Iterable[TopicPartition] | None
     ) -> tuple[int, list[tuple[TopicPartition, int, int, str]]]:
@@ -826,7 +893,10 @@ class GroupCoordinator:
                     eligible.append(tp)
         else:
             return int(E.non_empty_group), {}, None
-        present = [tp for tp in eligible if self.store.get(group_id, tp) is not None]
+        # a tombstone also drops pending transactional offsets (Kafka writes one for those too)
+        present = [
+            tp for tp in eligible if self.store.get(group_id, tp) is not None or self.store.has_pending(group_id, tp)
+        ]
         fut = self.store.delete_offsets(group_id, present) if present else None
         for tp in eligible:
             errors[tp] = 0
@@ -856,12 +926,14 @@ class GroupCoordinator:
                     ]
                 elif group.protocol_type is None:
                     expired = [tp for tp, om in offsets.items() if self._expired(om, now, retention, None)]
+            # an offset with pending transactional offsets does not expire yet (Kafka neither)
+            expired = [tp for tp in expired if not self.store.has_pending(group.group_id, tp)]
             if expired:
                 self.store.delete_offsets(group.group_id, expired)
                 removed += len(expired)
                 log.info("group %s: expired offsets of %d partitions", group.group_id, len(expired))
             if group.state == EMPTY and not group.members and not group.pending_members:
-                if len(expired) == len(offsets):
+                if len(expired) == len(offsets) and not self.store.has_pending(group.group_id):
                     self._delete_group(group)
         return removed
 
@@ -869,11 +941,13 @@ class GroupCoordinator:
         """Forget the committed offsets of a deleted topic (Kafka does the same);
         Empty groups left without offsets are deleted."""
         removed = 0
-        for gid, offsets in list(self.store.offsets.items()):
-            doomed = [tp for tp in offsets if tp.topic == topic]
+        for gid in dict.fromkeys([*self.store.offsets, *self.store.pending_groups()]):
+            # committed and pending offsets alike (Kafka deletes both)
+            held = dict.fromkeys([*self.store.group_offsets(gid), *self.store.pending_partitions(gid)])
+            doomed = [tp for tp in held if tp.topic == topic]
             if not doomed:
                 continue
-            left = len(offsets) - len(doomed)
+            left = len(held) - len(doomed)
             self.store.delete_offsets(gid, doomed)
             removed += len(doomed)
             group = self.groups.get(gid)
@@ -892,8 +966,9 @@ class GroupCoordinator:
         if group.state != DEAD:
             group.transition(DEAD, self.clock())
         self.groups.pop(group.group_id, None)
-        if self.store.has_offsets(group.group_id) or group.group_id in self.store.group_records:
-            return self.store.delete_group(group.group_id)
+        gid = group.group_id
+        if self.store.has_offsets(gid) or self.store.has_pending(gid) or gid in self.store.group_records:
+            return self.store.delete_group(gid)
         return None
 
     def delete_groups(self, group_ids: list[str]) -> tuple[dict[str, int], list[Any]]:
@@ -1022,7 +1097,7 @@ class GroupCoordinator:
             else:
                 group.protocol_name = None
             self.groups[gid] = group
-        for gid in self.store.offsets:
+        for gid in [*self.store.offsets, *self.store.pending_groups()]:  # offsets, committed or pending, make a simple group
             if gid not in self.groups:
                 self.groups[gid] = Group(gid, now)
         if self.groups:
