@@ -6,7 +6,13 @@ list is null (v2+). A partition without an offset, and every partition of a
 group that does not exist, answers offset -1 with no error, exactly like
 Kafka's classic coordinator (GROUP_ID_NOT_FOUND here makes librdkafka
 consumers using assign() stall). Offsets become visible once durable.
-require_stable (v7+) has nothing to wait for until transactions arrive.
+Transactional offsets (TxnOffsetCommit) stay invisible until their
+transaction's COMMIT marker is durable: until then the last committed offset
+is answered, or, with require_stable (v7+), UNSTABLE_OFFSET_COMMIT with
+offset -1 for each partition a transaction holds pending offsets of (KIP-447;
+the consumer retries until the transaction completes). With a null topic
+list only partitions with a committed offset are listed, each checked the
+same way, as Kafka does.
 
 Version notes: v1-v10 handled (v0 was removed in Kafka 4.0). v2+ null topics
 means all, and a top-level error code; v3+ throttle time; v5+ leader epoch;
@@ -28,14 +34,22 @@ MIN_VERSION = 1
 MAX_VERSION = 10
 
 
-def _fetch_group(ctx: RequestContext, group_id: str, topics: Any, by_id: bool) -> tuple[int, list[dict[str, Any]]]:
+def _fetch_group(
+    ctx: RequestContext, group_id: str, topics: Any, by_id: bool, require_stable: bool = False
+) -> tuple[int, list[dict[str, Any]]]:
     broker = ctx.broker
     coordinator = broker.groups
+
+    def part(tp: TopicPartition, offset: int, epoch: int, meta: str, error: int) -> dict[str, Any]:
+        if require_stable and not error and coordinator.has_pending_txn_offsets(group_id, tp):
+            return _part(tp.partition, -1, -1, "", ErrorCode.unstable_offset_commit)
+        return _part(tp.partition, offset, epoch, meta, error)
+
     if topics is None:
         error, rows = coordinator.fetch_offsets(group_id, None)
         grouped: dict[str, list[dict[str, Any]]] = {}
         for tp, offset, epoch, meta in rows:
-            grouped.setdefault(tp.topic, []).append(_part(tp.partition, offset, epoch, meta, 0))
+            grouped.setdefault(tp.topic, []).append(part(tp, offset, epoch, meta, 0))
         out = []
         for name, parts in grouped.items():
             if by_id:
@@ -58,7 +72,7 @@ def _fetch_group(ctx: RequestContext, group_id: str, topics: Any, by_id: bool) -
         else:
             name = t.name
         error, rows = coordinator.fetch_offsets(group_id, [TopicPartition(name, p) for p in t.partition_indexes])
-        parts = [_part(tp.partition, offset, epoch, meta, error) for tp, offset, epoch, meta in rows]
+        parts = [part(tp, offset, epoch, meta, error) for tp, offset, epoch, meta in rows]
         out.append({"topic_id": t.topic_id, "partitions": parts} if by_id else {"name": name, "partitions": parts})
     return 0, out
 
@@ -71,10 +85,12 @@ def _part(index: int, offset: int, epoch: int, metadata: str, error: int) -> dic
 async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
     v = ctx.version
     if v < 8:
-        error, topics = _fetch_group(ctx, request.group_id, request.topics, False)
+        stable = v >= 7 and bool(getattr(request, "require_stable", False))
+        error, topics = _fetch_group(ctx, request.group_id, request.topics, False, stable)
         return {"throttle_time": 0, "error_code": error, "topics": topics}
     groups = []
+    stable = bool(getattr(request, "require_stable", False))
     for g in request.groups:
-        error, topics = _fetch_group(ctx, g.group_id, g.topics, v >= 10)
+        error, topics = _fetch_group(ctx, g.group_id, g.topics, v >= 10, stable)
         groups.append({"group_id": g.group_id, "topics": topics, "error_code": error})
     return {"throttle_time": 0, "groups": groups}
