@@ -17,8 +17,10 @@ from typing import Callable
 from oncelog.broker.config import BrokerConfig
 from oncelog.broker.durability import GroupCommitter
 from oncelog.broker.group import GroupConfig, GroupCoordinator, OffsetStore
+from oncelog.broker.markers import BrokerMarkerWriter
 from oncelog.broker.partition import Partition
 from oncelog.broker.producer_ids import ProducerIdManager
+from oncelog.broker.txn import FileTxnLog, TransactionCoordinator, TxnConfig
 from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.storage.catalog import TopicCatalog
 from oncelog.storage.config import TOPIC_KEYS, LogConfig
@@ -28,6 +30,7 @@ from oncelog.storage.fileutil import atomic_write
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"  # its one log is the offsets store's (broker/group/offsets.py)
+TXN_TOPIC = "__transaction_state"  # its one log is the transaction coordinator's (broker/txn/log.py)
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 def validate_topic_name(name: str) -> None:
@@ -78,6 +81,26 @@ class Broker:
                 offsets_retention_ms=config.offsets_retention_minutes * 60_000,
             ),
         )
+        # transactions: the coordinator's log is __transaction_state-0; markers go
+        # in-process to the partitions and the offsets store (broker/markers.py)
+        self.markers = BrokerMarkerWriter(self)
+        self.coordinator_epoch = self._bump_coordinator_epoch()
+        self.txn_log = FileTxnLog.open(config.data_dir, self.committer.wait_durable, self.clock)
+        self.txn = TransactionCoordinator(
+            self.txn_log,
+            self.markers,
+            self.producer_ids,
+            self.clock,
+            TxnConfig(
+                transaction_max_timeout_ms=config.transaction_max_timeout_ms,
+                transactional_id_expiration_ms=config.transactional_id_expiration_ms,
+                abort_timed_out_interval_ms=config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+                remove_expired_interval_ms=config.transaction_remove_expired_transaction_cleanup_interval_ms,
+                two_phase_commit_enable=config.transaction_two_phase_commit_enable,
+                transaction_version=config.transaction_version,
+            ),
+            self.coordinator_epoch,
+        )
 
     # -- identity ---------------------------------------------------------
 
@@ -89,6 +112,22 @@ class Broker:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, cid.encode())
         return cid
+
+    def _bump_coordinator_epoch(self) -> int:
+        """Kafka's coordinator epoch changes when a coordinator takes over; here
+        every start is a take-over, so markers of a previous run are older."""
+        path = self.config.data_dir / "meta" / "coordinator_epoch"
+        try:
+            epoch = int(path.read_text().strip()) + 1
+        except (OSError, ValueError):
+            epoch = 0
+        atomic_write(path, str(epoch).encode())
+        return epoch
+
+    @property
+    def txn_tick_ms(self) -> int:
+        """How often the coordinator's timers run (it keeps Kafka's own intervals)."""
+        return max(50, min(1000, self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms))
 
     @property
     def node_id(self) -> int:
@@ -131,8 +170,8 @@ class Broker:
         validate_only: bool = False,
     ) -> Topic | None:
         validate_topic_name(name)
-        if name == OFFSETS_TOPIC:
-            raise KafkaError(ErrorCode.invalid_request, f"{name} is internal to the group coordinator")
+        if name in (OFFSETS_TOPIC, TXN_TOPIC):
+            raise KafkaError(ErrorCode.invalid_request, f"{name} is internal to the broker's coordinators")
         if name in self.topics:
             raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
         if num_partitions == -1:
@@ -230,6 +269,11 @@ class Broker:
         return expired
 
     def close(self) -> None:
+        self.txn.close()
+        try:
+            self.txn_log.close()
+        except OSError as exc:
+            log.error("closing the transaction log failed: %s", exc)
         try:
             self.groups.store.close()
         except OSError as exc:

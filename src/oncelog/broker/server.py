@@ -149,6 +149,9 @@ class BrokerServer:
         self._tasks.append(loop.create_task(self._every(cfg.group_coordinator_tick_ms, groups.tick)))
         self._tasks.append(loop.create_task(self._every(cfg.offsets_retention_check_interval_ms, groups.expire_offsets)))
         self._tasks.append(loop.create_task(self._every(1000, groups.store.maybe_snapshot)))
+        txn = self.broker.txn
+        await txn.start()  # completes transactions left in PrepareCommit/PrepareAbort by a crash
+        self._tasks.append(loop.create_task(self._every(self.broker.txn_tick_ms, txn.tick)))
         if not cfg.fsync_on_ack:
             self._tasks.append(loop.create_task(self.broker.committer.periodic_flush()))
 
@@ -156,7 +159,9 @@ class BrokerServer:
         while True:
             await asyncio.sleep(max(interval_ms, 10) / 1000)
             try:
-                job()
+                result = job()
+                if asyncio.iscoroutine(result):
+                    await result
             except Exception:
                 log.exception("%s failed", job.__name__)
 
@@ -168,6 +173,10 @@ class BrokerServer:
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.close()
+        try:
+            await asyncio.wait_for(self.broker.txn.drain(), 5)
+        except asyncio.TimeoutError:
+            log.warning("transaction markers still pending at shutdown; recovery completes them")
         await self.broker.committer.drain()
         if self._server is not None:
             await self._server.wait_closed()

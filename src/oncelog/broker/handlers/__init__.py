@@ -15,6 +15,8 @@ from types import ModuleType
 from typing import Any, Awaitable, Callable
 
 from oncelog.broker.handlers import (
+    add_offsets_to_txn,
+    add_partitions_to_txn,
     api_versions,
     create_partitions,
     create_topics,
@@ -24,6 +26,8 @@ from oncelog.broker.handlers import (
     describe_configs,
     describe_groups,
     describe_producers,
+    describe_transactions,
+    end_txn,
     fetch,
     find_coordinator,
     heartbeat,
@@ -34,12 +38,15 @@ from oncelog.broker.handlers import (
     leave_group,
     list_groups,
     list_offsets,
+    list_transactions,
     metadata,
     offset_commit,
     offset_delete,
     offset_fetch,
     produce,
     sync_group,
+    txn_offset_commit,
+    write_txn_markers,
 )
 
 
@@ -92,6 +99,13 @@ HANDLERS: dict[int, Handler] = {
             list_groups,
             delete_groups,
             offset_delete,
+            add_partitions_to_txn,
+            add_offsets_to_txn,
+            end_txn,
+            write_txn_markers,
+            txn_offset_commit,
+            describe_transactions,
+            list_transactions,
         ),
     )
 }

@@ -1,7 +1,9 @@
 """ApiVersions (key 18).
 
 Behavior: lists every API this broker handles with the exact version range
-its handler implements, plus the finalized features (none yet).
+its handler implements, plus the features (v3+): ``transaction.version`` is supported at levels
+0-2 and finalized at ``oncelog.transaction.version`` (default 2, KIP-890's
+transactions v2; 0 turns the v2 protocol off).
 
 Version notes:
 - v0-v4 are handled. v3+ is flexible and carries the client's software
@@ -34,13 +36,15 @@ def _api_keys() -> list[dict[str, int]]:
 
 
 async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    level = ctx.broker.config.transaction_version
+    finalized = [{"name": "transaction.version", "max_version_level": level, "min_version_level": level}] if level > 0 else []
     return {
         "error_code": 0,
         "api_keys": _api_keys(),
         "throttle_time": 0,
-        "supported_features": [],
-        "finalized_features_epoch": -1,
-        "finalized_features": [],
+        "supported_features": [{"name": "transaction.version", "min_version": 0, "max_version": 2}],
+        "finalized_features_epoch": 1,
+        "finalized_features": finalized,
     }
 
 

@@ -18,6 +18,18 @@ or a new epoch not starting at 0 gets OUT_OF_ORDER_SEQUENCE_NUMBER; a
 producer id this broker never issued gets UNKNOWN_PRODUCER_ID. A duplicate
 still waits for the fsync round, so its answer never precedes durability.
 
+Transactional batches: a batch that opens a transaction on a partition is
+verified with the transaction coordinator (KIP-890 part 1): the partition
+must be in the producer's ongoing transaction with this epoch, else
+INVALID_TXN_STATE ("Partition was not added to the transaction"); a fenced
+epoch gets INVALID_PRODUCER_EPOCH and a state change in progress at the
+coordinator NOT_ENOUGH_REPLICAS (retriable). With transaction version 2
+(Produce v12 and ``transaction.version`` >= 2) the partition is added to the
+transaction implicitly instead (KIP-890 part 2); only then does the handler
+await before appending. Other coordinator refusals get TRANSACTION_ABORTABLE
+(v11+) or INVALID_TXN_STATE. A non-transactional batch from a producer with
+an open transaction gets INVALID_TXN_STATE.
+
 Errors per partition: UNKNOWN_TOPIC_OR_PARTITION, CORRUPT_MESSAGE,
 INVALID_RECORD, MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE,
 UNSUPPORTED_COMPRESSION_TYPE, plus the idempotence errors above. Invalid
@@ -37,9 +49,10 @@ import logging
 from typing import Any
 
 from oncelog.broker.context import RequestContext
-from oncelog.protocol.errors import ErrorCode, KafkaError
+from oncelog.broker.group import TopicPartition
+from oncelog.protocol.errors import ErrorCode, KafkaError, code_name
 from oncelog.protocol.fast_produce import encode_produce_response
-from oncelog.protocol.records import InvalidRecordError, validate_produce_records
+from oncelog.protocol.records import BatchHeader, InvalidRecordError, validate_produce_records
 
 API_KEY = 0
 MIN_VERSION = 3
@@ -60,31 +73,78 @@ def _error(index: int, code: int, message: str | None = None) -> dict[str, Any]:
     }
 
 
+def _txn_error(code: int, version: int) -> KafkaError:
+    """Map a coordinator answer for a transactional batch to Kafka's produce error."""
+    if code in (ErrorCode.producer_fenced, ErrorCode.invalid_producer_epoch):
+        return KafkaError(ErrorCode.invalid_producer_epoch, "the producer's epoch is fenced")
+    if code in (ErrorCode.concurrent_transactions, ErrorCode.coordinator_load_in_progress, ErrorCode.coordinator_not_available):
+        return KafkaError(ErrorCode.not_enough_replicas, "unable to verify the partition is in the transaction; retry")
+    if code == ErrorCode.invalid_txn_state:
+        return KafkaError(ErrorCode.invalid_txn_state, "Partition was not added to the transaction")
+    if version >= 11:
+        return KafkaError(ErrorCode.transaction_abortable, f"the transaction cannot take this batch ({code_name(code)})")
+    return KafkaError(ErrorCode.invalid_txn_state, f"the transaction cannot take this batch ({code_name(code)})")
+
+
 async def handle(ctx: RequestContext, request: Any) -> bytes | None:
     broker = ctx.broker
     acks = request.acks
-    waits: list[asyncio.Future[None]] = []
-    topics_out = []
+    version = ctx.version
+    txn = broker.txn
+    tv2 = version >= 12 and broker.config.transaction_version >= 2
+    # pass 1: validate every batch (no state change)
+    plan: list[tuple[str, list[Any]]] = []
+    implicit_adds: list[tuple[Any, BatchHeader, TopicPartition]] = []
     for topic_data in request.topic_data:
         name = topic_data.name
-        parts_out = []
+        entries: list[Any] = []
         for pdata in topic_data.partition_data:
             index = pdata.index
             if acks not in (-1, 0, 1):
-                parts_out.append(_error(index, ErrorCode.invalid_required_acks))
+                entries.append(_error(index, ErrorCode.invalid_required_acks))
                 continue
             try:
                 partition = broker.partition(name, index)
                 records = pdata.records or b""
                 config = partition.log.config
                 (hdr,) = validate_produce_records(records, config.max_message_bytes, config.segment_bytes)
-                base_offset, append_time = partition.append_batch(records, hdr, broker.clock(), broker.producer_ids)
             except KafkaError as exc:
-                parts_out.append(_error(index, exc.code, str(exc)))
+                entries.append(_error(index, exc.code, str(exc)))
                 continue
             except InvalidRecordError as exc:
                 log.info("produce to %s-%d rejected: %s", name, index, exc)
-                parts_out.append(_error(index, exc.error_code, str(exc)))
+                entries.append(_error(index, exc.error_code, str(exc)))
+                continue
+            entry = [index, partition, records, hdr, None]
+            if hdr.is_transactional and hdr.producer_id >= 0:
+                tp = TopicPartition(name, index)
+                if tv2 and txn.check_in_txn(hdr.producer_id, hdr.producer_epoch, tp) == ErrorCode.invalid_txn_state:
+                    implicit_adds.append((entry, hdr, tp))  # KIP-890: Produce v12 adds the partition itself
+                else:
+                    entry[4] = _verifier(txn, tp, version)
+            entries.append(entry)
+        plan.append((name, entries))
+    if implicit_adds:
+        codes = await asyncio.gather(
+            *(txn.add_partition_implicitly(h.producer_id, h.producer_epoch, tp) for _, h, tp in implicit_adds)
+        )
+        for (entry, _, tp), code in zip(implicit_adds, codes):
+            entry[4] = _verifier(txn, tp, version) if not code else _failing(_txn_error(code, version))
+    # pass 2: append, in request order, before any await
+    waits: list[asyncio.Future[None]] = []
+    topics_out = []
+    now = broker.clock()
+    for name, entries in plan:
+        parts_out = []
+        for entry in entries:
+            if isinstance(entry, dict):
+                parts_out.append(entry)
+                continue
+            index, partition, records, hdr, verify = entry
+            try:
+                base_offset, append_time = partition.append_batch(records, hdr, now, broker.producer_ids, verify)
+            except KafkaError as exc:
+                parts_out.append(_error(index, exc.code, str(exc)))
                 continue
             fut = broker.committer.wait_durable(partition)
             if fut is not None:
@@ -112,4 +172,23 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
                 for p in t["partition_responses"]:
                     if p["error_code"] == 0:
                         p.update(_error(p["index"], ErrorCode.kafka_storage_error, str(exc)))
-    return encode_produce_response(ctx.version, topics_out)
+    return encode_produce_response(version, topics_out)
+
+
+def _verifier(txn: Any, tp: TopicPartition, version: int) -> Any:
+    """KIP-890 part 1: a batch that opens a transaction on a partition must
+    belong to a partition of the producer's ongoing transaction."""
+
+    def verify(producer_id: int, producer_epoch: int) -> None:
+        code = txn.check_in_txn(producer_id, producer_epoch, tp)
+        if code is not None:
+            raise _txn_error(code, version)
+
+    return verify
+
+
+def _failing(exc: KafkaError) -> Any:
+    def verify(producer_id: int, producer_epoch: int) -> None:
+        raise exc
+
+    return verify
