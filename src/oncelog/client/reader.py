@@ -1,0 +1,435 @@
+"""A small protocol-level partition reader (``oncelog verify`` and tests).
+
+It speaks only the Kafka protocol -- Metadata, ListOffsets and Fetch over the
+blocking :class:`~oncelog.client.connection.Connection` -- so it reads from
+Apache Kafka as well as from oncelog. It never imports the broker.
+
+What it adds over a plain Fetch:
+
+* requests go to each partition's leader (Metadata), with versions from
+  ApiVersions (Fetch v4..v12: the versions that name topics, not topic ids);
+* batch CRCs are checked and compressed batches are decompressed here
+  (gzip with the stdlib; snappy, lz4 and zstd with ``cramjam`` or the
+  ``python-snappy``/``lz4``/``zstandard`` packages when importable), since
+  :mod:`oncelog.protocol.records` decodes only uncompressed batches;
+* read_committed responses are filtered client-side exactly as the Java
+  consumer does (``CompletedFetch.nextFetchedBatch``), see
+  :func:`filter_read_committed`.
+
+:func:`decode_batches` and :func:`filter_read_committed` are pure functions
+over bytes and lists, unit-tested without a broker.
+"""
+
+from __future__ import annotations
+
+import gzip
+import heapq
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from crc32c import crc32c
+
+from oncelog.client.connection import Connection
+from oncelog.protocol.errors import code_name
+from oncelog.protocol.records import (
+    ATTRIBUTES_OFFSET,
+    BATCH_LENGTH_OFFSET,
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_MASK,
+    COMPRESSION_NONE,
+    COMPRESSION_SNAPPY,
+    COMPRESSION_ZSTD,
+    CRC_START,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC_V2,
+    BatchHeader,
+    InvalidRecordError,
+    iter_batch_headers,
+    iter_records,
+    read_control_marker,
+)
+
+LIST_OFFSETS, FETCH, METADATA = 2, 1, 3
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+EARLIEST, LATEST = -2, -1
+FETCH_VERSIONS = (4, 12)  # v13+ addresses topics by id only
+LIST_OFFSETS_VERSIONS = (2, 8)  # v2+ carries the isolation level
+METADATA_VERSIONS = (1, 12)
+
+# errors worth a retry after refreshing metadata
+_RETRIABLE = {3, 5, 6, 7, 13, 14, 15, 74, 75}  # UNKNOWN_TOPIC..., LEADER_NOT_AVAILABLE, NOT_LEADER, ..., FENCED/UNKNOWN_LEADER_EPOCH
+
+
+class ReaderError(Exception):
+    """The cluster answered with an error we cannot read past."""
+
+
+# -- decoded data -----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ReadRecord:
+    """One data record as read from a partition."""
+
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    producer_id: int
+    producer_epoch: int
+    transactional: bool
+
+
+@dataclass(slots=True)
+class Marker:
+    """A transaction marker (control batch)."""
+
+    partition: int
+    offset: int
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    coordinator_epoch: int
+
+
+@dataclass(slots=True)
+class Batch:
+    """A decoded batch: its header and either its records or its marker."""
+
+    header: BatchHeader
+    records: list[ReadRecord] = field(default_factory=list)
+    marker: Marker | None = None  # control batches with a COMMIT/ABORT marker
+
+
+@dataclass
+class PartitionData:
+    """Everything one read of a partition returned."""
+
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int  # the high watermark (read_uncommitted) or the LSO (read_committed) read up to
+    records: list[ReadRecord]
+    markers: list[Marker]
+    batches: int = 0
+    skipped_aborted_batches: int = 0
+
+
+# -- decompression ------------------------------------------------------------------
+
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+
+
+def _snappy_raw(data: bytes) -> bytes:
+    try:
+        import cramjam
+
+        return bytes(cramjam.snappy.decompress_raw(data))
+    except ImportError:
+        pass
+    try:
+        import snappy
+    except ImportError:
+        raise ReaderError("snappy-compressed batch: install cramjam or python-snappy") from None
+    return bytes(snappy.uncompress(data))
+
+
+def _snappy(data: bytes) -> bytes:
+    # Java clients write xerial-framed snappy (magic, version, compat, then length-prefixed blocks);
+    # librdkafka writes raw snappy and reads both
+    if not data.startswith(_XERIAL_MAGIC):
+        return _snappy_raw(data)
+    pos, out = 16, []
+    while pos < len(data):
+        (n,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        out.append(_snappy_raw(data[pos : pos + n]))
+        pos += n
+    return b"".join(out)
+
+
+def _lz4(data: bytes) -> bytes:
+    try:
+        import lz4.frame
+
+        return bytes(lz4.frame.decompress(data))
+    except ImportError:
+        pass
+    try:
+        import cramjam
+    except ImportError:
+        raise ReaderError("lz4-compressed batch: install lz4 or cramjam") from None
+    return bytes(cramjam.lz4.decompress(data))
+
+
+def _zstd(data: bytes) -> bytes:
+    try:
+        import zstandard
+
+        # a streaming decompressor: frames written without a content size are legal
+        return bytes(zstandard.ZstdDecompressor().decompressobj().decompress(data))
+    except ImportError:
+        pass
+    try:
+        import cramjam
+    except ImportError:
+        raise ReaderError("zstd-compressed batch: install zstandard or cramjam") from None
+    return bytes(cramjam.zstd.decompress(data))
+
+
+def decompress(codec: int, data: bytes) -> bytes:
+    """The records section of a batch compressed with Kafka codec ``codec``."""
+    if codec == COMPRESSION_NONE:
+        return data
+    if codec == COMPRESSION_GZIP:
+        return gzip.decompress(data)
+    if codec == COMPRESSION_SNAPPY:
+        return _snappy(data)
+    if codec == COMPRESSION_LZ4:
+        return _lz4(data)
+    if codec == COMPRESSION_ZSTD:
+        return _zstd(data)
+    raise ReaderError(f"unknown compression codec {codec}")
+
+
+def _uncompressed(buf: bytes, start: int, end: int, hdr: BatchHeader) -> bytes:
+    """The batch at ``buf[start:end]`` with its records decompressed (CRC no longer valid)."""
+    if hdr.compression == COMPRESSION_NONE:
+        return buf[start:end]
+    body = decompress(hdr.compression, buf[start + HEADER_SIZE : end])
+    head = bytearray(buf[start : start + HEADER_SIZE])
+    struct.pack_into(">h", head, ATTRIBUTES_OFFSET, hdr.attributes & ~COMPRESSION_MASK)
+    struct.pack_into(">i", head, BATCH_LENGTH_OFFSET, HEADER_SIZE - LOG_OVERHEAD + len(body))
+    return bytes(head) + body
+
+
+# -- pure decoding and filtering ---------------------------------------------------------
+
+
+def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True) -> list[Batch]:
+    """Decode every complete v2 batch in a Fetch ``records`` blob (a partial tail is ignored)."""
+    data = bytes(data)
+    out: list[Batch] = []
+    for hdr, start, end in iter_batch_headers(data):
+        if hdr.magic != MAGIC_V2:
+            raise ReaderError(f"partition {partition}: batch at offset {hdr.base_offset} has magic {hdr.magic}")
+        if check_crc:
+            crc = crc32c(memoryview(data)[start + CRC_START : end])
+            if crc != hdr.crc:
+                raise ReaderError(f"partition {partition}: CRC mismatch in batch at offset {hdr.base_offset}")
+        batch = Batch(hdr)
+        try:
+            if hdr.is_control:
+                if hdr.compression == COMPRESSION_NONE and hdr.records_count > 0:
+                    m = read_control_marker(data, start)
+                else:
+                    m = read_control_marker(_uncompressed(data, start, end, hdr))
+                batch.marker = Marker(partition, hdr.base_offset, hdr.producer_id, hdr.producer_epoch,
+                                      m.commit, m.coordinator_epoch)
+            else:
+                raw = _uncompressed(data, start, end, hdr)
+                batch.records = [
+                    ReadRecord(partition, off, ts, rec.key, rec.value, rec.headers, hdr.producer_id,
+                               hdr.producer_epoch, hdr.is_transactional)
+                    for off, ts, rec in iter_records(raw)
+                ]
+        except InvalidRecordError as exc:
+            raise ReaderError(f"partition {partition}: batch at offset {hdr.base_offset}: {exc.message}") from None
+        out.append(batch)
+    return out
+
+
+def filter_read_committed(batches: list[Batch], aborted: list[tuple[int, int]]) -> tuple[list[Batch], int]:
+    """The batches a read_committed Java consumer returns from one fetch response.
+
+    ``aborted`` is the response's ``aborted_transactions`` as ``(producer_id,
+    first_offset)``. Exactly ``CompletedFetch.nextFetchedBatch``: for a batch
+    with a producer id, first every aborted transaction whose first offset is
+    at or below the batch's last offset makes its producer "aborted"; then an
+    ABORT marker of that producer ends it, and a transactional batch of an
+    aborted producer is skipped. Control batches are never returned. Returns
+    ``(kept batches, number of skipped aborted batches)``.
+    """
+    queue = [(first, pid) for pid, first in aborted]
+    heapq.heapify(queue)
+    aborted_pids: set[int] = set()
+    kept: list[Batch] = []
+    skipped = 0
+    for b in batches:
+        h = b.header
+        if h.producer_id >= 0:
+            while queue and queue[0][0] <= h.last_offset:
+                aborted_pids.add(heapq.heappop(queue)[1])
+            if h.is_control and b.marker is not None and not b.marker.commit:
+                aborted_pids.discard(h.producer_id)
+            elif h.is_transactional and h.producer_id in aborted_pids:
+                skipped += 1
+                continue
+        if not h.is_control:
+            kept.append(b)
+    return kept, skipped
+
+
+# -- the IO shell ----------------------------------------------------------------------
+
+
+class PartitionReader:
+    """Reads whole partitions, from each partition's leader."""
+
+    def __init__(self, bootstrap: str, timeout: float = 30.0, client_id: str = "oncelog-reader") -> None:
+        self.bootstrap = bootstrap
+        self.timeout = timeout
+        self.client_id = client_id
+        self.conn = Connection(bootstrap, client_id=client_id, timeout=timeout)
+        self._nodes: dict[int, Connection] = {}
+        self._addresses: dict[int, str] = {}
+        self._leaders: dict[tuple[str, int], int] = {}
+
+    def __enter__(self) -> "PartitionReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for c in self._nodes.values():
+            if c is not self.conn:
+                c.close()
+        self._nodes.clear()
+        self.conn.close()
+
+    # -- metadata ---------------------------------------------------------------
+
+    def refresh(self, topic: str) -> list[int]:
+        """Metadata for ``topic``: its partitions (sorted); remembers leaders and broker addresses."""
+        v = self.conn.best_version(METADATA, METADATA_VERSIONS)
+        md = self.conn.request(METADATA, v, {
+            "topics": [{"name": topic, "topic_id": None}], "allow_auto_topic_creation": False,
+            "include_cluster_authorized_operations": False, "include_topic_authorized_operations": False})
+        for b in md.brokers:
+            self._addresses[int(b.node_id)] = f"{b.host}:{b.port}"
+        t = md.topics[0]
+        if t.error_code:
+            raise ReaderError(f"topic {topic}: {code_name(t.error_code)}")
+        for p in t.partitions:
+            self._leaders[(topic, int(p.partition_index))] = int(p.leader_id)
+        return sorted(int(p.partition_index) for p in t.partitions)
+
+    def partitions(self, topic: str) -> list[int]:
+        return self.refresh(topic)
+
+    def leader(self, topic: str, partition: int) -> Connection:
+        node = self._leaders.get((topic, partition))
+        if node is None:
+            self.refresh(topic)
+            node = self._leaders.get((topic, partition))
+        if node is None or node < 0 or node not in self._addresses:
+            raise ReaderError(f"{topic}-{partition}: no leader")
+        conn = self._nodes.get(node)
+        if conn is None:
+            address = self._addresses[node]
+            conn = self.conn if address == self.bootstrap else Connection(address, self.client_id, self.timeout)
+            self._nodes[node] = conn
+        return conn
+
+    def _retry(self, topic: str, what: str, call: Any) -> Any:
+        """Run ``call()`` -> (error_code, result); refresh metadata and retry on leadership errors."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            code, result = call()
+            if code == 0:
+                return result
+            if code not in _RETRIABLE or time.monotonic() > deadline:
+                raise ReaderError(f"{what}: {code_name(code)}")
+            time.sleep(0.2)
+            self._leaders = {k: v for k, v in self._leaders.items() if k[0] != topic}
+            self.refresh(topic)
+
+    # -- ListOffsets -----------------------------------------------------------------
+
+    def list_offset(self, topic: str, partition: int, timestamp: int, isolation_level: int = READ_UNCOMMITTED) -> int:
+        """ListOffsets: ``EARLIEST`` (-2), ``LATEST`` (-1: the high watermark, or the LSO under read_committed)."""
+
+        def call() -> tuple[int, int]:
+            conn = self.leader(topic, partition)
+            v = conn.best_version(LIST_OFFSETS, LIST_OFFSETS_VERSIONS)
+            resp = conn.request(LIST_OFFSETS, v, {
+                "replica_id": -1, "isolation_level": isolation_level,
+                "topics": [{"name": topic, "partitions": [
+                    {"partition_index": partition, "current_leader_epoch": -1, "timestamp": timestamp}]}]})
+            p = resp.topics[0].partitions[0]
+            return int(p.error_code), int(p.offset)
+
+        return self._retry(topic, f"ListOffsets {topic}-{partition}", call)
+
+    # -- Fetch -----------------------------------------------------------------------
+
+    def fetch(self, topic: str, partition: int, offset: int, isolation_level: int,
+              max_bytes: int = 4 << 20) -> Any:
+        """One Fetch of one partition from ``offset``; returns the decoded PartitionData entity."""
+
+        def call() -> tuple[int, Any]:
+            conn = self.leader(topic, partition)
+            v = conn.best_version(FETCH, FETCH_VERSIONS)
+            resp = conn.request(FETCH, v, {
+                "cluster_id": None, "replica_id": -1, "replica_state": None, "max_wait": 100, "min_bytes": 0,
+                "max_bytes": max_bytes, "isolation_level": isolation_level, "session_id": 0,
+                "session_epoch": -1,
+                "topics": [{"topic": topic, "topic_id": None, "partitions": [{
+                    "partition": partition, "current_leader_epoch": -1, "fetch_offset": offset,
+                    "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": max_bytes,
+                    "replica_directory_id": None}]}],
+                "forgotten_topics_data": [], "rack_id": ""})
+            if resp.error_code:
+                return int(resp.error_code), None
+            p = resp.responses[0].partitions[0]
+            return int(p.error_code), p
+
+        return self._retry(topic, f"Fetch {topic}-{partition}", call)
+
+    def read_partition(self, topic: str, partition: int, isolation_level: int = READ_COMMITTED,
+                       start: int | None = None, end: int | None = None) -> PartitionData:
+        """Read ``[start, end)`` (default: log start to the LSO or high watermark, as of now).
+
+        Under read_committed the records are filtered as a Java consumer
+        filters them; ``markers`` lists every control batch either way.
+        """
+        if start is None:
+            start = self.list_offset(topic, partition, EARLIEST)
+        if end is None:
+            end = self.list_offset(topic, partition, LATEST, isolation_level)
+        out = PartitionData(topic, partition, start, end, [], [])
+        pos = start
+        empty = 0
+        while pos < end:
+            p = self.fetch(topic, partition, pos, isolation_level)
+            batches = decode_batches(bytes(p.records or b""), partition)
+            batches = [b for b in batches if b.header.last_offset >= pos]
+            if not batches:
+                empty += 1
+                if empty > 50:
+                    raise ReaderError(f"{topic}-{partition}: no data at offset {pos} below {end}")
+                time.sleep(0.1)
+                continue
+            empty = 0
+            out.batches += len(batches)
+            out.markers.extend(b.marker for b in batches if b.marker is not None)
+            if isolation_level == READ_COMMITTED:
+                aborted = [(int(a.producer_id), int(a.first_offset)) for a in (p.aborted_transactions or ())]
+                kept, skipped = filter_read_committed(batches, aborted)
+                out.skipped_aborted_batches += skipped
+            else:
+                kept = [b for b in batches if not b.header.is_control]
+            for b in kept:
+                out.records.extend(r for r in b.records if pos <= r.offset < end)
+            pos = batches[-1].header.next_offset
+        return out
+
+    def read_topic(self, topic: str, isolation_level: int = READ_COMMITTED) -> list[PartitionData]:
+        return [self.read_partition(topic, p, isolation_level) for p in self.partitions(topic)]
