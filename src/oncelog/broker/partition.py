@@ -1,5 +1,22 @@
-"""A partition as the broker sees it: a log plus its high watermark, fetch
-waiters and idempotent-producer state."""
+"""A partition as the broker sees it: a log plus its high watermark, last
+stable offset, fetch waiters, and idempotent/transactional producer state.
+
+Transactions on the partition (Kafka's ``UnifiedLog`` + ``ProducerStateManager``):
+
+* a transactional batch opens its producer's transaction at its base offset
+  (after ``verify_txn`` confirmed the partition is in the producer's ongoing
+  transaction, when it was not open here yet at that epoch);
+* :meth:`Partition.write_marker` appends a COMMIT/ABORT control batch for the
+  coordinator and closes the transaction; an aborted one is added to the
+  segment's transaction index (producer id, first offset, marker offset, and
+  the first offset of the oldest other open transaction);
+* the last stable offset is the smallest of the high watermark, the first
+  offset of each open transaction and the first offset of each closed one
+  whose marker is not yet below the high watermark (not yet durable), so
+  read_committed consumers never see a transaction before its outcome is
+  durable. It moves only when the high watermark moves, which wakes fetch
+  waiters.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +26,23 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from oncelog.broker.producer_state import Accept, Duplicate, Incoming, ProducerStateTable, Reject, check_batch
+from collections.abc import Callable
+
+from oncelog.broker.producer_state import (
+    Accept,
+    CompletedTxn,
+    Duplicate,
+    Incoming,
+    ProducerStateTable,
+    Reject,
+    check_batch,
+    check_marker,
+    has_ongoing_txn,
+)
 from oncelog.protocol.errors import ErrorCode, KafkaError
-from oncelog.protocol.records import BatchHeader
+from oncelog.protocol.records import BatchHeader, InvalidRecordError, encode_control_batch, read_control_marker
 from oncelog.storage.fileutil import atomic_write
+from oncelog.storage.txn_index import AbortedTxn
 
 if TYPE_CHECKING:
     from oncelog.broker.producer_ids import ProducerIdManager
@@ -42,7 +72,11 @@ class Partition:
     Producer state is snapshotted to ``<offset>.snapshot`` in the partition
     directory at every segment roll and at clean shutdown; on open the newest
     snapshot not beyond the log end is loaded and the batches after it are
-    replayed from their headers, so duplicate detection survives kill -9.
+    replayed from their headers (and the one record of each control batch),
+    so duplicate detection, open transactions and the last stable offset
+    survive kill -9. The aborted-transaction index is rebuilt from the same
+    replay start: entries at or above it are dropped and re-added by the
+    replay; entries below it were fsynced before the snapshot was written.
     """
 
     __slots__ = ("topic", "index", "topic_id", "log", "high_watermark", "_waiters", "producers", "__weakref__")
@@ -56,6 +90,7 @@ class Partition:
         self.high_watermark = log.log_end_offset
         self._waiters: set[asyncio.Future[None]] = set()
         self.producers = self._load_producer_state(max_producers)
+        self.producers.on_high_watermark(self.high_watermark)
 
     def __repr__(self) -> str:
         return f"Partition({self.topic}-{self.index})"
@@ -67,9 +102,27 @@ class Partition:
     # -- high watermark and fetch waiters -------------------------------------
 
     def advance_high_watermark(self, offset: int) -> None:
+        """Move the high watermark (and with it the last stable offset) and wake fetch waiters."""
         if offset > self.high_watermark:
             self.high_watermark = offset
+            self.producers.on_high_watermark(offset)
             self.wake()
+
+    @property
+    def last_stable_offset(self) -> int:
+        """min(high watermark, first offset of every open or not yet durably completed transaction)."""
+        hw = self.high_watermark
+        first = self.producers.first_undecided_offset()
+        return hw if first is None or first > hw else first
+
+    def open_transactions(self) -> list[tuple[int, int]]:
+        """``(producer_id, first_offset)`` of the open transactions, oldest first."""
+        return self.producers.open_transactions()
+
+    def aborted_transactions(self, fetch_offset: int, upper_offset: int) -> list[tuple[int, int]]:
+        """``(producer_id, first_offset)`` of the aborted transactions overlapping
+        ``[fetch_offset, upper_offset)`` (last offset >= fetch_offset, first offset < upper_offset)."""
+        return [(t.producer_id, t.first_offset) for t in self.log.collect_aborted_txns(fetch_offset, upper_offset)]
 
     def wake(self) -> None:
         waiters, self._waiters = self._waiters, set()
@@ -86,29 +139,40 @@ class Partition:
     # -- appends ---------------------------------------------------------------
 
     def append_batch(
-        self, records: bytes, hdr: BatchHeader, now_ms: int, producer_ids: "ProducerIdManager"
+        self,
+        records: bytes,
+        hdr: BatchHeader,
+        now_ms: int,
+        producer_ids: "ProducerIdManager",
+        verify_txn: Callable[[int, int], None] | None = None,
     ) -> tuple[int, int]:
         """Append one validated client batch; return (base offset, log append time).
 
         Idempotent batches go through :func:`check_batch` first: a duplicate
         returns the original offsets and writes nothing; a rejection raises
-        :class:`KafkaError` and changes nothing. The producer entry is
-        committed only after the append succeeded.
+        :class:`KafkaError` and changes nothing. A transactional batch from a
+        producer with no transaction open here at its epoch is first passed to
+        ``verify_txn(producer_id, producer_epoch)``, which raises
+        :class:`KafkaError` when the partition is not in that producer's
+        ongoing transaction (KIP-890 part 1; None skips the check). The
+        producer entry is committed only after the append succeeded.
         """
         decision: Accept | None = None
         if hdr.producer_id >= 0:
-            if hdr.is_transactional:
-                raise KafkaError(
-                    ErrorCode.invalid_txn_state, "transactional batches need the transaction coordinator"
-                )
             if not producer_ids.was_issued(hdr.producer_id):
                 raise KafkaError(
                     ErrorCode.unknown_producer_id, f"producer id {hdr.producer_id} was never issued by this broker"
                 )
-            incoming = Incoming(hdr.producer_id, hdr.producer_epoch, hdr.base_sequence, hdr.last_offset_delta + 1)
-            result = check_batch(self.producers.get(hdr.producer_id), incoming)
+            entry = self.producers.get(hdr.producer_id)
+            incoming = Incoming(
+                hdr.producer_id, hdr.producer_epoch, hdr.base_sequence, hdr.last_offset_delta + 1, hdr.is_transactional
+            )
+            result = check_batch(entry, incoming)
             if isinstance(result, Duplicate):
                 return result.batch.first_offset, -1
+            # Kafka's order: duplicates first, then transaction verification, then epoch/sequence/txn state
+            if hdr.is_transactional and verify_txn is not None and not has_ongoing_txn(entry, hdr.producer_epoch):
+                verify_txn(hdr.producer_id, hdr.producer_epoch)
             if isinstance(result, Reject):
                 raise KafkaError(result.code, result.message)
             decision = result
@@ -119,6 +183,49 @@ class Partition:
         if decision is not None:
             self.producers.put(decision.entry_after(info.base_offset, info.last_offset, now_ms))
         return info.base_offset, info.log_append_time_ms
+
+    def write_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+        commit: bool,
+        now_ms: int,
+        transaction_version: int = 0,
+    ) -> int:
+        """Append a COMMIT/ABORT marker for the coordinator; return its offset.
+
+        :func:`check_marker` decides first (a rejection raises
+        :class:`KafkaError` and writes nothing). The marker closes the
+        producer's open transaction here, if any; an aborted one goes to the
+        transaction index. The caller waits for durability (group commit);
+        until the high watermark passes the marker the transaction still
+        holds the last stable offset.
+        """
+        decision = check_marker(
+            self.producers.get(producer_id),
+            producer_epoch,
+            coordinator_epoch,
+            transaction_version,
+            producer_id=producer_id,
+        )
+        if isinstance(decision, Reject):
+            raise KafkaError(decision.code, decision.message)
+        batch = encode_control_batch(producer_id, producer_epoch, commit, coordinator_epoch, timestamp_ms=now_ms)
+        info = self.log.append_control(batch, now_ms)
+        if info.segment_base_offset == info.base_offset and info.base_offset > 0:
+            self._snapshot_quietly(info.base_offset)
+        completed = decision.completed(info.base_offset, commit)
+        if completed is not None and completed.aborted:
+            self._index_abort(completed)
+        self.producers.complete(decision, info.base_offset, commit, now_ms)
+        return info.base_offset
+
+    def _index_abort(self, txn: CompletedTxn) -> None:
+        """Add an aborted transaction (before the table completes it) to the active segment's index."""
+        nxt = self.producers.next_incomplete_first_offset(txn.producer_id)
+        lso = txn.last_offset + 1 if nxt is None else nxt
+        self.log.append_aborted_txn(AbortedTxn(txn.producer_id, txn.first_offset, txn.last_offset, lso))
 
     # -- producer state snapshots --------------------------------------------
 
@@ -151,9 +258,18 @@ class Partition:
                 continue
             start = max(offset, start)
             break
+        # the transaction index is rebuilt from the replay start; old entries are kept
+        # aside for markers whose transaction began before the replay start but is
+        # unknown to the loaded state (no usable snapshot)
+        previous = {t.last_offset: t for t in self.log.collect_aborted_txns(start, 1 << 63)}
+        self.log.truncate_txn_indexes(start)
+        self.producers = table
         if start < end:
-            for hdr, _data in self.log.scan_batches(start):
-                if hdr.base_offset < start or hdr.is_control:
+            for hdr, data in self.log.scan_batches(start):
+                if hdr.base_offset < start:
+                    continue
+                if hdr.is_control:
+                    self._replay_marker(hdr, data, previous.get(hdr.base_offset))
                     continue
                 table.replay(
                     hdr.producer_id,
@@ -163,12 +279,35 @@ class Partition:
                     hdr.base_offset,
                     hdr.last_offset,
                     hdr.max_timestamp,
+                    hdr.is_transactional,
                 )
         return table
+
+    def _replay_marker(self, hdr: BatchHeader, data: bytes | memoryview, previous: AbortedTxn | None) -> None:
+        try:
+            marker = read_control_marker(data)
+        except InvalidRecordError as exc:  # not a transaction marker we can read: skip it
+            log.warning("%s: unreadable control batch at offset %d: %s", self, hdr.base_offset, exc)
+            return
+        table = self.producers
+        entry = table.get(hdr.producer_id)
+        first = entry.current_txn_first_offset if entry is not None else -1
+        if not marker.commit:
+            if previous is not None and previous.producer_id == hdr.producer_id and (first < 0 or previous.first_offset < first):
+                # the loaded state cannot see where this transaction began (it predates the
+                # replay start): the durable entry knows better
+                self.log.append_aborted_txn(previous)
+            elif first >= 0:
+                self._index_abort(CompletedTxn(hdr.producer_id, first, hdr.base_offset, True))
+        table.replay_marker(
+            hdr.producer_id, hdr.producer_epoch, marker.coordinator_epoch, marker.commit, hdr.base_offset, hdr.max_timestamp
+        )
 
     def snapshot_producer_state(self, offset: int | None = None) -> None:
         """Write the producer state as of ``offset`` (default: the log end)."""
         offset = self.log.log_end_offset if offset is None else offset
+        # the snapshot ends replay there on the next open: the index entries below must be durable first
+        self.log.sync_txn_indexes()
         path = self.log.directory / f"{offset:020d}{SNAPSHOT_SUFFIX}"
         atomic_write(path, self.producers.to_bytes())
         for _, old in self._snapshots()[:-SNAPSHOTS_KEPT]:

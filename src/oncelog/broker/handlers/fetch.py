@@ -2,7 +2,13 @@
 
 Behavior: for each partition, whole stored batches from the one holding
 ``fetch_offset`` up to the high watermark (the durable end of the log) are
-returned as stored bytes. The first batch of the response is returned whole
+returned as stored bytes; with ``isolation_level=1`` (read_committed) only
+batches below the last stable offset are returned, together with the
+aborted transactions (producer id, first offset) overlapping the returned
+range (Kafka's ``collectAbortedTxns(fetch_offset, upper)``, upper = the
+offset after the last returned batch; an empty list when there are none or
+nothing is returned). Control batches (transaction markers) are returned
+like data; clients skip them. The first batch of the response is returned whole
 even when it exceeds ``partition_max_bytes``/``max_bytes`` (KIP-74), so a
 consumer always makes progress; later partitions get nothing once the
 request's ``max_bytes`` is used up. ``fetch_offset`` below the log start
@@ -10,15 +16,15 @@ offset or above the log end offset gets OFFSET_OUT_OF_RANGE.
 
 Long poll: when fewer than ``min_bytes`` are available the handler waits up
 to ``max_wait_ms`` for an append to any requested partition to become
-durable, then reads again.
+durable (which also moves the last stable offset), then reads again.
 
 Fetch sessions (KIP-227) are not kept: every response has session id 0, which
 tells clients to send full fetch requests, as Kafka does when its session
 cache is full.
 
 Version notes:
-- v4-v17 handled. v4+ carries isolation_level and aborted transactions (null
-  for read_uncommitted, empty for read_committed until transactions land).
+- v4-v17 handled. v4+ carries isolation_level, last_stable_offset (always
+  the partition's LSO) and aborted transactions (null for read_uncommitted).
 - v12+ flexible; v13+ names topics by id (UNKNOWN_TOPIC_ID when unknown).
 """
 
@@ -106,7 +112,7 @@ class _Plan:
 
     def _read_partition(self, req: Any, part: Partition, budget: int, first: bool) -> dict[str, Any]:
         hw = part.high_watermark
-        lso = hw
+        lso = part.last_stable_offset
         log_start = part.log_start_offset
         entry = _empty(req.partition, 0, hw, lso, log_start)
         if self.read_committed:
@@ -126,6 +132,11 @@ class _Plan:
             entry["error_code"] = ErrorCode.offset_out_of_range
             return entry
         entry["records"] = bytes(result.data)
+        if self.read_committed and result.data:
+            entry["aborted_transactions"] = [
+                {"producer_id": pid, "first_offset": first}
+                for pid, first in part.aborted_transactions(offset, result.next_offset)
+            ]
         return entry
 
 

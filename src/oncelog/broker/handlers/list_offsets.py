@@ -5,8 +5,10 @@ Behavior: per partition, timestamp -2 (EARLIEST) gives the log start offset,
 (read_committed), -3 (MAX_TIMESTAMP, v7+) the offset of the batch with the
 largest timestamp, -4 (EARLIEST_LOCAL, v8+) the log start offset (no tiered
 storage); any other timestamp the first offset whose batch max timestamp is
->= it, or offset -1 when there is none. Unknown partitions get
-UNKNOWN_TOPIC_OR_PARTITION.
+>= it, or offset -1 when there is none. Lookups by timestamp (and -3) never
+return an offset at or above the bound of the isolation level (the high
+watermark, or the last stable offset for read_committed); they answer -1
+instead, as Kafka does. Unknown partitions get UNKNOWN_TOPIC_OR_PARTITION.
 
 Version notes: v1-v8 handled. v2+ isolation level; v4+ leader epoch; v6+
 flexible.
@@ -33,13 +35,14 @@ def _lookup(broker: Any, topic: str, index: int, ts: int, read_committed: bool) 
     part = broker.partition(topic, index)
     if ts in (EARLIEST, EARLIEST_LOCAL):
         return {"timestamp": -1, "offset": part.log_start_offset}
+    bound = part.last_stable_offset if read_committed else part.high_watermark
     if ts == LATEST:
-        return {"timestamp": -1, "offset": part.high_watermark}
+        return {"timestamp": -1, "offset": bound}
     if ts == MAX_TIMESTAMP:
         found = part.log.max_timestamp_offset()
     else:
         found = part.log.offset_for_timestamp(ts)
-    if found is None or found[0] >= part.high_watermark:
+    if found is None or found[0] >= bound:
         return {"timestamp": -1, "offset": -1}
     offset, timestamp = found
     return {"timestamp": timestamp, "offset": max(offset, part.log_start_offset)}
