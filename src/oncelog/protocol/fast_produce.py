@@ -17,7 +17,7 @@ _I64 = struct.Struct(">q")
 _I16 = struct.Struct(">h")
 
 
-def _uvarint(n: int) -> bytes:
+def uvarint(n: int) -> bytes:
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -26,32 +26,32 @@ def _uvarint(n: int) -> bytes:
     return bytes(out)
 
 
-def _string(s: str | None, flexible: bool) -> bytes:
+def string(s: str | None, flexible: bool) -> bytes:
     if s is None:
         return b"\x00" if flexible else b"\xff\xff"
     raw = s.encode()
-    return (_uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
+    return (uvarint(len(raw) + 1) if flexible else _I16.pack(len(raw))) + raw
 
 
-def _array_len(n: int, flexible: bool) -> bytes:
-    return _uvarint(n + 1) if flexible else _I32.pack(n)
+def array_len(n: int, flexible: bool) -> bytes:
+    return uvarint(n + 1) if flexible else _I32.pack(n)
 
 
 def encode_produce_response(version: int, topics: list[dict[str, Any]], throttle_ms: int = 0) -> bytes:
     """Encode a Produce response body from the handler's dicts."""
     flexible = version >= 9
-    out = [_array_len(len(topics), flexible)]
+    out = [array_len(len(topics), flexible)]
     for t in topics:
-        out.append(_string(t["name"], flexible))
+        out.append(string(t["name"], flexible))
         parts = t["partition_responses"]
-        out.append(_array_len(len(parts), flexible))
+        out.append(array_len(len(parts), flexible))
         for p in parts:
             out.append(_PART_V3.pack(p["index"], int(p["error_code"]), p["base_offset"], p["log_append_time"]))
             if version >= 5:
                 out.append(_I64.pack(p["log_start_offset"]))
             if version >= 8:
-                out.append(_array_len(0, flexible))  # record_errors
-                out.append(_string(p["error_message"], flexible))
+                out.append(array_len(0, flexible))  # record_errors
+                out.append(string(p["error_message"], flexible))
             if flexible:
                 out.append(b"\x00")
         if flexible:
