@@ -69,6 +69,18 @@ def confluent_read(bootstrap: str, topic: str, committed: bool, expected: int) -
         c.close()
 
 
+def high_watermarks(bootstrap: str, topic: str) -> dict[int, int]:
+    """ListOffsets LATEST read_uncommitted (librdkafka's default isolation is read_committed: the LSO)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "js-txn-hw", "isolation.level": "read_uncommitted"})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                for p in range(PARTITIONS)}
+    finally:
+        c.close()
+
+
 def per_partition(records: list[dict[str, Any]]) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {p: [] for p in range(PARTITIONS)}
     for r in records:
@@ -118,8 +130,8 @@ def test_kafkajs_transactions_commit_and_abort(node: str, tmp_path: Path, kit: A
             offs = [r["offset"] for r in consumed["records"] if r["partition"] == p]
             assert offs == sorted(set(offs)), f"partition {p}: offsets {offs}"
         # the log holds every record plus one marker per transaction per partition
-        marks = kit.confluent_watermarks(broker.bootstrap, topic, PARTITIONS)
-        assert {p: hw for p, (_lo, hw) in marks.items()} == {
-            p: len(everything[p]) + len(txns) for p in range(PARTITIONS)}
+        want = {p: len(everything[p]) + len(txns) for p in range(PARTITIONS)}
+        kit.wait_until(lambda: high_watermarks(broker.bootstrap, topic) == want, timeout=15,
+                       message=f"high watermarks {want}")
     finally:
         broker.close()

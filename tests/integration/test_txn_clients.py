@@ -375,8 +375,7 @@ def test_commit_over_three_partitions(client: str, broker_factory: Callable[...,
         got = read_confluent(b.bootstrap, topic, 300, committed)
         assert_exactly(got, sent, f"confluent {'read_committed' if committed else 'read_uncommitted'}")
     # the log holds 300 records plus one COMMIT marker per partition
-    marks = kit.confluent_watermarks(b.bootstrap, topic, PARTITIONS)
-    assert {p: hw for p, (_lo, hw) in marks.items()} == {p: len(sent[p]) + 1 for p in range(PARTITIONS)}
+    assert high_watermarks(kit, b.bootstrap, topic) == {p: len(sent[p]) + 1 for p in range(PARTITIONS)}
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -407,9 +406,34 @@ def test_aborted_never_visible_read_committed(client: str, broker_factory: Calla
         assert_exactly(got, committed_sent, f"{reader} read_committed (producer {client})")
     got = read_confluent(b.bootstrap, topic, n_all, False)
     assert_exactly(got, all_sent, f"confluent read_uncommitted (producer {client})")
-    # log = records + one marker per transaction per partition it touched
-    marks = kit.confluent_watermarks(b.bootstrap, topic, PARTITIONS)
-    assert all(hw > len(all_sent[p]) for p, (_lo, hw) in marks.items())
+    # log = records + one marker per transaction per partition
+    assert high_watermarks(kit, b.bootstrap, topic) == {p: len(all_sent[p]) + len(plan) for p in range(PARTITIONS)}
+
+
+def high_watermarks(kit: Any, bootstrap: str, topic: str) -> dict[int, int]:
+    """ListOffsets LATEST read_uncommitted (librdkafka's default isolation is read_committed: the LSO)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "txn-hw", "isolation.level": "read_uncommitted"})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                for p in range(PARTITIONS)}
+    finally:
+        c.close()
+
+
+def wait_high_watermarks(kit: Any, bootstrap: str, topic: str, want: dict[int, int]) -> None:
+    """EndTxn is answered once PrepareCommit is durable; the markers follow (as in Kafka)."""
+    seen: list[dict[int, int]] = []
+
+    def check() -> bool:
+        seen.append(high_watermarks(kit, bootstrap, topic))
+        return seen[-1] == want
+
+    try:
+        kit.wait_until(check, timeout=15, message=f"high watermarks {want} (markers written)")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last high watermarks {seen[-1]}") from None
 
 
 def committed_view(bootstrap: str, topic: str) -> tuple[dict[int, int], dict[int, int], dict[int, list[bytes]]]:
@@ -460,6 +484,7 @@ def test_open_transaction_bounds_last_stable_offset(broker_factory: Callable[...
                 a.send(topic, p, v)
                 first[p].append(v)
         a.commit()
+        wait_high_watermarks(kit, b.bootstrap, topic, {p: 11 for p in range(PARTITIONS)})
         # B: opens a transaction on partitions 0 and 1 and leaves it open
         other.begin()
         open_vals = empty()
@@ -480,6 +505,7 @@ def test_open_transaction_bounds_last_stable_offset(broker_factory: Callable[...
                 a.send(topic, p, v)
                 second[p].append(v)
         a.commit()
+        wait_high_watermarks(kit, b.bootstrap, topic, {0: 27, 1: 27, 2: 22})
 
         highs, positions, got = committed_view(b.bootstrap, topic)
         # partitions 0/1: the LSO is B's first offset; everything from there on is hidden
@@ -489,10 +515,10 @@ def test_open_transaction_bounds_last_stable_offset(broker_factory: Callable[...
         assert highs[2] == 22, f"partition 2 has no open transaction: LSO = high watermark, got {highs}"
         assert positions[0] == open_first[0] and positions[1] == open_first[1], positions
         assert positions[2] == 22, positions
-        uncommitted = kit.confluent_watermarks(b.bootstrap, topic, PARTITIONS)
-        assert {p: hw for p, (_lo, hw) in uncommitted.items()} == {0: 27, 1: 27, 2: 22}
+        assert high_watermarks(kit, b.bootstrap, topic) == {0: 27, 1: 27, 2: 22}
 
         other.commit()
+        wait_high_watermarks(kit, b.bootstrap, topic, {0: 28, 1: 28, 2: 22})
         highs, positions, got = committed_view(b.bootstrap, topic)
         # offset order: A1 + marker, B's records, A2 (written while B was open) + marker, B's marker
         want = {p: first[p] + open_vals[p] + second[p] for p in range(PARTITIONS)}

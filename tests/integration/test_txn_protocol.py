@@ -23,8 +23,8 @@ Produce v12, the ``transaction.version`` feature); KIP-939 two-phase commit
 from __future__ import annotations
 
 import re
-import socket
 import struct
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -102,8 +102,6 @@ def init_ok(conn: Connection, txn_id: str, **kw: Any) -> tuple[int, int]:
         r = init_pid(conn, txn_id, **kw)
         if r.error_code != E.concurrent_transactions:
             break
-        import time
-
         time.sleep(0.05)
     assert r.error_code == 0, E(r.error_code)
     return r.producer_id, r.producer_epoch
@@ -130,9 +128,27 @@ def add_partitions(conn: Connection, txn_id: str, pid: int, epoch: int, tps: lis
             for t in tr.topic_results for pr in t.results_by_partition}
 
 
-def end_txn(conn: Connection, txn_id: str, pid: int, epoch: int, commit: bool, version: int = 3) -> Any:
-    return conn.request(END_TXN, version, {"transactional_id": txn_id, "producer_id": pid,
-                                           "producer_epoch": epoch, "committed": commit})
+def end_txn(conn: Connection, txn_id: str, pid: int, epoch: int, commit: bool, version: int = 3,
+            wait: bool = True) -> Any:
+    """EndTxn; on success (by default) also wait until the markers are written.
+
+    Like Kafka, the broker answers once PrepareCommit/PrepareAbort is durable and writes the
+    markers afterwards; a client sees the outcome once the transaction is Complete*."""
+    r = conn.request(END_TXN, version, {"transactional_id": txn_id, "producer_id": pid,
+                                        "producer_epoch": epoch, "committed": commit})
+    if wait and r.error_code == 0:
+        wait_completed(conn, txn_id)
+    return r
+
+
+def wait_completed(conn: Connection, txn_id: str, timeout: float = 15.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = describe(conn, txn_id).transaction_state
+        if state in ("CompleteCommit", "CompleteAbort", "Empty"):
+            return state
+        assert time.monotonic() < deadline, f"{txn_id} still {state} after {timeout}s"
+        time.sleep(0.02)
 
 
 def values_batch(values: list[bytes], pid: int, epoch: int, seq: int, transactional: bool = True) -> bytes:
@@ -381,8 +397,6 @@ def test_requests_racing_end_txn(conn: Connection, tbroker: EmbeddedBroker, topi
             for _ in range(100):
                 if described(conn, txn_id)[0] in ("CompleteCommit", "CompleteAbort"):
                     break
-                import time
-
                 time.sleep(0.02)
     assert concurrent_seen > 0, "no request ever saw the transaction in PrepareCommit"
     assert visible(conn, topic, 0) == committed and visible(conn, topic, 1) == committed
@@ -724,8 +738,6 @@ def test_describe_and_list_transactions(conn: Connection, topic: str) -> None:
     # duration filter: only transactions running longer than the given ms (the ongoing one, if old enough)
     _, long_running = listed(duration_filter=3_600_000)
     assert not {ids["ongoing"], ids["commit"], ids["abort"]} & set(long_running), long_running
-    import time
-
     time.sleep(0.05)
     _, short = listed(duration_filter=10)
     assert ids["ongoing"] in short, short
