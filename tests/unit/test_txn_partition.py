@@ -498,3 +498,38 @@ def test_list_offsets_honours_isolation_level(tmp_path: Path) -> None:
     env.durable()
     assert _list_offsets(env.part, -1, 1)["offset"] == 7
     assert _list_offsets(env.part, T0 + 10, 1)["offset"] == 2
+
+
+def test_lso_is_clamped_to_the_log_start_offset(tmp_path: Path) -> None:
+    env = Env(tmp_path)
+    a, b = env.pid(), env.pid()
+    env.send(a)  # 0-1, stays open
+    env.log.roll()
+    env.send(b, txn=False)  # 2-3
+    env.durable()
+    assert env.part.last_stable_offset == 0
+    env.log.delete_records_before(2)
+    assert env.part.open_transactions() == [(a, 0)]
+    assert env.part.last_stable_offset == 2
+    assert _list_offsets(env.part, -1, 1)["offset"] == 2
+
+
+def test_describe_producers_reports_the_open_txn(tmp_path: Path) -> None:
+    from oncelog.broker.handlers import describe_producers
+
+    env = Env(tmp_path)
+    a, b = env.pid(), env.pid()
+    env.send(b, txn=False)
+    env.send(a)  # 2
+    req = SimpleNamespace(topics=[SimpleNamespace(name="t", partition_indexes=[0])])
+
+    def rows() -> dict[int, dict[str, Any]]:
+        resp = asyncio.run(describe_producers.handle(_ctx(env.part, 0), req))
+        return {r["producer_id"]: r for r in resp["topics"][0]["partitions"][0]["active_producers"]}
+
+    got = rows()
+    assert got[a]["current_txn_start_offset"] == 2 and got[b]["current_txn_start_offset"] == -1
+    assert got[a]["last_sequence"] == 1
+    env.marker(a, commit=True, coordinator_epoch=4)
+    got = rows()
+    assert got[a]["current_txn_start_offset"] == -1 and got[a]["coordinator_epoch"] == 4

@@ -110,10 +110,17 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        """min(high watermark, first offset of every open or not yet durably completed transaction)."""
+        """min(high watermark, first offset of every open or not yet durably completed transaction).
+
+        A transaction that began below the log start offset (retention or
+        DeleteRecords removed its first batches) counts from the log start
+        offset, as Kafka clamps its first unstable offset.
+        """
         hw = self.high_watermark
         first = self.producers.first_undecided_offset()
-        return hw if first is None or first > hw else first
+        if first is None:
+            return hw
+        return min(max(first, self.log.log_start_offset), hw)
 
     def open_transactions(self) -> list[tuple[int, int]]:
         """``(producer_id, first_offset)`` of the open transactions, oldest first."""
