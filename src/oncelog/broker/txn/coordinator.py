@@ -122,6 +122,7 @@ class TransactionCoordinator:
         self._markers_done: dict[str, set[TopicPartition]] = {}
         self._completing: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.task_errors: list[BaseException] = []  # unexpected failures of background marker tasks
         self._next_abort_check = 0
         self._next_expire_check = 0
 
@@ -202,7 +203,15 @@ class TransactionCoordinator:
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            assert exc is not None
+            self.task_errors.append(exc)
+            log.error("transaction coordinator task failed", exc_info=exc)
 
     # -- InitProducerId ---------------------------------------------------------
 
