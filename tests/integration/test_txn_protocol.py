@@ -26,11 +26,13 @@ import re
 import struct
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from oncelog.client.connection import Connection
+from oncelog.client.txns import parse_describe_transactions_v0
 from oncelog.protocol.codec import decode_response, encode_request, is_flexible, request_type
 from oncelog.protocol.build import materialize
 from oncelog.protocol.errors import ErrorCode as E
@@ -216,17 +218,25 @@ def log_state(conn: Connection, topic: str, partitions: int = 3) -> dict[int, tu
     return out
 
 
-def describe(conn: Connection, txn_id: str) -> Any:
-    r = conn.request(DESCRIBE_TXNS, 0, {"transactional_ids": [txn_id]})
-    (st,) = r.transaction_states
+def describe_many(conn: Connection, txn_ids: list[str]) -> list[SimpleNamespace]:
+    """DescribeTransactions v0, decoded by hand (kio rejects the -1 start time of a txn id with no open txn)."""
+    call = Pipelined(conn, DESCRIBE_TXNS, 0, {"transactional_ids": txn_ids})
+    raw = conn.recv_frame()
+    (corr,) = struct.unpack_from(">i", raw, 0)
+    assert corr == call.corr
+    return [SimpleNamespace(**st) for st in parse_describe_transactions_v0(raw, skip_tagged_fields(raw, 4))]
+
+
+def describe(conn: Connection, txn_id: str) -> SimpleNamespace:
+    (st,) = describe_many(conn, [txn_id])
+    assert st.transactional_id == txn_id
     return st
 
 
 def described(conn: Connection, txn_id: str) -> tuple[str, int, int, list[tuple[str, int]]]:
     st = describe(conn, txn_id)
     assert st.error_code == 0, E(st.error_code)
-    return (st.transaction_state, int(st.producer_id), int(st.producer_epoch),
-            sorted((t.topic, p) for t in st.topics for p in t.partitions))
+    return (st.transaction_state, st.producer_id, st.producer_epoch, sorted(st.partitions))
 
 
 def vals(prefix: str, n: int) -> list[bytes]:
@@ -271,7 +281,7 @@ def test_timeout_above_max_is_invalid_transaction_timeout(conn: Connection, vers
     assert r.error_code == 0 and r.producer_id >= 0 and r.producer_epoch == 0, r
     st = describe(conn, txn_id)
     assert st.transaction_state == "Empty" and st.producer_id == r.producer_id
-    assert st.transaction_timeout.total_seconds() * 1000 == MAX_TIMEOUT_MS
+    assert st.transaction_timeout_ms == MAX_TIMEOUT_MS and st.transaction_start_time_ms == -1
 
 
 # -- fencing -------------------------------------------------------------------------------------
@@ -702,8 +712,7 @@ def test_describe_and_list_transactions(conn: Connection, topic: str) -> None:
         pid, e = pids[s]
         assert end_txn(conn, ids[s], pid, e, s == "commit").error_code == 0
 
-    r = conn.request(DESCRIBE_TXNS, 0, {"transactional_ids": list(ids.values()) + ["lst-unknown"]})
-    by_id = {st.transactional_id: st for st in r.transaction_states}
+    by_id = {st.transactional_id: st for st in describe_many(conn, list(ids.values()) + ["lst-unknown"])}
     assert by_id["lst-unknown"].error_code == E.transactional_id_not_found
     want_state = {"empty": "Empty", "ongoing": "Ongoing", "commit": "CompleteCommit", "abort": "CompleteAbort"}
     for s, txn_id in ids.items():
@@ -711,11 +720,13 @@ def test_describe_and_list_transactions(conn: Connection, topic: str) -> None:
         assert st.error_code == 0
         assert st.transaction_state == want_state[s], (s, st.transaction_state)
         assert (st.producer_id, st.producer_epoch) == pids[s]
-        assert st.transaction_timeout.total_seconds() * 1000 == 20_000
-        parts = sorted((t.topic, p) for t in st.topics for p in t.partitions)
+        assert st.transaction_timeout_ms == 20_000
+        parts = sorted(st.partitions)
         assert parts == ([(topic, 0), (topic, 2)] if s == "ongoing" else []), (s, parts)
         if s == "ongoing":
-            assert st.transaction_start_time is not None
+            assert abs(st.transaction_start_time_ms - time.time() * 1000) < 60_000, st
+        elif s == "empty":
+            assert st.transaction_start_time_ms == -1, st
     ours = set(ids.values())
 
     def listed(version: int = 1, **body: Any) -> tuple[Any, dict[str, tuple[int, str]]]:
@@ -733,8 +744,8 @@ def test_describe_and_list_transactions(conn: Connection, topic: str) -> None:
     assert set(two) == {ids["commit"], ids["abort"]}
     _, one = listed(producer_id_filters=[pids["abort"][0]])
     assert set(one) == {ids["abort"]}
-    r, none = listed(state_filters=["NoSuchState"])
-    assert none == {} and list(r.unknown_state_filters) == ["NoSuchState"]
+    r, mixed = listed(state_filters=["Ongoing", "NoSuchState"])
+    assert set(mixed) == {ids["ongoing"]} and list(r.unknown_state_filters) == ["NoSuchState"]
     # duration filter: only transactions running longer than the given ms (the ongoing one, if old enough)
     _, long_running = listed(duration_filter=3_600_000)
     assert not {ids["ongoing"], ids["commit"], ids["abort"]} & set(long_running), long_running
@@ -745,3 +756,15 @@ def test_describe_and_list_transactions(conn: Connection, topic: str) -> None:
     assert set(pattern) == {ids["commit"], ids["empty"]}
     # clean up the ongoing one
     assert end_txn(conn, ids["ongoing"], *pids["ongoing"], False).error_code == 0
+
+
+def test_list_transactions_only_unknown_state_filter(conn: Connection, topic: str) -> None:
+    """Kafka (TransactionStateManager.listTransactionStates) filters on the names given: when every
+    state filter is unknown nothing matches; the unknown names come back in UnknownStateFilters."""
+    txn_id = f"unknown-filter-{topic}"
+    init_ok(conn, txn_id)
+    r = conn.request(LIST_TXNS, 1, {"state_filters": ["NoSuchState"], "producer_id_filters": [],
+                                    "duration_filter": -1})
+    assert r.error_code == 0 and list(r.unknown_state_filters) == ["NoSuchState"]
+    listed = sorted(t.transactional_id for t in r.transaction_states)
+    assert listed == [], f"an unknown state filter matched {len(listed)} transactional ids, e.g. {listed[:3]}"
