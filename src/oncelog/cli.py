@@ -1,4 +1,4 @@
-"""``oncelog serve|topics|groups|txns``: the broker and a small admin CLI that speaks the protocol."""
+"""``oncelog serve|topics|groups|txns|verify``: the broker and a small admin CLI that speaks the protocol."""
 
 from __future__ import annotations
 
@@ -235,6 +235,12 @@ def _txns_action(admin: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from oncelog.verify import main as verify_main
+
+    return verify_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oncelog", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -294,6 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
     t_abort.add_argument("--producer-epoch", type=int)
     t_abort.add_argument("--coordinator-epoch", type=int)
     txns.set_defaults(func=_txns)
+
+    from oncelog.verify import add_arguments as verify_arguments
+
+    verify = sub.add_parser("verify", help="audit an exactly-once copy: lost, duplicated, aborted-visible, "
+                            "out-of-order records, group offsets ahead (exit 1 on any)")
+    verify_arguments(verify)
+    verify.set_defaults(func=_verify)
     return parser
 
 
