@@ -4,7 +4,8 @@ Behavior: the transactional ids the coordinator knows with their producer id
 and state, filtered by state names, producer ids, (v1+) a minimum running
 time of the open transaction and (v2+) a regular expression on the id.
 State names the broker does not know are echoed in
-``unknown_state_filters``.
+``unknown_state_filters`` and match nothing (a filter of only unknown names
+lists nothing, as in Kafka).
 
 Version notes: v0-v2 handled (all flexible). v1 adds DurationFilter; v2 adds
 TransactionalIdPattern.
@@ -38,8 +39,9 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
         "throttle_time": 0,
         "error_code": 0,
         "unknown_state_filters": [s for s in states if s not in STATES],
+        # unknown names stay in the filter and match nothing, as in Kafka
         "transaction_states": ctx.broker.txn.list(
-            [s for s in states if s in STATES],
+            states,
             list(request.producer_id_filters),
             getattr(request, "duration_filter", -1),
             pattern,
