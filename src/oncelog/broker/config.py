@@ -68,7 +68,6 @@ _INTS = {
     "transactional.id.expiration.ms": "transactional_id_expiration_ms",
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "transaction_abort_timed_out_transaction_cleanup_interval_ms",
     "transaction.remove.expired.transaction.cleanup.interval.ms": "transaction_remove_expired_transaction_cleanup_interval_ms",
-    "transaction.state.log.segment.bytes": "transaction_state_log_segment_bytes",
     "oncelog.transaction.version": "transaction_version",
 }
 _BOOLS = {
@@ -116,7 +115,6 @@ class BrokerConfig:
     transactional_id_expiration_ms: int = 604800000
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10000
     transaction_remove_expired_transaction_cleanup_interval_ms: int = 3600000
-    transaction_state_log_segment_bytes: int = 104857600
     transaction_two_phase_commit_enable: bool = False
     # the finalized level of the transaction.version feature (KIP-890): 2 = TV2
     transaction_version: int = 2
