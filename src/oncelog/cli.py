@@ -1,4 +1,4 @@
-"""``oncelog serve|topics|groups|txns|verify``: the broker and a small admin CLI that speaks the protocol."""
+"""``oncelog serve|topics|groups|txns|verify|chaos``: the broker and a small admin CLI that speaks the protocol."""
 
 from __future__ import annotations
 
@@ -241,6 +241,12 @@ def _verify(args: argparse.Namespace) -> int:
     return verify_main(args)
 
 
+def _chaos(args: argparse.Namespace) -> int:
+    from oncelog.chaos.runner import main as chaos_main
+
+    return chaos_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oncelog", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -307,6 +313,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "out-of-order records, group offsets ahead (exit 1 on any)")
     verify_arguments(verify)
     verify.set_defaults(func=_verify)
+
+    from oncelog.chaos.runner import add_arguments as chaos_arguments
+
+    chaos = sub.add_parser("chaos", help="transactional copiers under seeded broker/copier bounces and network "
+                           "faults, audited by verify (exit 0 only with zero anomalies and every record copied)")
+    chaos_arguments(chaos)
+    chaos.set_defaults(func=_chaos)
     return parser
 
 
