@@ -476,6 +476,7 @@ def test_tv2_epoch_exhaustion_rotates_at_end_txn():
     log = seeded_log(producer_epoch=MAX_EPOCH - 1, state=S.ONGOING, partitions=frozenset({A0}), txn_start_ms=999_999)
 
     async def body(env: Env) -> None:
+        env.markers = env.coord._markers = SlowMarkers(env.log, 0.5)  # slower than the completion wait
         res = await env.coord.end_txn(TID, 500, MAX_EPOCH - 1, True, True)
         assert res == (0, 1000, 0)
         # while the markers are pending the new id is told to wait
@@ -494,6 +495,7 @@ def test_tv2_epoch_exhaustion_rotates_at_end_txn():
 
 def test_check_in_txn_and_implicit_add():
     async def body(env: Env) -> None:
+        env.markers = env.coord._markers = SlowMarkers(env.log, 0.5)  # slower than the completion wait
         pid, epoch = await begin(env, [A0])
         assert env.coord.check_in_txn(pid, epoch, A0) is None
         assert env.coord.check_in_txn(pid, epoch, A1) == E.invalid_txn_state
@@ -721,3 +723,37 @@ def test_file_log_waits_for_the_durability_callback(tmp_path):
         reloaded.close()
 
     asyncio.run(main())
+
+
+class SlowMarkers(Markers):
+    """Markers that take ``delay`` seconds to become durable (a few fsync rounds)."""
+
+    def __init__(self, log: MemoryTxnLog | None = None, delay: float = 0.02) -> None:
+        super().__init__(log)
+        self.delay = delay
+
+    async def write_markers(self, *args: Any) -> dict[TopicPartition, int]:
+        await asyncio.sleep(self.delay)
+        return await super().write_markers(*args)
+
+
+@pytest.mark.parametrize(
+    ("delay", "expected"),
+    [(0.02, 0), (0.5, int(E.concurrent_transactions))],
+)
+def test_next_transaction_waits_briefly_for_markers_in_flight(delay: float, expected: int) -> None:
+    """AddPartitions right after EndTxn waits for markers that finish within the short
+    completion wait (no CONCURRENT_TRANSACTIONS round trip); slower ones still get it."""
+    seen: list[int] = []
+
+    async def body(env: Env) -> None:
+        env.markers = env.coord._markers = SlowMarkers(env.log, delay)
+        pid, epoch = await begin(env)
+        assert (await env.coord.end_txn(TID, pid, epoch, True, False)).error == 0
+        res = await env.coord.add_partitions(TID, pid, epoch, [B0])
+        seen.append(res[B0])
+
+    env = run(body, TV0)
+    assert seen == [expected]
+    if expected == 0:
+        assert env.states()[-2:] == ["CompleteCommit", "Ongoing"]

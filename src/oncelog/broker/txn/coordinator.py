@@ -75,6 +75,9 @@ class ProducerIdSource(Protocol):
     def generate(self) -> int: ...
 
 
+COMPLETION_WAIT_S = 0.1  # see TransactionCoordinator._await_completion
+
+
 @dataclass(frozen=True)
 class TxnConfig:
     transaction_max_timeout_ms: int = 900_000
@@ -121,6 +124,7 @@ class TransactionCoordinator:
         self._by_pid: dict[int, str] = {}
         self._markers_done: dict[str, set[TopicPartition]] = {}
         self._completing: set[str] = set()
+        self._completed: dict[str, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.task_errors: list[BaseException] = []  # unexpected failures of background marker tasks
         self._next_abort_check = 0
@@ -237,6 +241,7 @@ class TransactionCoordinator:
         expected = (producer_id, producer_epoch) if producer_id >= 0 else None
         timeout = INT32_MAX if enable_2pc else timeout_ms
         tid = transactional_id
+        await self._await_completion(tid)
         if tid in self._pending:
             return InitProducerIdResult(int(E.concurrent_transactions))
         now = self._clock()
@@ -340,6 +345,8 @@ class TransactionCoordinator:
             return every(int(E.coordinator_not_available))
         if not transactional_id:
             return every(int(E.invalid_request))
+        if not verify_only:
+            await self._await_completion(transactional_id)
         md = self._txns.get(transactional_id)
         err = self._check_producer(md, producer_id, producer_epoch)
         if err is not None:
@@ -562,6 +569,25 @@ class TransactionCoordinator:
                 self._markers_done.pop(tid, None)
         finally:
             self._completing.discard(tid)
+            event = self._completed.pop(tid, None)
+            if event is not None:
+                event.set()
+
+    async def _await_completion(self, tid: str) -> None:
+        """Markers of a prepared transaction (being written, or about to be)
+        finish within a few fsync rounds: a request that
+        arrives meanwhile waits up to COMPLETION_WAIT_S for them instead of
+        being answered CONCURRENT_TRANSACTIONS at once (the client would only
+        retry after its backoff). The rules are unchanged: once the wait is
+        over the request is decided on the state it finds."""
+        md = self._txns.get(tid)
+        if md is None or md.state not in PREPARED:
+            return
+        event = self._completed.setdefault(tid, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), COMPLETION_WAIT_S)
+        except asyncio.TimeoutError:
+            pass
 
     # -- timers -----------------------------------------------------------------
 
