@@ -33,7 +33,8 @@ integration: venv
 	$(PY) -m pytest -q tests/integration
 
 bench: $(STAMP)
-	$(PY) bench/produce.py
+	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) bench/run.py --quick
 
 clean:
 	rm -rf $(VENV) $(JSDIR)/node_modules data
