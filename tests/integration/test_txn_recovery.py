@@ -10,7 +10,7 @@ or nothing. Scenarios:
   EndTxn); after the restart the transaction is aborted by the producer's
   re-init (a new producer with the same transactional.id) or by the
   coordinator's timeout, and its records are never visible read_committed;
-* (b)/(c) the broker's crash hook ``oncelog.testing.crash.markers`` = N kills
+* (b)/(c) the broker's crash hook ``oncelog.testing.crash.markers`` = N (0-3) kills
   the broker (like kill -9) during a commit over 3 data partitions plus
   group offsets, after PrepareCommit and N durable markers; the broker is
   restarted on the same data dir without the hook and the transaction must
@@ -328,7 +328,7 @@ def test_kill9_mid_transaction_is_aborted(resolution: str, broker_factory: Any, 
 # -- (b)/(c) crash during the commit's marker writes -------------------------------------------
 
 
-@pytest.mark.parametrize("markers", [0, 1, 2])
+@pytest.mark.parametrize("markers", [0, 1, 2, 3])
 def test_crash_during_commit_markers_completes_commit(markers: int, broker_factory: Any, kit: Any) -> None:
     """PrepareCommit durable, N markers durable, broker dies: recovery completes the commit."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -381,9 +381,10 @@ def test_crash_during_commit_markers_completes_commit(markers: int, broker_facto
     del p
     on_disk = {part: disk_markers(b.data_dir, out, part) for part in range(3)}
     written = sum(len(m) for m in on_disk.values())
-    assert written <= markers, f"more markers on disk than the crash point allows: {on_disk}"
-    if markers == 0:
-        assert written == 0, on_disk
+    print(f"crash.markers={markers}: broker exit code {rc}; data-partition markers on disk before restart {on_disk}")
+    # N markers were durable at the crash, at most one of them in the offsets log: the partial state is real
+    assert markers - 1 <= written <= markers or written == markers == 0, (
+        f"{written} data-partition markers on disk, crash point after {markers} markers: {on_disk}")
 
     b.config.pop(CRASH_KEY)
     b.start()
