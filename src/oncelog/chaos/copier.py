@@ -30,6 +30,7 @@ Stdout carries one line per event for the runner: ``ready``, ``commit N``
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -41,6 +42,7 @@ EXIT_DONE = 0
 EXIT_MISSING = 2
 EXIT_FATAL = 3
 EXIT_STUCK = 4
+KP_CALL_TIMEOUT_MS = 15_000
 
 
 def emit(line: str) -> None:
@@ -73,6 +75,9 @@ class Control:
             idle = time.monotonic() - self.last_beat
             if idle > self.stuck_timeout:
                 emit(f"fatal stuck for {idle:.0f}s")
+                print(f"copier stuck for {idle:.0f}s; thread stacks:", file=sys.stderr, flush=True)
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                sys.stderr.flush()
                 os._exit(EXIT_STUCK)
 
     def pace(self, n: int, started: float, poll: Any = None) -> None:
@@ -98,6 +103,12 @@ def fatal(reason: str) -> None:
 
 # -- confluent-kafka (librdkafka) -----------------------------------------------------------------
 
+# librdkafka >= 2.10 re-bootstraps (KIP-899/KIP-1102) when every broker is down, which with one broker is
+# every broker bounce; it then decommissions the learned broker, and send_offsets_to_transaction() can hang
+# forever on the decommissioned group coordinator (confluentinc/librdkafka#5511, seen here with 2.16: the
+# FindCoordinator answer arrives, no TxnOffsetCommit is ever sent, the API timeout never fires).
+NO_REBOOTSTRAP = {"metadata.recovery.strategy": "none"}
+
 
 def run_confluent(a: argparse.Namespace, ctl: Control) -> int:
     try:
@@ -111,7 +122,8 @@ def run_confluent(a: argparse.Namespace, ctl: Control) -> int:
         "bootstrap.servers": a.bootstrap, "transactional.id": a.transactional_id, "client.id": f"{a.client_id}-p",
         "transaction.timeout.ms": a.txn_timeout_ms, "socket.timeout.ms": a.request_timeout_ms,
         "request.timeout.ms": a.request_timeout_ms, "linger.ms": 5, "retry.backoff.ms": 50,
-        "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500,
+        "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500, **NO_REBOOTSTRAP,
+        **({"debug": os.environ["ONCELOG_CHAOS_DEBUG"]} if os.environ.get("ONCELOG_CHAOS_DEBUG") else {}),
     })
     while True:
         ctl.beat()
@@ -130,7 +142,7 @@ def run_confluent(a: argparse.Namespace, ctl: Control) -> int:
         "isolation.level": "read_committed", "enable.auto.commit": False, "auto.offset.reset": "earliest",
         "session.timeout.ms": a.session_timeout_ms, "heartbeat.interval.ms": max(a.session_timeout_ms // 10, 100),
         "max.poll.interval.ms": max(a.session_timeout_ms * 3, 20_000), "socket.timeout.ms": a.request_timeout_ms,
-        "fetch.wait.max.ms": 100, "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500,
+        "fetch.wait.max.ms": 100, "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500, **NO_REBOOTSTRAP,
     })
     consumer.subscribe([a.input])
     all_parts = [TopicPartition(a.input, p) for p in range(len(ends))]
@@ -255,6 +267,11 @@ def run_kafka_python(a: argparse.Namespace, ctl: Control) -> int:
               file=sys.stderr)
         return EXIT_MISSING
     ends = a.ends
+    if os.environ.get("ONCELOG_CHAOS_DEBUG"):
+        import logging
+
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
+                            format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s")
     producer = KafkaProducer(bootstrap_servers=a.bootstrap, transactional_id=a.transactional_id,
                              transaction_timeout_ms=a.txn_timeout_ms, linger_ms=5,
                              request_timeout_ms=max(a.request_timeout_ms, 5000), client_id=f"{a.client_id}-p",
@@ -303,6 +320,15 @@ def run_kafka_python(a: argparse.Namespace, ctl: Control) -> int:
             else:
                 consumer.seek(tp, c)
 
+    def bounded(start: Any, what: str) -> None:
+        """Run a transactional API call with a deadline: kafka-python 3.0.12 waits forever when it loses
+        an in-flight AddOffsetsToTxn/EndTxn on a disconnect (it looks the coordinator up again and never
+        resends the request; seen here on every broker bounce). The replacement process fences this one."""
+        result = start()
+        producer._sender.wakeup()
+        if not result.wait(timeout_ms=KP_CALL_TIMEOUT_MS):
+            fatal(f"{what}: no result in {KP_CALL_TIMEOUT_MS} ms (kafka-python lost the request)")
+
     last_check = 0.0
     try:
         while not ctl.halt.is_set():
@@ -334,14 +360,15 @@ def run_kafka_python(a: argparse.Namespace, ctl: Control) -> int:
                                       headers=[("src", b"%d:%d" % (tp.partition, m.offset))])
                     offsets[TopicPartition(a.input, tp.partition)] = OffsetAndMetadata(msgs[-1].offset + 1, "", -1)
                 ctl.pace(n, started)
-                producer.send_offsets_to_transaction(offsets, consumer.group_metadata())
-                producer.commit_transaction()
+                bounded(lambda: manager.send_offsets_to_transaction(offsets, consumer.group_metadata()),
+                        "send_offsets_to_transaction")
+                bounded(manager.begin_commit, "commit_transaction")
                 emit(f"commit {n}")
             except KafkaError as exc:
                 if manager.has_fatal_error():
                     fatal(f"txn: {exc!r}")
                 try:
-                    producer.abort_transaction()
+                    bounded(manager.begin_abort, "abort_transaction")
                 except KafkaError as exc2:
                     fatal(f"abort failed after {exc!r}: {exc2!r}")
                 emit(f"abort {n} {type(exc).__name__}")

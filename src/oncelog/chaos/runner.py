@@ -181,7 +181,7 @@ class Slot:
                "--ends", ",".join(str(e) for e in r.ends), "--max-per-txn", str(r.profile.max_per_txn),
                "--rate", str(r.profile.rate / r.profile.copiers if r.profile.rate > 0 else 0),
                "--session-timeout-ms", str(r.profile.session_timeout_ms),
-               "--request-timeout-ms", str(REQUEST_TIMEOUT_MS), "--stuck-timeout", "90"]
+               "--request-timeout-ms", str(REQUEST_TIMEOUT_MS), "--stuck-timeout", str(r.stuck_timeout)]
         log = open(r.work / f"copier{self.index}.log", "ab")
         log.write(f"--- start gen {self.gen} ({self.client}) at {r.elapsed():.1f}s\n".encode())
         log.flush()
@@ -253,6 +253,7 @@ class Runner:
         self.bar: Any = None
         self.bar_task: Any = None
         self.console: Any = None
+        self.stuck_timeout = 90
 
     # -- bookkeeping
 
@@ -439,10 +440,7 @@ class Runner:
                 time.sleep(0.1)
         finally:
             self.end_burst(force=True)
-            for s in self.slots:
-                if s.alive():
-                    s.signal(signal.SIGKILL)
-                    s.wait(10)
+            self.kill_copiers()
             self._stop_bar()
         copy_seconds = time.monotonic() - copy_t0
         for f in pending:
@@ -522,7 +520,14 @@ class Runner:
             self.bar.stop()
             self.bar = None
 
+    def kill_copiers(self) -> None:
+        for s in self.slots:
+            if s.alive():
+                s.signal(signal.SIGKILL)
+                s.wait(10)
+
     def close(self) -> None:
+        self.kill_copiers()
         if self.broker is not None:
             try:
                 self.broker.stop()
@@ -647,10 +652,15 @@ def main(args: argparse.Namespace) -> int:
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix=f"oncelog-chaos-{seed}-"))
     work.mkdir(parents=True, exist_ok=True)
     runner = Runner(profile, seed, work, json_mode=args.json, verbose=not args.quiet)
+
+    def on_term(_sig: int, _frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, on_term)
     summary: dict[str, Any] | None = None
     try:
         summary = runner.run()
-    except Exception as exc:  # noqa: BLE001 - reported with the seed and the work dir
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - reported with the seed and the work dir
         print(f"error: chaos run with seed {seed} failed: {exc!r}; logs in {work}", file=sys.stderr)
         return 2
     finally:
