@@ -324,7 +324,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    meta: dict[str, Any] = {**run_metadata(), "load_avg_at_start": os.getloadavg()}
+    meta: dict[str, Any] = {**run_metadata(), "nofile_limit": scale.raise_nofile(a.nofile),
+                            "load_avg_at_start": os.getloadavg()}
     pairs: list[Pair] = []
     lat: dict[str, list[float]] = {}
     want = [w for w in WORKLOADS if w not in a.skip]

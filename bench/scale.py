@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -35,7 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -164,7 +165,7 @@ def probe_transactions(root: Path, n: int, partitions: int, value_size: int = 10
     produce_s: list[float] = []
     end_s: list[float] = []
     concurrent = 0
-    with EmbeddedBroker(data_dir=root / "txns", config=dict(BROKER_CONFIG)) as eb, \
+    with EmbeddedBroker(data_dir=root / "transactions", config=dict(BROKER_CONFIG)) as eb, \
             Connection(eb.bootstrap, client_id="scale-txn") as conn:
         pid = eb.proc.pid  # type: ignore[union-attr]
         create_topics(eb.bootstrap, [topic], partitions)
@@ -310,6 +311,11 @@ def _failure(d: dict[str, Any]) -> list[str]:
 def render(results: dict[str, Any]) -> list[str]:
     """Markdown lines (tables) for the probes that ran."""
     out: list[str] = []
+    for name, d in results.items():
+        if "broker_log_tail" in d:
+            out += [f"**{d['what']}**: FAILED: `{d['failure']}`. Broker log from its first error:", "", "```",
+                    *d["broker_log_tail"], "```", ""]
+    results = {k: v for k, v in results.items() if "broker_log_tail" not in v}
     p = results.get("partitions")
     if p:
         b, a = p["status_before"], p["status_after"]
@@ -390,24 +396,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--open-txns", type=int, help="transactions probe: open transactions (default 1000; --quick 100)")
     p.add_argument("--txn-partitions", type=int, default=10, help="transactions probe: topic partitions (default 10)")
     p.add_argument("--log-mb", type=int, help="restart probe: MB of records (default 1500; --quick 100)")
+    p.add_argument("--nofile", type=int, help="raise the soft open-files limit (RLIMIT_NOFILE) to this, at most the hard "
+                                              "limit, before starting brokers (default: leave it; oncelog holds 3 "
+                                              "descriptors per partition)")
     p.add_argument("--restart-rounds", type=int, help="restart probe: clean + kill -9 restarts each (default 3; "
                                                       "--quick 1)")
 
 
 def run_probes(only: set[str], sz: Sizes, data_root: Path | None) -> dict[str, Any]:
+    """Run the probes in ``only``; a probe that raises is reported as failed with its broker's log tail."""
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="oncelog-scale-", dir=data_root) as tmp:
         root = Path(tmp)
-        if "partitions" in only:
-            log(f"scale: {sz.topics} x {sz.per_topic} partitions ...")
-            results["partitions"] = probe_partitions(root, sz.topics, sz.per_topic, sz.metadata_samples)
-        if "transactions" in only:
-            log(f"scale: {sz.open_txns} open transactions ...")
-            results["transactions"] = probe_transactions(root, sz.open_txns, sz.txn_partitions)
-        if "restart" in only:
-            log(f"scale: restart of a {sz.log_mb} MB log ...")
-            results["restart"] = probe_restart(root, sz.log_mb, sz.restart_rounds)
+        probes: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
+            "partitions": (f"{sz.topics} x {sz.per_topic} partitions",
+                           lambda: probe_partitions(root, sz.topics, sz.per_topic, sz.metadata_samples)),
+            "transactions": (f"{sz.open_txns} open transactions",
+                             lambda: probe_transactions(root, sz.open_txns, sz.txn_partitions)),
+            "restart": (f"restart of a {sz.log_mb} MB log",
+                        lambda: probe_restart(root, sz.log_mb, sz.restart_rounds)),
+        }
+        for name in PROBES:
+            if name not in only:
+                continue
+            what, probe = probes[name]
+            log(f"scale: {what} ...")
+            try:
+                results[name] = probe()
+            except Exception as e:  # noqa: BLE001 - report it, go on with the next probe
+                broker_log = root / f"{name}.log"
+                lines = broker_log.read_text(errors="replace").splitlines() if broker_log.exists() else []
+                # the first error is the cause; what follows is often the failing shutdown
+                first = next((i for i, ln in enumerate(lines) if "Error" in ln or "Traceback" in ln), len(lines))
+                tail = lines[max(0, first - 2):first + 25] if first < len(lines) else lines[-15:]
+                results[name] = {"what": what, "failure": repr(e), "broker_log_tail": tail}
+                log(f"  FAILED: {e!r}\n  broker log tail:\n    " + "\n    ".join(tail))
     return results
+
+
+def raise_nofile(n: int | None) -> tuple[int, int]:
+    """Raise RLIMIT_NOFILE (inherited by the brokers started later) to ``n``; return the limits in force."""
+    if n:  # the soft limit only: raising the hard one needs privileges containers rarely grant
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n if hard == resource.RLIM_INFINITY else min(n, hard), hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
 def failed(results: dict[str, Any]) -> bool:
@@ -425,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     only = {s for s in args.only.split(",") if s}
     if only - set(PROBES):
         p.error(f"unknown probe(s): {only - set(PROBES)}")
-    meta = {**run_metadata(), "load_avg_at_start": os.getloadavg()}
+    meta = {**run_metadata(), "nofile_limit": raise_nofile(args.nofile), "load_avg_at_start": os.getloadavg()}
     results = run_probes(only, sizes_from_args(args), args.data_root)
     meta["load_avg_at_end"] = os.getloadavg()
     print("# Scale probes\n")
