@@ -186,8 +186,20 @@ class Broker:
         self.check_topic_configs(configs)
         if validate_only:
             return None
-        meta = self.catalog.create_topic(name, num_partitions, configs)
-        self.logs.create_partitions(name, 0, num_partitions, self.clock())
+        try:
+            meta = self.catalog.create_topic(name, num_partitions, configs)
+        except OSError as exc:
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {name!r}: {exc}") from None
+        try:
+            self.logs.create_partitions(name, 0, num_partitions, self.clock())
+        except OSError as exc:  # e.g. out of file descriptors: undo, fail only this topic
+            log.error("creating topic %s failed, rolling back: %s", name, exc)
+            try:
+                self.logs.delete_topic(name)
+                self.catalog.delete_topic(name)
+            except OSError as undo:
+                log.error("rolling back topic %s failed: %s", name, undo)
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {name!r}: {exc}") from None
         log.info("created topic %s with %d partitions", name, num_partitions)
         return self._attach_topic(name, uuid.UUID(str(meta.topic_id)), num_partitions, configs)
 
@@ -218,8 +230,11 @@ class Broker:
             )
         if validate_only:
             return
-        self.catalog.add_partitions(name, total)
-        self.logs.create_partitions(name, current, total, self.clock())
+        try:
+            self.logs.create_partitions(name, current, total, self.clock())
+            self.catalog.add_partitions(name, total)
+        except OSError as exc:
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot add partitions to {name!r}: {exc}") from None
         for i in range(current, total):
             topic.partitions.append(self._new_partition(name, i, topic.topic_id))
 

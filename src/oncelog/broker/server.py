@@ -214,6 +214,23 @@ async def serve(config: BrokerConfig, ready: Any = None) -> None:
     await server.stop()
 
 
+def raise_open_files_limit() -> tuple[int, int]:
+    """Each partition keeps a few files open (segment, indexes): lift the soft
+    RLIMIT_NOFILE to the hard limit, as Kafka's docs tell operators to do."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, 1_048_576)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        return soft, hard
+    except (ImportError, ValueError, OSError):  # pragma: no cover - not POSIX, or not allowed
+        return -1, -1
+
+
 def run(config: BrokerConfig) -> None:
+    raise_open_files_limit()
     _install_loop()
     asyncio.run(serve(config))
