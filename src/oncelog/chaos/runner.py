@@ -122,9 +122,9 @@ def schedule(profile: Profile, seed: int) -> list[Fault]:
             f.downtime = round(rng.uniform(0.1, 2.0), 2)
         elif kind == "proxy_late":
             lo = REQUEST_TIMEOUT_MS * rng.uniform(1.1, 1.5)
-            f.downtime = round(rng.uniform(2.0, 5.0), 2)
+            f.downtime = round(rng.uniform(3.0, 6.0), 2)
             f.params = {"delay_ms": (round(lo), round(lo + rng.uniform(500, 3000))),
-                        "delay_rate": round(rng.uniform(0.02, 0.1), 3)}
+                        "delay_rate": round(rng.uniform(0.1, 0.3), 3)}
         elif kind == "proxy_drop_dup":
             f.downtime = round(rng.uniform(3.0, 8.0), 2)
             f.params = {"drop_response_rate": round(rng.uniform(0.02, 0.1), 3),
