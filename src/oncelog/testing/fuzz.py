@@ -290,7 +290,7 @@ def mutated_bytes(draw: Any, data: bytes, keep_prefix: int = 0) -> bytes:
     """``data`` after 1-4 random mutations at or after ``keep_prefix``."""
     buf = bytearray(data)
     for _ in range(draw(st.integers(1, 4))):
-        op = draw(st.sampled_from(["flip", "byte", "truncate", "extend", "insert", "delete", "int"]))
+        op = draw(st.sampled_from(["flip", "byte", "truncate", "extend", "insert", "delete", "int", "varint"]))
         lo = min(keep_prefix, len(buf))
         pos = draw(st.integers(lo, max(lo, len(buf) - 1)))
         if op == "flip" and pos < len(buf):
@@ -312,6 +312,10 @@ def mutated_bytes(draw: Any, data: bytes, keep_prefix: int = 0) -> bytes:
             if width == 2:
                 value = max(-(2**15), min(2**15 - 1, value))
             buf[pos : pos + width] = value.to_bytes(width, "big", signed=True)
+        elif op == "varint":
+            # a compact length/count (unsigned varint) that lies, written over the bytes at pos
+            big = uvarint(draw(st.sampled_from([2**31 - 1, 2**32 - 1, 2**35 - 1, 2**20, draw(st.integers(0, 2**35 - 1))])))
+            buf[pos : pos + len(big)] = big
     return bytes(buf)
 
 
