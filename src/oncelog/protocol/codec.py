@@ -5,12 +5,23 @@ writers. Its native reader raises ``KeyError`` on a tagged field it does not
 know; Kafka requires receivers to skip unknown tags, so on that error we decode
 the same bytes again with :func:`_tolerant_reader`, a small walker over kio's
 dataclass fields that skips unknown tags at every nesting level.
+
+Before kio sees a request, :func:`_guard` walks it without building values and
+checks every length against the bytes that are really there: kio's native
+reader reserves memory for an array from its declared length, so a 14-byte
+request claiming 2^32 elements would abort the whole process (found by the
+protocol fuzzer). The guard also rejects a null where the schema has a
+non-nullable array or string, which kio would otherwise hand to the handler
+as ``None``.
 """
 
 from __future__ import annotations
 
 import io
+import struct
 from dataclasses import MISSING, Field, fields
+from types import NoneType, UnionType
+from typing import Union, get_args, get_origin
 from functools import cache
 from typing import Any
 
@@ -21,8 +32,10 @@ from kio.serial._implicit_defaults import get_tagged_field_default
 from kio.serial._introspect import (
     EntityField,
     EntityTupleField,
+    PrimitiveTupleField,
     classify_field,
     get_field_tag,
+    get_schema_field_type,
     is_optional,
 )
 from kio.serial.readers import (
@@ -70,6 +83,10 @@ def is_flexible(api_key: int, version: int) -> bool:
 def decode_request(api_key: int, version: int, buf: bytes | memoryview, offset: int) -> Any:
     """Decode a request body starting at ``offset`` of ``buf``."""
     cls = request_type(api_key, version)
+    try:
+        _guard(cls)(buf, offset, len(buf))
+    except (GuardError, IndexError, struct.error, ValueError) as exc:
+        raise DecodeError(f"{api_name(api_key)} v{version}: {exc}") from exc
     try:
         entity, _ = entity_reader(cls)(buf, offset)
         return entity
@@ -190,3 +207,149 @@ def _field_reader(cls: type, field: Field, flexible: bool, is_tag: bool) -> Any:
 
         return read_array
     return get_field_reader(cls, field, False, is_tag)
+
+
+# -- structure guard ---------------------------------------------------------
+
+
+class GuardError(Exception):
+    """A length or null the schema does not allow."""
+
+
+_FIXED = {"bool": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "timedelta_i32": 4, "int64": 8,
+          "timedelta_i64": 8, "float64": 8, "uuid": 16, "error_code": 2, "datetime_i64": 8}
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+
+
+def _uvarint(buf: Any, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= end:
+            raise GuardError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 35:
+            raise GuardError("varint too long")
+
+
+def _length(buf: Any, pos: int, end: int, flexible: bool, wide: bool) -> tuple[int, int]:
+    """A string/bytes/array length: -1 for null."""
+    if flexible:
+        n, pos = _uvarint(buf, pos, end)
+        return n - 1, pos
+    size = 4 if wide else 2
+    if pos + size > end:
+        raise GuardError("truncated length")
+    return (_I32 if wide else _I16).unpack_from(buf, pos)[0], pos + size
+
+
+def _nullable_array(field: Field) -> bool:
+    return get_origin(field.type) in (UnionType, Union) and NoneType in get_args(field.type)
+
+
+def _skip_value(kind: str, nullable: bool, flexible: bool) -> Any:
+    fixed = _FIXED.get(kind)
+    if fixed is not None:
+        def skip_fixed(buf: Any, pos: int, end: int) -> int:
+            if pos + fixed > end:
+                raise GuardError(f"truncated {kind}")
+            return pos + fixed
+        return skip_fixed
+    if kind in ("string", "bytes", "records"):
+        wide = kind != "string"
+
+        def skip_sized(buf: Any, pos: int, end: int) -> int:
+            n, pos = _length(buf, pos, end, flexible, wide)
+            if n < 0:
+                if n < -1 or not nullable and kind == "string":
+                    raise GuardError(f"null or negative length {n} for a {kind}")
+                return pos
+            if pos + n > end:
+                raise GuardError(f"{kind} of {n} bytes but only {end - pos} left")
+            return pos + n
+        return skip_sized
+    raise GuardError(f"unsupported field type {kind}")
+
+
+@cache
+def _guard(cls: type) -> Any:
+    """A checker ``(buf, pos, end) -> pos`` for one entity of ``cls`` (see module doc)."""
+    flexible = bool(cls.__flexible__)
+    plain: list[Any] = []
+    tagged: dict[int, Any] = {}
+    for field in fields(cls):
+        kind = classify_field(field)
+        if isinstance(kind, EntityField):
+            check = _guard_optional(kind.type_) if is_optional(field) else _guard_lazy(kind.type_)
+        elif isinstance(kind, (EntityTupleField, PrimitiveTupleField)):
+            item = (
+                _guard_lazy(kind.type_)
+                if isinstance(kind, EntityTupleField)
+                else _skip_value(get_schema_field_type(field), True, flexible)
+            )
+            check = _guard_array(item, _nullable_array(field), flexible, field.name)
+        else:
+            check = _skip_value(get_schema_field_type(field), is_optional(field), flexible)
+        tag = get_field_tag(field)
+        if tag is None:
+            plain.append(check)
+        else:
+            tagged[int(tag)] = check
+
+    def guard(buf: Any, pos: int, end: int) -> int:
+        for check in plain:
+            pos = check(buf, pos, end)
+        if flexible:
+            count, pos = _uvarint(buf, pos, end)
+            for _ in range(count):
+                tag, pos = _uvarint(buf, pos, end)
+                size, pos = _uvarint(buf, pos, end)
+                if pos + size > end:
+                    raise GuardError(f"tagged field of {size} bytes but only {end - pos} left")
+                check = tagged.get(tag)
+                if check is not None:
+                    check(buf, pos, pos + size)
+                pos += size
+        return pos
+
+    return guard
+
+
+def _guard_lazy(cls: type) -> Any:
+    # nested entities are resolved on first use (schemas can be recursive in principle)
+    def guard(buf: Any, pos: int, end: int) -> int:
+        return _guard(cls)(buf, pos, end)
+
+    return guard
+
+
+def _guard_optional(cls: type) -> Any:
+    def guard(buf: Any, pos: int, end: int) -> int:
+        if pos >= end:
+            raise GuardError("truncated optional struct")
+        if buf[pos] >= 0x80:  # int8 -1: null
+            return pos + 1
+        return _guard(cls)(buf, pos + 1, end)
+
+    return guard
+
+
+def _guard_array(item: Any, nullable: bool, flexible: bool, name: str) -> Any:
+    def guard(buf: Any, pos: int, end: int) -> int:
+        n, pos = _length(buf, pos, end, flexible, True)
+        if n < 0:
+            if n < -1 or not nullable:
+                raise GuardError(f"null or negative length {n} for the array {name}")
+            return pos
+        if n > end - pos:  # every element takes at least one byte
+            raise GuardError(f"array {name} claims {n} elements but only {end - pos} bytes are left")
+        for _ in range(n):
+            pos = item(buf, pos, end)
+        return pos
+
+    return guard

@@ -193,7 +193,8 @@ def tame(entity: Any) -> Any:
     """Make a random request safe to send to a shared broker.
 
     Wait-style fields (timedeltas: Fetch max wait, JoinGroup rebalance and
-    session timeouts, ...) are clamped to :data:`MAX_WAIT_MS`, so a request that
+    session timeouts, ...) are clamped to :data:`MAX_WAIT_MS` (and huge negative
+    ones to -1 ms), so a request that
     the broker legitimately parks cannot look like a hang; ``validate_only``
     is forced on, so random CreateTopics/CreatePartitions/AlterConfigs change
     nothing.
@@ -205,6 +206,9 @@ def tame(entity: Any) -> Any:
         value = getattr(entity, f.name)
         if isinstance(value, datetime.timedelta) and value > datetime.timedelta(milliseconds=MAX_WAIT_MS):
             changes[f.name] = datetime.timedelta(milliseconds=MAX_WAIT_MS)
+        elif isinstance(value, datetime.timedelta) and value < datetime.timedelta(milliseconds=-(2**31)):
+            # kio encodes timedeltas near timedelta.min but cannot read them back (overflow)
+            changes[f.name] = datetime.timedelta(milliseconds=-1)
         elif f.name == "validate_only" and value is False:
             changes[f.name] = True
         elif isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):

@@ -12,7 +12,8 @@ Version notes:
 - v0: an empty topic list means all topics; auto-creation always allowed.
 - v1+: null means all topics, an empty list means none.
 - v4+: ``allow_auto_topic_creation``.
-- v10+: topic ids. v9+ flexible.
+- v10+: topic ids; v10-v11 cannot look a topic up by id (a null name gets
+  INVALID_REQUEST, as in Kafka), v12+ can. v9+ flexible.
 """
 
 from __future__ import annotations
@@ -77,7 +78,12 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
         for req_topic in wanted:
             name = req_topic.name
             topic_id = getattr(req_topic, "topic_id", None)
-            if not name and topic_id and topic_id != _ZERO_UUID:
+            if name is None and version < 12:
+                # v10-v11 carry topic ids but cannot look them up (names are not
+                # nullable in their responses): Kafka rejects it as INVALID_REQUEST
+                entries.append(_error_entry("", topic_id, ErrorCode.invalid_request))
+                continue
+            if not name and version >= 12 and topic_id and topic_id != _ZERO_UUID:
                 found = broker.topics_by_id.get(topic_id)
                 entries.append(
                     topic_entry(broker, found)
