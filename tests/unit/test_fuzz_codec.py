@@ -15,7 +15,7 @@ import struct
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
 from oncelog.protocol.codec import decode_request, encode_request, is_flexible
@@ -191,7 +191,8 @@ def test_decode_random_bytes(pair: tuple[int, int], buf: bytes) -> None:
 def test_decode_tagged_garbage(pair: tuple[int, int], block: bytes, data: st.DataObject) -> None:
     entity = data.draw(fuzz.structured_request(*pair))
     body = encode_request(entity)
-    assert body.endswith(b"\x00")  # top-level tag block, empty
+    # only bodies whose top-level tag block is empty (tagged fields left at their defaults)
+    assume(body.endswith(b"\x00"))
     _decode(*pair, body[:-1] + block)
 
 
