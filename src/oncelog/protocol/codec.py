@@ -46,6 +46,8 @@ from kio.serial.readers import (
 )
 from kio._kio_native import get_field_reader
 
+from oncelog.protocol.headers import HeaderError, read_uvarint
+
 __all__ = [
     "DecodeError",
     "api_name",
@@ -223,18 +225,10 @@ _I32 = struct.Struct(">i")
 
 
 def _uvarint(buf: Any, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= end:
-            raise GuardError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 35:
-            raise GuardError("varint too long")
+    try:
+        return read_uvarint(buf, pos, end)
+    except HeaderError as exc:
+        raise GuardError(str(exc)) from None
 
 
 def _length(buf: Any, pos: int, end: int, flexible: bool, wide: bool) -> tuple[int, int]:

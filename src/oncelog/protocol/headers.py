@@ -59,12 +59,14 @@ def skip_tagged_fields(buf: bytes, pos: int) -> int:
     return pos
 
 
-def read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+def read_uvarint(buf: bytes, pos: int, end: int | None = None) -> tuple[int, int]:
+    """An unsigned varint (at most 5 bytes) at ``pos``, not reading at or past ``end``."""
+    end = len(buf) if end is None else end
     value = 0
     shift = 0
     while True:
-        if pos >= len(buf):
-            raise HeaderError("truncated varint in header")
+        if pos >= end:
+            raise HeaderError("truncated varint")
         b = buf[pos]
         pos += 1
         value |= (b & 0x7F) << shift
@@ -72,7 +74,7 @@ def read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
             return value, pos
         shift += 7
         if shift > 28:
-            raise HeaderError("varint too long in header")
+            raise HeaderError("varint too long")
 
 
 def response_header(correlation_id: int, flexible: bool) -> bytes:
