@@ -384,18 +384,18 @@ def test_txn_indexes_are_synced_before_a_snapshot(tmp_path: Path, monkeypatch: p
     env = Env(tmp_path)
     events: list[str] = []
     real_sync = env.log.sync_txn_indexes
-    real_write = partition_mod.atomic_write
+    real_write = partition_mod.write_offset_named
 
     def sync() -> None:
         events.append("sync")
         real_sync()
 
-    def write(path: Any, data: bytes) -> None:
+    def write(*args: Any) -> Any:
         events.append("snapshot")
-        real_write(path, data)
+        return real_write(*args)
 
     monkeypatch.setattr(env.log, "sync_txn_indexes", sync)
-    monkeypatch.setattr(partition_mod, "atomic_write", write)
+    monkeypatch.setattr(partition_mod, "write_offset_named", write)
     env.part.snapshot_producer_state()
     assert events == ["sync", "snapshot"]
 

@@ -17,9 +17,24 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from oncelog.storage.log import PartitionLog
     from oncelog.broker.partition import Partition
 
 log = logging.getLogger(__name__)
+
+
+class LogHandle:
+    """What :meth:`GroupCommitter.wait_durable` needs of a "partition", for the
+    broker's internal logs (offsets store, transaction log), which have no
+    high watermark of their own."""
+
+    __slots__ = ("log",)
+
+    def __init__(self, log: "PartitionLog") -> None:
+        self.log = log
+
+    def advance_high_watermark(self, offset: int) -> None:
+        pass
 
 
 class GroupCommitter:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,7 +40,7 @@ from oncelog.broker.producer_state import (
 )
 from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.protocol.records import BatchHeader, InvalidRecordError, encode_control_batch, read_control_marker
-from oncelog.storage.fileutil import atomic_write
+from oncelog.storage.fileutil import offset_named_files, write_offset_named
 from oncelog.storage.txn_index import AbortedTxn
 
 if TYPE_CHECKING:
@@ -52,13 +51,6 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOTS_KEPT = 2
-
-
-def _snapshot_offset(path: Path) -> int | None:
-    try:
-        return int(path.name[: -len(SNAPSHOT_SUFFIX)])
-    except ValueError:
-        return None
 
 
 class Partition:
@@ -243,12 +235,7 @@ class Partition:
             log.error("producer snapshot of %s at %d failed: %s", self, offset, exc)
 
     def _snapshots(self) -> list[tuple[int, Path]]:
-        found = []
-        for path in self.log.directory.glob("*" + SNAPSHOT_SUFFIX):
-            offset = _snapshot_offset(path)
-            if offset is not None:
-                found.append((offset, path))
-        return sorted(found)
+        return offset_named_files(self.log.directory, SNAPSHOT_SUFFIX)
 
     def _load_producer_state(self, max_producers: int) -> ProducerStateTable:
         end = self.log.log_end_offset
@@ -315,10 +302,4 @@ class Partition:
         offset = self.log.log_end_offset if offset is None else offset
         # the snapshot ends replay there on the next open: the index entries below must be durable first
         self.log.sync_txn_indexes()
-        path = self.log.directory / f"{offset:020d}{SNAPSHOT_SUFFIX}"
-        atomic_write(path, self.producers.to_bytes())
-        for _, old in self._snapshots()[:-SNAPSHOTS_KEPT]:
-            try:
-                os.unlink(old)
-            except FileNotFoundError:
-                pass
+        write_offset_named(self.log.directory, offset, SNAPSHOT_SUFFIX, self.producers.to_bytes(), SNAPSHOTS_KEPT)

@@ -106,3 +106,9 @@ def _set(cfg: LogConfig, attr: str, key: str, value: str, mult: int) -> None:
     except (ValueError, AttributeError):
         raise ValueError(f"invalid value {value!r} for {key}: not an integer") from None
     setattr(cfg, attr, n * mult if n >= 0 else n)
+
+
+def internal_log_config() -> LogConfig:
+    """Config of the broker's internal logs (offsets, transaction state): Kafka's
+    default segment size for internal topics; time never rolls or deletes them."""
+    return LogConfig(segment_bytes=100 * 1024 * 1024, segment_ms=2**62, retention_ms=-1, retention_bytes=-1)

@@ -25,9 +25,7 @@ def atomic_write(path: str | Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -56,3 +54,26 @@ def read_all(fd: int, size: int, pos: int) -> bytes:
         parts.append(more)
         got += len(more)
     return b"".join(parts)
+
+
+def offset_named_files(directory: str | Path, suffix: str) -> list[tuple[int, Path]]:
+    """Files named ``<digits><suffix>`` in ``directory`` (snapshots named by a
+    log offset) with their offsets, oldest first."""
+    found = []
+    for path in Path(directory).glob("*" + suffix):
+        stem = path.name[: -len(suffix)]
+        if stem.isdigit():
+            found.append((int(stem), path))
+    return sorted(found)
+
+
+def write_offset_named(directory: str | Path, offset: int, suffix: str, data: bytes, keep: int) -> Path:
+    """Write ``<offset:020d><suffix>`` atomically, then delete all but the newest ``keep`` such files."""
+    path = Path(directory) / f"{offset:020d}{suffix}"
+    atomic_write(path, data)
+    for _, old in offset_named_files(directory, suffix)[:-keep]:
+        try:
+            os.unlink(old)
+        except FileNotFoundError:
+            pass
+    return path

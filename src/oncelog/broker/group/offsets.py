@@ -61,12 +61,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from oncelog.broker.durability import LogHandle
 from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.protocol.records import (
     InvalidRecordError,
@@ -76,8 +76,8 @@ from oncelog.protocol.records import (
     iter_records,
     read_control_marker,
 )
-from oncelog.storage.config import LogConfig
-from oncelog.storage.fileutil import atomic_write
+from oncelog.storage.config import internal_log_config
+from oncelog.storage.fileutil import offset_named_files, write_offset_named
 from oncelog.storage.log import PartitionLog
 
 log = logging.getLogger(__name__)
@@ -108,23 +108,6 @@ Op = tuple[Any, ...]
 
 # pending offsets of one producer: {group: {tp: (OffsetAndMetadata, record offset)}}
 TxnOffsets = dict[str, dict[TopicPartition, tuple[OffsetAndMetadata, int]]]
-
-
-def offsets_log_config() -> LogConfig:
-    # Kafka's offsets.topic.segment.bytes default; time never rolls or deletes it
-    return LogConfig(segment_bytes=100 * 1024 * 1024, segment_ms=2**62, retention_ms=-1, retention_bytes=-1)
-
-
-class _Durable:
-    """What the broker's GroupCommitter needs from a "partition"."""
-
-    __slots__ = ("log",)
-
-    def __init__(self, log: PartitionLog) -> None:
-        self.log = log
-
-    def advance_high_watermark(self, offset: int) -> None:
-        pass
 
 
 def _encode(op: Op) -> Record:
@@ -182,7 +165,7 @@ class OffsetStore:
         # producer epochs of appended (maybe not yet durable) transactional commits without a marker yet
         self._appended_epochs: dict[int, int] = {}
         self._log = log
-        self._durable = _Durable(log) if log is not None else None
+        self._durable = LogHandle(log) if log is not None else None
         self._durability = durability
         self._clock = clock or (lambda: 0)
         # (end offset, base offset, producer id, producer epoch, ops) appended, not yet durable
@@ -203,7 +186,7 @@ class OffsetStore:
         snapshot_bytes: int = 8 * 1024 * 1024,
     ) -> "OffsetStore":
         directory = Path(data_dir) / OFFSETS_DIR
-        plog = PartitionLog.open(directory, offsets_log_config(), clock())
+        plog = PartitionLog.open(directory, internal_log_config(), clock())
         store = cls(plog, durability, clock, snapshot_bytes)
         store._load()
         return store
@@ -214,12 +197,7 @@ class OffsetStore:
 
     def _snapshots(self) -> list[tuple[int, Path]]:
         assert self._log is not None
-        out = []
-        for p in self._log.directory.glob("*" + SNAPSHOT_SUFFIX):
-            stem = p.name[: -len(SNAPSHOT_SUFFIX)]
-            if stem.isdigit():
-                out.append((int(stem), p))
-        return sorted(out)
+        return offset_named_files(self._log.directory, SNAPSHOT_SUFFIX)
 
     def _clear(self) -> None:
         self.offsets.clear()
@@ -578,13 +556,8 @@ class OffsetStore:
                 for pid, txn in self.txn_offsets.items()
             ],  # fmt: skip
         }
-        atomic_write(plog.directory / f"{end:020d}{SNAPSHOT_SUFFIX}", json.dumps(snap, separators=(",", ":")).encode())
+        write_offset_named(plog.directory, end, SNAPSHOT_SUFFIX, json.dumps(snap, separators=(",", ":")).encode(), SNAPSHOTS_KEPT)
         plog.delete_records_before(end)
-        for _, old in self._snapshots()[:-SNAPSHOTS_KEPT]:
-            try:
-                os.unlink(old)
-            except FileNotFoundError:
-                pass
         self.snapshots += 1
         log.info(
             "offsets store snapshot at %d (%d groups with offsets, %d open transactions)",

@@ -1,6 +1,6 @@
 """A durable key -> value store on one internal PartitionLog, compacted by snapshot.
 
-The generalised form of the offsets store's persistence (see
+The same persistence pattern as the offsets store (see
 :mod:`oncelog.broker.group.offsets`): records are ordinary v2 batches whose
 keys are UTF-8 strings and whose values are UTF-8 JSON (``None`` = a
 tombstone); :meth:`DurableKeyedLog.append` appends one batch and hands the
@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from oncelog.broker.durability import LogHandle
 from oncelog.protocol.records import InvalidRecordError, Record, encode_record_batch, iter_records
-from oncelog.storage.config import LogConfig
-from oncelog.storage.fileutil import atomic_write
+from oncelog.storage.config import internal_log_config
+from oncelog.storage.fileutil import offset_named_files, write_offset_named
 from oncelog.storage.log import PartitionLog
 
 log = logging.getLogger(__name__)
@@ -37,23 +37,6 @@ SNAPSHOTS_KEPT = 2
 SNAPSHOT_FORMAT = 1
 
 Entry = tuple[str, Any]  # (key, JSON value or None for a tombstone)
-
-
-def internal_log_config() -> LogConfig:
-    # Kafka's internal topics' segment size; time never rolls or deletes them
-    return LogConfig(segment_bytes=100 * 1024 * 1024, segment_ms=2**62, retention_ms=-1, retention_bytes=-1)
-
-
-class _Durable:
-    """What the broker's GroupCommitter needs from a "partition"."""
-
-    __slots__ = ("log",)
-
-    def __init__(self, plog: PartitionLog) -> None:
-        self.log = plog
-
-    def advance_high_watermark(self, offset: int) -> None:
-        pass
 
 
 class DurableKeyedLog:
@@ -68,7 +51,7 @@ class DurableKeyedLog:
         self.log = plog
         self.suffix = snapshot_suffix
         self.live: dict[str, Any] = {}
-        self._durable = _Durable(plog)
+        self._durable = LogHandle(plog)
         self._durability = durability
         self._clock = clock or (lambda: 0)
         self._pending: deque[tuple[int, list[Entry]]] = deque()
@@ -92,12 +75,7 @@ class DurableKeyedLog:
     # -- loading ----------------------------------------------------------------
 
     def _snapshots(self) -> list[tuple[int, Path]]:
-        out = []
-        for p in self.log.directory.glob("*" + self.suffix):
-            stem = p.name[: -len(self.suffix)]
-            if stem.isdigit():
-                out.append((int(stem), p))
-        return sorted(out)
+        return offset_named_files(self.log.directory, self.suffix)
 
     def load(self) -> dict[str, Any]:
         plog = self.log
@@ -185,13 +163,8 @@ class DurableKeyedLog:
         plog.roll()
         end = plog.log_end_offset
         snap = {"format": SNAPSHOT_FORMAT, "offset": end, "entries": self.live}
-        atomic_write(plog.directory / f"{end:020d}{self.suffix}", json.dumps(snap, separators=(",", ":")).encode())
+        write_offset_named(plog.directory, end, self.suffix, json.dumps(snap, separators=(",", ":")).encode(), SNAPSHOTS_KEPT)
         plog.delete_records_before(end)
-        for _, old in self._snapshots()[:-SNAPSHOTS_KEPT]:
-            try:
-                os.unlink(old)
-            except FileNotFoundError:
-                pass
         self.snapshots += 1
         return True
 
