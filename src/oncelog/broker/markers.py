@@ -48,7 +48,6 @@ _MOVED_ON = (ErrorCode.invalid_producer_epoch, ErrorCode.transaction_coordinator
 class BrokerMarkerWriter:
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
-        self.written = 0
         crash = broker.config.raw.get("oncelog.testing.crash.markers")
         self._crash_after: int | None = int(crash) if crash not in (None, "") else None
 
@@ -88,7 +87,6 @@ class BrokerMarkerWriter:
                 else:
                     errors[tp] = int(exc.code)
                 continue
-            self.written += 1
             errors[tp] = 0
             if fut is not None:
                 waits.append((tp, fut))

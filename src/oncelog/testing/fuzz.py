@@ -49,6 +49,7 @@ from typing import Any, Iterable
 
 from hypothesis import strategies as st
 
+from oncelog.protocol.fast_produce import uvarint
 from oncelog.protocol.framing import FrameDecoder, FrameError
 
 __all__ = [
@@ -119,15 +120,6 @@ def request_header(
 def sentinel_request(correlation_id: int = SENTINEL_CORRELATION_ID) -> bytes:
     """A framed ApiVersions v0 request: proves the connection is still served."""
     return framed(request_header(API_VERSIONS, 0, correlation_id, b"fuzz-sentinel"))
-
-
-def uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 @cache
