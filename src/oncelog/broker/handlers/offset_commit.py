@@ -41,6 +41,18 @@ def resolve_topic(broker: Any, topic: Any, version: int, by_id_from: int) -> tup
     return broker.topics.get(topic.name), ErrorCode.unknown_topic_or_partition
 
 
+async def await_stored(fut: Any, errors: dict[Any, int]) -> dict[Any, int]:
+    """Wait until the offsets store made the commit durable; if that failed,
+    every partition accepted for it answers COORDINATOR_NOT_AVAILABLE."""
+    if fut is None:
+        return errors
+    try:
+        await asyncio.shield(fut)
+    except Exception:
+        return {tp: (err or int(ErrorCode.coordinator_not_available)) for tp, err in errors.items()}
+    return errors
+
+
 async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
     v = ctx.version
     broker = ctx.broker
@@ -75,11 +87,7 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
             getattr(request, "group_instance_id", None),
             offsets,
         )
-        if fut is not None:
-            try:
-                await asyncio.shield(fut)
-            except Exception:
-                errors = {tp: (err or int(ErrorCode.coordinator_not_available)) for tp, err in errors.items()}
+        errors = await await_stored(fut, errors)
     topics = []
     for t, parts in plan:
         entry: dict[str, Any] = {

@@ -36,11 +36,11 @@ does for versions above 4.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from oncelog.broker.context import RequestContext
 from oncelog.broker.group import OffsetAndMetadata, TopicPartition
+from oncelog.broker.handlers.offset_commit import await_stored
 from oncelog.protocol.errors import ErrorCode, KafkaError
 
 API_KEY = 28
@@ -130,11 +130,7 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
                 getattr(request, "group_instance_id", None),
                 offsets,
             )
-            if fut is not None:
-                try:
-                    await asyncio.shield(fut)
-                except Exception:
-                    errors = {tp: (err or int(ErrorCode.coordinator_not_available)) for tp, err in errors.items()}
+            errors = await await_stored(fut, errors)
     topics = [
         {
             "name": name,
