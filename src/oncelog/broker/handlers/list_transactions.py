@@ -17,13 +17,13 @@ import re
 from typing import Any
 
 from oncelog.broker.context import RequestContext
+from oncelog.broker.txn import STATE_NAMES
 from oncelog.protocol.errors import ErrorCode
 
 API_KEY = 66
 MIN_VERSION = 0
 MAX_VERSION = 2
 
-STATES = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort", "PrepareEpochFence", "Dead")
 
 
 async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
@@ -38,7 +38,7 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
     return {
         "throttle_time": 0,
         "error_code": 0,
-        "unknown_state_filters": [s for s in states if s not in STATES],
+        "unknown_state_filters": [s for s in states if s not in STATE_NAMES],
         # unknown names stay in the filter and match nothing, as in Kafka
         "transaction_states": ctx.broker.txn.list(
             states,
