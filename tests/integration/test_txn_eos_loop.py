@@ -48,6 +48,7 @@ import pytest
 
 from oncelog.client.connection import Connection
 from oncelog.testing import EmbeddedBroker, free_port
+from oncelog.testing.readback import read_to_eof
 from oncelog.testing.fault_proxy import FaultProxy
 
 pytestmark = [
@@ -395,29 +396,7 @@ def group_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int] | No
 
 def read_output(bootstrap: str, topic: str, committed: bool, timeout: float = 60) -> dict[int, list[bytes]]:
     """Every record from offset 0 to partition EOF (read_committed: EOF at the LSO)."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    c = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": "eos-verify", "enable.auto.commit": False,
-        "isolation.level": "read_committed" if committed else "read_uncommitted",
-        "enable.partition.eof": True, "auto.offset.reset": "error", "fetch.wait.max.ms": 100,
-    })
-    out: dict[int, list[bytes]] = {q: [] for q in range(PARTS)}
-    eof: set[int] = set()
-    try:
-        c.assign([TopicPartition(topic, q, 0) for q in range(PARTS)])
-        deadline = time.monotonic() + timeout
-        while len(eof) < PARTS:
-            assert time.monotonic() < deadline, f"read of {topic} timed out; EOF on {sorted(eof)}"
-            for m in c.consume(num_messages=1000, timeout=0.2):
-                if m.error():
-                    assert m.error().code() == KafkaError._PARTITION_EOF, f"consumer error: {m.error()}"
-                    eof.add(m.partition())
-                    continue
-                out[m.partition()].append(m.value())
-    finally:
-        c.close()
-    return out
+    return read_to_eof(bootstrap, topic, PARTS, committed, timeout, group_id="eos-verify")
 
 
 def check_exactly_once(kit: Any, bootstrap: str, src: str, dst: str, group: str,

@@ -47,6 +47,7 @@ import pytest
 
 from oncelog.client.connection import Connection
 from oncelog.testing import EmbeddedBroker
+from oncelog.testing.readback import read_to_eof
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -132,29 +133,7 @@ def read_all(bootstrap: str, topic: str, partitions: int, committed: bool = True
 
     read_committed reaches EOF at the last stable offset: call :func:`wait_stable` first when the
     whole log should be resolved."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    c = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": "txn-recovery-reader", "enable.auto.commit": False,
-        "isolation.level": "read_committed" if committed else "read_uncommitted",
-        "enable.partition.eof": True, "auto.offset.reset": "error", "fetch.wait.max.ms": 100,
-    })
-    out: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
-    eof: set[int] = set()
-    try:
-        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        deadline = time.monotonic() + timeout
-        while len(eof) < partitions:
-            assert time.monotonic() < deadline, f"read of {topic} timed out; EOF on {sorted(eof)}"
-            for m in c.consume(num_messages=1000, timeout=0.2):
-                if m.error():
-                    assert m.error().code() == KafkaError._PARTITION_EOF, f"consumer error: {m.error()}"
-                    eof.add(m.partition())
-                    continue
-                out[m.partition()].append(m.value())
-    finally:
-        c.close()
-    return out
+    return read_to_eof(bootstrap, topic, partitions, committed, timeout, group_id="txn-recovery-reader")
 
 
 def read_all_kafkapython(bootstrap: str, topic: str, ends: dict[int, int], committed: bool = True,
