@@ -142,6 +142,7 @@ class Copier(threading.Thread):
         self.notes: list[str] = []
         self.error: BaseException | None = None
         self.keep: list[Any] = []  # clients kept alive (the zombie's producer)
+        self.phase = "starting"  # what the loop is doing now (for failure reports)
 
     def run(self) -> None:
         try:
@@ -197,6 +198,7 @@ class ConfluentCopier(Copier):
             assignment = consumer.assignment()
             if not assignment:
                 return
+            self.phase = "rewind: committed()"
             for tp in consumer.committed(assignment, timeout=30):
                 if tp.offset < 0:
                     tp.offset = -2  # OFFSET_BEGINNING
@@ -204,6 +206,7 @@ class ConfluentCopier(Copier):
 
         try:
             while not self.halt.is_set():
+                self.phase = f"consume (assigned {self.assigned[-1] if self.assigned else None})"
                 msgs = [m for m in consumer.consume(num_messages=MAX_PER_TXN, timeout=0.2)]
                 for m in msgs:
                     if m.error():
@@ -219,6 +222,7 @@ class ConfluentCopier(Copier):
                         consumer.seek(TopicPartition(self.src, q, first))
                     time.sleep(0.05)
                     continue
+                self.phase = f"transaction with {len(msgs)} records"
                 producer.begin_transaction()
                 try:
                     for m in msgs:
@@ -234,6 +238,7 @@ class ConfluentCopier(Copier):
                     for tp, q in zip(positions, parts):
                         last = max(m.offset() for m in msgs if m.partition() == q)
                         assert tp.offset == last + 1, f"position {tp} after offset {last}"
+                    self.phase = "send_offsets_to_transaction"
                     producer.send_offsets_to_transaction(positions, consumer.consumer_group_metadata(), 30)
                     if self.zombify.is_set():
                         assert producer.flush(30) == 0
@@ -242,11 +247,13 @@ class ConfluentCopier(Copier):
                         self.zombie.set()
                         return
                     if self.deliberate_abort():
+                        self.phase = "deliberate abort"
                         assert producer.flush(30) == 0  # the aborted records reach the log
                         producer.abort_transaction(30)
                         self.aborted_txns += 1
                         rewind()
                         continue
+                    self.phase = "commit_transaction"
                     self._commit(producer)
                     self.committed_txns += 1
                     self.progress.add(len(msgs))
@@ -256,6 +263,7 @@ class ConfluentCopier(Copier):
                     self.progress.log(f"{self.wname} txn error {err}")
                     if not err.txn_requires_abort():
                         raise
+                    self.phase = "abort after error"
                     producer.abort_transaction(30)
                     self.aborted_txns += 1
                     rewind()
@@ -455,8 +463,8 @@ def run_loop(kit: Any, bootstrap: str, make: Callable[..., Copier], n: int, tag:
     started = time.monotonic()
 
     def state() -> str:
-        per = {w.wname: (w.committed_txns, w.aborted_txns, w.notes[-2:]) for w in workers}
-        return f"{progress.records} records committed; (committed, aborted, notes) {per}; events:\n" + \
+        per = {w.wname: (w.committed_txns, w.aborted_txns, w.phase, w.notes[-2:]) for w in workers}
+        return f"{progress.records} records committed; (committed, aborted, phase, notes) {per}; events:\n" + \
             "\n".join(progress.events[-30:])
 
     def at(share: float, extra: Callable[[], bool] = lambda: True) -> None:
@@ -494,7 +502,11 @@ def run_loop(kit: Any, bootstrap: str, make: Callable[..., Copier], n: int, tag:
         progress.log(f"stopping w1 ({'zombie' if zombie else 'clean'}) at {progress.records} records")
         if zombie:
             w1.zombify.set()
-            kit.wait_until(lambda: w1.zombie.is_set() or not w1.is_alive(), timeout=30, message="w1 zombie")
+            try:
+                kit.wait_until(lambda: w1.zombie.is_set() or not w1.is_alive(), timeout=budget,
+                               message="w1 zombie")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; {state()}") from None
         w1.stop()
         allow(2.0)
         ends = {q: len(expected[q]) for q in range(PARTS)}
