@@ -398,3 +398,71 @@ def test_blackhole_and_upstream_restart() -> None:
             fake.stop()
         st = proxy.stats
     assert st.connections == 2
+
+
+# -- late requests (held, or delayed past the client's close) -----------------------------------
+
+
+def test_hold_then_release_delivers_late_on_a_fresh_connection(fake: FakeKafka) -> None:
+    with FaultProxy(("127.0.0.1", fake.port), seed=1) as proxy:
+        proxy.hold(PRODUCE)
+        c = Client(proxy.port)
+        try:
+            for corr, api in ((1, METADATA), (2, PRODUCE), (3, METADATA), (4, PRODUCE)):
+                c.send(request(api, corr))
+            # the held Produce (2) never reached the broker and gets no answer; the rest flow
+            assert [corr_of(r) for r in c.recv_all(idle=0.5)] == [1, 3, 4]
+        finally:
+            c.close()
+        assert [struct.unpack_from(">hhi", b)[2] for b in fake.received] == [1, 3, 4]
+        assert proxy.held() == 1
+        connections = fake.connections
+        (answer,) = proxy.release_held()
+        assert proxy.held() == 0
+        # delivered after the client left, on a new upstream connection, and answered
+        assert struct.unpack_from(">hhi", fake.received[-1])[2] == 2
+        assert fake.connections == connections + 1
+        assert (answer.api_key, answer.correlation_id, answer.reason, answer.answered) == (PRODUCE, 2, "held", True)
+        assert answer.error.startswith("undecodable")  # the fake echoes; a real broker's answer is decoded
+        assert proxy.late_answers() == [answer]
+        st = proxy.stats
+    assert (st.held_requests, st.late_requests) == (1, 1)
+
+
+def test_hold_counts_only_the_named_api(fake: FakeKafka) -> None:
+    with FaultProxy(("127.0.0.1", fake.port), seed=1) as proxy:
+        proxy.hold(PRODUCE, count=2)
+        got = run_pipelined(proxy.port, [request(PRODUCE, i) for i in range(1, 5)])
+        assert [corr_of(r) for r in got] == [3, 4]
+        assert proxy.held() == 2
+        answers = proxy.release_held()
+        assert sorted(a.correlation_id for a in answers) == [1, 2]
+        # nothing left to hold
+        assert [corr_of(r) for r in run_pipelined(proxy.port, [request(PRODUCE, 5)])] == [5]
+
+
+def test_request_delayed_past_the_clients_close_still_arrives(fake: FakeKafka) -> None:
+    with FaultProxy(("127.0.0.1", fake.port), seed=1, delay_ms=(300, 300), api_keys={PRODUCE}) as proxy:
+        c = Client(proxy.port)
+        c.send(request(PRODUCE, 7))
+        c.close()  # the client gives up while the request is still "in the network"
+        wait_for(lambda: len(proxy.late_answers()) == 1)
+        (answer,) = proxy.late_answers()
+        assert (answer.correlation_id, answer.reason, answer.answered) == (7, "client_left", True)
+        assert [struct.unpack_from(">hhi", b)[2] for b in fake.received] == [7]
+        assert proxy.stats.late_requests == 1
+
+
+def test_answer_error_codes_of_real_responses() -> None:
+    from oncelog.protocol.fast_produce import encode_produce_response
+    from oncelog.testing.fault_proxy import LateAnswer, answer_error_codes
+
+    for version in (3, 9, 10):
+        body = struct.pack(">i", 9) + (b"\x00" if version >= 9 else b"") + encode_produce_response(
+            version, [{"name": "t", "partition_responses": [
+                {"index": i, "error_code": code, "base_offset": base, "log_append_time": -1, "log_start_offset": 0,
+                 "error_message": None} for i, code, base in ((0, 47, -1), (1, 0, 5))]}])
+        assert answer_error_codes(PRODUCE, version, body) == (47, 0)
+    a = LateAnswer(PRODUCE, 10, 9, "held", True, (47, 0))
+    assert a.refused and a.error_names == ("INVALID_PRODUCER_EPOCH", "NONE") and a.api == "produce"
+    assert not LateAnswer(PRODUCE, 10, 9, "held", True, (0,)).refused

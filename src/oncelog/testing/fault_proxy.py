@@ -26,6 +26,22 @@ faults chosen by seeded randomness, one decision per frame:
 * **duplicate a request** of the affected APIs: the same frame is written
   upstream twice and the second response is swallowed.
 
+**Late requests** (Jepsen's Bufstream scenario: a request of transaction *N*
+stuck in the network reaches the broker after the client gave up on it and
+began transaction *N+1*). Two ways to make one:
+
+* a request delayed past the moment its client closed the connection (the
+  client timed out and moved on to a new connection) is still delivered, as
+  TCP would deliver bytes already sent;
+* ``hold(api_key, count)`` holds the next ``count`` requests of that API: they
+  are neither forwarded nor answered (the client times out), until
+  ``release_held()`` delivers them.
+
+Either way the late request goes to the broker on a fresh upstream connection
+and the broker's answer is decoded and kept as a :class:`LateAnswer` (API,
+version, every ``error_code`` in the answer), so a test can prove that the
+late request was refused (``late_answers()``).
+
 ``blackhole=True`` makes every connection fail: new client connections are
 closed as soon as they are accepted and current ones are closed. Use it while
 the broker is down, or to cut clients off. A broker restarted on the same
@@ -55,17 +71,26 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import random
 import socket
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from oncelog.protocol.headers import HeaderError, parse_request_header_prefix, read_uvarint, skip_tagged_fields
+from oncelog.protocol.codec import api_name, decode_response, is_flexible
+from oncelog.protocol.errors import code_name
+from oncelog.protocol.headers import (
+    API_VERSIONS_KEY,
+    HeaderError,
+    parse_request_header_prefix,
+    read_uvarint,
+    skip_tagged_fields,
+)
 
-__all__ = ["FaultProxy", "Faults", "ProxyStats", "PRODUCE"]
+__all__ = ["FaultProxy", "Faults", "LateAnswer", "ProxyStats", "PRODUCE", "answer_error_codes"]
 
 PRODUCE = 0
 _LEN = struct.Struct(">i")
@@ -126,6 +151,8 @@ class ProxyStats:
     closes: int = 0  # connections closed by the close fault or drop_mode="close"
     delays: int = 0
     delayed_ms: float = 0.0
+    held_requests: int = 0  # requests held by hold() (delivered by release_held())
+    late_requests: int = 0  # held or delayed requests delivered after the client moved on
     dropped_by_api: dict[int, int] = field(default_factory=dict)
 
     @property
@@ -140,6 +167,62 @@ class ProxyStats:
             except RuntimeError:
                 continue
         return dataclasses.replace(self, dropped_by_api={})
+
+
+@dataclass(frozen=True)
+class LateAnswer:
+    """The broker's answer to a request delivered late (see the module docs)."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    reason: str  # "held" (hold/release_held) or "client_left" (delayed past the client's close)
+    answered: bool  # False: no response expected (acks=0), or the connection failed
+    error_codes: tuple[int, ...] = ()  # every error_code in the answer, in order
+    error: str = ""  # why there is no decoded answer
+
+    @property
+    def api(self) -> str:
+        return api_name(self.api_key)
+
+    @property
+    def error_names(self) -> tuple[str, ...]:
+        return tuple(code_name(c) for c in self.error_codes)
+
+    @property
+    def refused(self) -> bool:
+        """The broker answered with at least one error code."""
+        return any(self.error_codes)
+
+
+def _error_codes(value: Any) -> Iterator[int]:
+    if isinstance(value, tuple):
+        for item in value:
+            yield from _error_codes(item)
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            if f.name == "error_code":
+                yield int(item)
+            elif isinstance(item, tuple) or dataclasses.is_dataclass(item):
+                yield from _error_codes(item)
+
+
+def answer_error_codes(api_key: int, api_version: int, frame_body: bytes) -> tuple[int, ...]:
+    """Every ``error_code`` of a response frame body (correlation id first), depth first."""
+    pos = 4
+    if is_flexible(api_key, api_version) and api_key != API_VERSIONS_KEY:
+        pos = skip_tagged_fields(frame_body, pos)
+    return tuple(_error_codes(decode_response(api_key, api_version, frame_body, pos)))
+
+
+@dataclass(frozen=True)
+class _Late:
+    frame: bytes  # length prefix included
+    api_key: int
+    api_version: int
+    correlation_id: int
+    expects_response: bool
 
 
 @dataclass
@@ -203,6 +286,15 @@ class _Conn:
             st.delayed_ms += ms
             await asyncio.sleep(ms / 1000)
 
+    def _client_left(self) -> bool:
+        """The client closed its side (EOF or reset) and nothing it sent is left unread."""
+        return self.creader.at_eof() or self.creader.exception() is not None
+
+    @staticmethod
+    def _late(frame: bytes, header: Any, body: bytes, pos: int) -> _Late:
+        return _Late(frame, header.api_key, header.api_version, header.correlation_id,
+                     expects_response(header.api_key, header.api_version, body, pos))
+
     def _fault_close(self) -> None:
         self.proxy._stats.closes += 1
         self.abort()
@@ -220,9 +312,18 @@ class _Conn:
                 header, pos = parse_request_header_prefix(body)
             except HeaderError:
                 header = None
+            frame = _LEN.pack(len(body)) + body
+            if header is not None and self.proxy._take_hold(header.api_key):
+                st.held_requests += 1
+                self.proxy._held.append(self._late(frame, header, body, pos))
+                continue
             if r_close < faults.close_rate:
                 self._fault_close()
             await self._delay(faults, r_delay, d)
+            if header is not None and self._client_left():
+                # the client gave up while the request was delayed: it still reaches the broker
+                self.proxy._spawn_late(self._late(frame, header, body, pos), "client_left")
+                continue
             copies = 1
             if header is not None and expects_response(header.api_key, header.api_version, body, pos):
                 affected = header.api_key in faults.api_keys
@@ -230,7 +331,6 @@ class _Conn:
                 if affected and r_dup < faults.duplicate_rate:
                     copies = 2
                 self.pending[header.correlation_id] = _Pending(header.api_key, copies, drop)
-            frame = _LEN.pack(len(body)) + body
             self.uwriter.write(frame * copies)
             if copies == 2:
                 st.duplicated_requests += 1
@@ -302,6 +402,10 @@ class FaultProxy:
         self._stats = ProxyStats()
         self._conns: set[_Conn] = set()
         self._next_conn = 0
+        self._hold: dict[int, int] = {}  # api key -> requests still to hold
+        self._hold_lock = threading.Lock()
+        self._held: list[_Late] = []
+        self._late_answers: list[LateAnswer] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -344,6 +448,32 @@ class FaultProxy:
 
     def resume(self) -> None:
         self._paused = False
+
+    def hold(self, api_key: int, count: int = 1) -> None:
+        """Hold the next ``count`` requests of ``api_key`` until :meth:`release_held`.
+
+        A held request is neither forwarded nor answered, so its client times
+        out and moves on while the request stays "in the network".
+        """
+        with self._hold_lock:
+            self._hold[api_key] = self._hold.get(api_key, 0) + count
+
+    def held(self) -> int:
+        """How many requests are held now."""
+        return len(self._held)
+
+    def release_held(self, timeout: float = 30.0) -> list[LateAnswer]:
+        """Deliver every held request now (each on a fresh upstream connection); the broker's answers."""
+        with self._hold_lock:
+            self._hold.clear()
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            raise RuntimeError("the proxy is not running")
+        return asyncio.run_coroutine_threadsafe(self._release_held(), loop).result(timeout)
+
+    def late_answers(self) -> list[LateAnswer]:
+        """The answers to every late request delivered so far (held or delayed past the client's close)."""
+        return list(self._late_answers)
 
     def close_connections(self) -> None:
         """Close every current client connection (and its upstream)."""
@@ -399,6 +529,50 @@ class FaultProxy:
         self.stop()
 
     # -- event loop side ------------------------------------------------------
+
+    def _take_hold(self, api_key: int) -> bool:
+        if not self._hold:
+            return False
+        with self._hold_lock:
+            left = self._hold.get(api_key, 0)
+            if left <= 0:
+                return False
+            self._hold[api_key] = left - 1
+            return True
+
+    async def _release_held(self) -> list[LateAnswer]:
+        held, self._held = self._held, []
+        return list(await asyncio.gather(*(self._deliver_late(h, "held") for h in held)))
+
+    def _spawn_late(self, late: _Late, reason: str) -> None:
+        asyncio.ensure_future(self._deliver_late(late, reason))
+
+    async def _deliver_late(self, late: _Late, reason: str) -> LateAnswer:
+        """Send ``late`` to the broker on a new connection and decode its answer."""
+        self._stats.late_requests += 1
+        answer = functools.partial(LateAnswer, late.api_key, late.api_version, late.correlation_id, reason)
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.upstream), self.connect_timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            result = answer(False, error=f"upstream connect failed: {exc!r}")
+        else:
+            try:
+                writer.write(late.frame)
+                await writer.drain()
+                if not late.expects_response:
+                    result = answer(False, error="no response expected (acks=0)")
+                else:
+                    body = await asyncio.wait_for(_read_frame(reader), 60)
+                    try:
+                        result = answer(True, answer_error_codes(late.api_key, late.api_version, body))
+                    except Exception as exc:  # noqa: BLE001 - an answer we cannot decode is still an answer
+                        result = answer(True, error=f"undecodable answer: {exc}")
+            except (OSError, EOFError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+                result = answer(False, error=f"no answer: {exc!r}")
+            finally:
+                writer.transport.abort()
+        self._late_answers.append(result)
+        return result
 
     def _abort_all(self, blackhole: bool = False) -> None:
         for conn in list(self._conns):
