@@ -133,7 +133,7 @@ class PartitionLog:
                     p.unlink()
         segments: list[Segment] = []
         for i, base in enumerate(bases):
-            seg = Segment(directory, base, config.index_interval_bytes)
+            seg = Segment(directory, base, config.index_interval_bytes, existing=True)
             full = not clean and (i == len(bases) - 1 or base >= recovery_point)
             seg.load(now_ms, full_recovery=full)
             if i < len(bases) - 1:

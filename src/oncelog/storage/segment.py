@@ -15,7 +15,19 @@ The offset and time indexes are kept in memory (arrays) and written through;
 they can always be rebuilt by scanning the batch headers of the ``.log`` file.
 The transaction index cannot (it needs producer state): the partition rebuilds
 its entries above the producer snapshot it recovers from, and syncs it before
-writing a snapshot. All three are fsynced with the sealed segment.
+writing a snapshot. All three are fsynced with the sealed segment and on
+close, except an offset or time index this process never wrote: its content is
+on disk already (an earlier run synced it, or recovery rewrote it, which counts
+as a write).
+
+File descriptors: a segment holds its ``.log`` open for its whole life. The
+index files are created with the segment (empty), but their descriptors are
+only opened when the first entry is appended (:class:`LazyFile`, Kafka's
+``LazyIndex`` idea) and closed again when the segment is sealed. Lookups use
+the in-memory arrays; loading reads the files, and recovery rewrites them,
+through short-lived descriptors. So an idle partition (an empty one, or one
+not written to since it was opened) holds one descriptor: its active
+``.log``. The ``.txnindex`` likewise is opened on its first entry only.
 """
 
 from __future__ import annotations
@@ -57,13 +69,92 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
 
+class LazyFile:
+    """An append-only file whose descriptor is opened on the first write and then
+    kept until :meth:`close`.
+
+    ``written`` remembers that this process changed the file (it stays set
+    after :meth:`close`): only then can the page cache hold data of the file
+    that is not on disk yet, so only then does :meth:`sync_fd` return a
+    descriptor. Not thread-safe; the owning segment serialises access.
+    """
+
+    __slots__ = ("path", "fd", "written")
+
+    _FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT
+
+    def __init__(self, path: Path, *, create: bool) -> None:
+        self.path = path
+        self.fd = -1
+        self.written = False
+        if create:
+            os.close(os.open(path, self._FLAGS, 0o644))
+
+    def _open(self) -> int:
+        if self.fd < 0:
+            self.fd = os.open(self.path, self._FLAGS, 0o644)
+        self.written = True
+        return self.fd
+
+    def append(self, data: bytes) -> None:
+        write_all(self._open(), data)
+
+    def read(self) -> bytes:
+        """The whole file (created empty if missing); does not keep a descriptor open."""
+        if self.fd >= 0:
+            return read_all(self.fd, os.fstat(self.fd).st_size, 0)
+        fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644)
+        try:
+            return read_all(fd, os.fstat(fd).st_size, 0)
+        finally:
+            os.close(fd)
+
+    def replace(self, data: bytes) -> None:
+        """Make ``data`` the whole content. Through the open descriptor if there is
+        one, else a short-lived one: rebuilding indexes (recovery) opens nothing
+        that stays open."""
+        if self.fd >= 0:
+            os.ftruncate(self.fd, 0)
+            write_all(self.fd, data)
+            self.written = True
+            return
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            if data or os.fstat(fd).st_size:
+                os.ftruncate(fd, 0)
+                write_all(fd, data)
+                self.written = True
+        finally:
+            os.close(fd)
+
+    def sync_fd(self) -> int | None:
+        """A fresh descriptor to fdatasync (owned by the caller), or None when this
+        process never changed the file (or it is gone)."""
+        if self.fd >= 0:
+            return os.dup(self.fd)
+        if not self.written:
+            return None
+        try:
+            return os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 class Segment:
     """A ``.log`` file with its in-memory sparse indexes.
 
     Not thread-safe; the owning :class:`PartitionLog` serialises access.
+    ``existing=True`` opens a segment found on disk, to be :meth:`load`-ed
+    (which creates missing index files); otherwise the index files are
+    created empty now.
     """
 
-    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int) -> None:
+    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int, *, existing: bool = False) -> None:
         self.directory = directory
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
@@ -72,10 +163,9 @@ class Segment:
         self.index_path = stem.with_suffix(INDEX_SUFFIX)
         self.timeindex_path = stem.with_suffix(TIMEINDEX_SUFFIX)
         self.txn_index = TransactionIndex(stem.with_suffix(TXNINDEX_SUFFIX), base_offset)
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT
-        self.fd = os.open(self.log_path, flags, 0o644)
-        self._index_fd = os.open(self.index_path, flags, 0o644)
-        self._time_fd = os.open(self.timeindex_path, flags, 0o644)
+        self.fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        self._index_file = LazyFile(self.index_path, create=not existing)
+        self._time_file = LazyFile(self.timeindex_path, create=not existing)
         self.size = 0
         self.next_offset = base_offset
         self.max_timestamp = -1
@@ -118,10 +208,8 @@ class Segment:
         end = self._scan(0, file_size, self.base_offset, tail_only=False)
         if end < file_size:
             os.ftruncate(self.fd, end)
-        os.ftruncate(self._index_fd, 0)
-        os.ftruncate(self._time_fd, 0)
-        write_all(self._index_fd, b"".join(_INDEX_ENTRY.pack(o, p) for o, p in zip(self._idx_off, self._idx_pos)))
-        write_all(self._time_fd, b"".join(_TIME_ENTRY.pack(t, o) for t, o in zip(self._ts, self._ts_off)))
+        self._index_file.replace(b"".join(_INDEX_ENTRY.pack(o, p) for o, p in zip(self._idx_off, self._idx_pos)))
+        self._time_file.replace(b"".join(_TIME_ENTRY.pack(t, o) for t, o in zip(self._ts, self._ts_off)))
         self._set_created(now_ms)
         return file_size - end
 
@@ -149,7 +237,7 @@ class Segment:
     def _load_indexes(self, file_size: int) -> bool:
         """Read both index files; False if they are inconsistent."""
         self._reset_indexes()
-        raw = read_all(self._index_fd, os.fstat(self._index_fd).st_size, 0)
+        raw = self._index_file.read()
         raw = raw[: len(raw) - len(raw) % _INDEX_ENTRY.size]
         prev_off, prev_pos = -1, -1
         for off, pos in _INDEX_ENTRY.iter_unpack(raw):
@@ -158,7 +246,7 @@ class Segment:
             self._idx_off.append(off)
             self._idx_pos.append(pos)
             prev_off, prev_pos = off, pos
-        raw = read_all(self._time_fd, os.fstat(self._time_fd).st_size, 0)
+        raw = self._time_file.read()
         raw = raw[: len(raw) - len(raw) % _TIME_ENTRY.size]
         prev_ts, prev_off = -(2**63), -1
         for ts, off in _TIME_ENTRY.iter_unpack(raw):
@@ -260,7 +348,7 @@ class Segment:
             self._idx_off.append(rel)
             self._idx_pos.append(pos)
             if write:
-                os.write(self._index_fd, _INDEX_ENTRY.pack(rel, pos))
+                self._index_file.append(_INDEX_ENTRY.pack(rel, pos))
             self._add_time_entry(rel, write)
             self._bytes_since_index = 0
         self._bytes_since_index += size
@@ -273,7 +361,7 @@ class Segment:
             self._ts.append(self.max_timestamp)
             self._ts_off.append(rel)
             if write:
-                os.write(self._time_fd, _TIME_ENTRY.pack(self.max_timestamp, rel))
+                self._time_file.append(_TIME_ENTRY.pack(self.max_timestamp, rel))
 
     def seal(self) -> None:
         """The segment stops being active: record its final max timestamp, release index fds."""
@@ -281,11 +369,9 @@ class Segment:
         self.release_index_files()
 
     def release_index_files(self) -> None:
-        """Close the index fds (sealed segments never write them again)."""
-        for fd in (self._index_fd, self._time_fd):
-            if fd >= 0:
-                os.close(fd)
-        self._index_fd = self._time_fd = -1
+        """Close the index fds that are open (sealed segments never write them again)."""
+        self._index_file.close()
+        self._time_file.close()
         self.txn_index.close()
 
     def largest_timestamp(self) -> int:
@@ -371,17 +457,13 @@ class Segment:
 
     def sync_fds(self, *, with_indexes: bool) -> list[int]:
         """Fresh fds to fdatasync, owned by the caller (safe even if the segment
-        is closed or deleted meanwhile)."""
+        is closed or deleted meanwhile). An index file this process never
+        wrote has nothing to sync and is not opened."""
         fds = [os.dup(self.fd)]
         if with_indexes:
-            for fd, path in ((self._index_fd, self.index_path), (self._time_fd, self.timeindex_path)):
-                try:
-                    fds.append(os.dup(fd) if fd >= 0 else os.open(path, os.O_RDONLY))
-                except FileNotFoundError:
-                    pass
-            txn_fd = self.txn_index.sync_fd()
-            if txn_fd is not None:
-                fds.append(txn_fd)
+            for f in (self._index_file.sync_fd(), self._time_file.sync_fd(), self.txn_index.sync_fd()):
+                if f is not None:
+                    fds.append(f)
         return fds
 
     def close(self) -> None:
