@@ -466,3 +466,26 @@ def test_answer_error_codes_of_real_responses() -> None:
     a = LateAnswer(PRODUCE, 10, 9, "held", True, (47, 0))
     assert a.refused and a.error_names == ("INVALID_PRODUCER_EPOCH", "NONE") and a.api == "produce"
     assert not LateAnswer(PRODUCE, 10, 9, "held", True, (0,)).refused
+
+
+def test_late_rate_takes_requests_out_and_delivers_them_later(fake: FakeKafka) -> None:
+    with FaultProxy(("127.0.0.1", fake.port), seed=4, late_rate=0.5, late_ms=(400, 400),
+                    late_api_keys={PRODUCE}) as proxy:
+        bodies = [request(PRODUCE if i % 2 else METADATA, i) for i in range(1, 41)]
+        got = {corr_of(r) for r in run_pipelined(proxy.port, bodies)}
+        late = proxy.stats.late_scheduled
+        assert 3 <= late <= 17  # about half of the 20 Produce requests
+        metadata = set(range(2, 41, 2))
+        produce_answered = got - metadata
+        assert metadata <= got and len(produce_answered) == 20 - late  # later frames kept flowing
+        wait_for(lambda: len(proxy.late_answers()) == late)
+        answers = proxy.late_answers()
+        assert {a.reason for a in answers} == {"late"}
+        assert {a.correlation_id for a in answers} == set(range(1, 41, 2)) - produce_answered
+        # each reached the broker once, after the connection's other frames
+        received = [struct.unpack_from(">hhi", b)[2] for b in fake.received]
+        assert sorted(received) == list(range(1, 41))
+        assert set(received[-late:]) == {a.correlation_id for a in answers}
+    with FaultProxy(("127.0.0.1", fake.port), seed=4, late_rate=0.5, late_ms=(400, 400)) as proxy2:
+        run_pipelined(proxy2.port, bodies)
+        assert proxy2.stats.late_scheduled == late  # same seed, same fates

@@ -28,8 +28,11 @@ faults chosen by seeded randomness, one decision per frame:
 
 **Late requests** (Jepsen's Bufstream scenario: a request of transaction *N*
 stuck in the network reaches the broker after the client gave up on it and
-began transaction *N+1*). Two ways to make one:
+began transaction *N+1*). Three ways to make one:
 
+* ``late_rate``: each request of the ``late_api_keys`` APIs is, with that
+  probability, taken out of its connection (later frames keep flowing, the
+  client never gets an answer and times out) and delivered ``late_ms`` later;
 * a request delayed past the moment its client closed the connection (the
   client timed out and moved on to a new connection) is still delivered, as
   TCP would deliver bytes already sent;
@@ -112,18 +115,23 @@ class Faults:
     api_keys: frozenset[int] = frozenset({PRODUCE})
     drop_mode: DropMode = "gap"
     blackhole: bool = False
+    late_rate: float = 0.0
+    late_ms: tuple[float, float] = (0.0, 0.0)
+    late_api_keys: frozenset[int] = frozenset({PRODUCE})
 
     def __post_init__(self) -> None:
-        for name in ("drop_response_rate", "close_rate", "duplicate_rate", "delay_rate"):
+        for name in ("drop_response_rate", "close_rate", "duplicate_rate", "delay_rate", "late_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name}={value} is not a probability")
-        lo, hi = self.delay_ms
-        if lo < 0 or hi < lo:
-            raise ValueError(f"delay_ms={self.delay_ms} must be (lo, hi) with 0 <= lo <= hi")
+        for name in ("delay_ms", "late_ms"):
+            lo, hi = getattr(self, name)
+            if lo < 0 or hi < lo:
+                raise ValueError(f"{name}={(lo, hi)} must be (lo, hi) with 0 <= lo <= hi")
         if self.drop_mode not in ("gap", "close", "stall"):
             raise ValueError(f"drop_mode={self.drop_mode!r}")
         object.__setattr__(self, "api_keys", frozenset(self.api_keys))
+        object.__setattr__(self, "late_api_keys", frozenset(self.late_api_keys))
 
     @property
     def delays(self) -> bool:
@@ -152,7 +160,8 @@ class ProxyStats:
     delays: int = 0
     delayed_ms: float = 0.0
     held_requests: int = 0  # requests held by hold() (delivered by release_held())
-    late_requests: int = 0  # held or delayed requests delivered after the client moved on
+    late_scheduled: int = 0  # requests taken out of their connection by late_rate
+    late_requests: int = 0  # late requests delivered (held, late_rate, or delayed past the client's close)
     dropped_by_api: dict[int, int] = field(default_factory=dict)
 
     @property
@@ -176,7 +185,7 @@ class LateAnswer:
     api_key: int
     api_version: int
     correlation_id: int
-    reason: str  # "held" (hold/release_held) or "client_left" (delayed past the client's close)
+    reason: str  # "held" (hold/release_held), "late" (late_rate) or "client_left" (delayed past the client's close)
     answered: bool  # False: no response expected (acks=0), or the connection failed
     error_codes: tuple[int, ...] = ()  # every error_code in the answer, in order
     error: str = ""  # why there is no decoded answer
@@ -265,6 +274,7 @@ class _Conn:
         base = proxy.seed * 1_000_003 + number * 2
         self.req_rng = random.Random(base)
         self.resp_rng = random.Random(base + 1)
+        self.late_rng = random.Random(f"late-{base}")  # its own stream: other faults keep their fates
         self.creader, self.cwriter = client
         self.ureader, self.uwriter = upstream
         self.pending: dict[int, _Pending] = {}
@@ -312,10 +322,16 @@ class _Conn:
                 header, pos = parse_request_header_prefix(body)
             except HeaderError:
                 header = None
+            r_late, d_late = self.late_rng.random(), self.late_rng.random()
             frame = _LEN.pack(len(body)) + body
             if header is not None and self.proxy._take_hold(header.api_key):
                 st.held_requests += 1
                 self.proxy._held.append(self._late(frame, header, body, pos))
+                continue
+            if header is not None and header.api_key in faults.late_api_keys and r_late < faults.late_rate:
+                st.late_scheduled += 1
+                lo, hi = faults.late_ms
+                self.proxy._spawn_late(self._late(frame, header, body, pos), "late", (lo + d_late * (hi - lo)) / 1000)
                 continue
             if r_close < faults.close_rate:
                 self._fault_close()
@@ -544,8 +560,12 @@ class FaultProxy:
         held, self._held = self._held, []
         return list(await asyncio.gather(*(self._deliver_late(h, "held") for h in held)))
 
-    def _spawn_late(self, late: _Late, reason: str) -> None:
-        asyncio.ensure_future(self._deliver_late(late, reason))
+    def _spawn_late(self, late: _Late, reason: str, after: float = 0.0) -> None:
+        async def deliver() -> None:
+            await asyncio.sleep(after)
+            await self._deliver_late(late, reason)
+
+        asyncio.ensure_future(deliver())
 
     async def _deliver_late(self, late: _Late, reason: str) -> LateAnswer:
         """Send ``late`` to the broker on a new connection and decode its answer."""
