@@ -610,6 +610,32 @@ def test_tv2_epoch_bump_and_delayed_produce(conn: Connection, topic: str) -> Non
     assert not [v for v in everything if v.startswith(b"late")]
 
 
+def test_tv2_late_end_txn_does_not_end_the_next_transaction(conn: Connection, topic: str) -> None:
+    """KAFKA-17754 (found by Jepsen in Bufstream): an EndTxn of transaction N delayed past N+1's start.
+
+    With transactions v1 the late request carries the same producer epoch as
+    N+1 and would end it, as in Apache Kafka. With v2 the epoch was bumped by
+    N's EndTxn, so the late copy is fenced while N+1 is open and N+1 stays
+    as it was.
+    """
+    txn_id = f"tv2-late-end-{topic}"
+    pid, e = init_ok(conn, txn_id)
+    produce_ok(conn, txn_id, topic, 0, vals("n", 2), pid, e, 0, version=12)
+    r = end_txn(conn, txn_id, pid, e, True, version=5)
+    assert r.error_code == 0 and r.producer_epoch == e + 1
+    produce_ok(conn, txn_id, topic, 0, vals("n1", 2), pid, e + 1, 0, version=12)
+    before = log_state(conn, topic)
+    for commit in (True, False):  # the late EndTxn of N, either way
+        r = end_txn(conn, txn_id, pid, e, commit, version=5)
+        assert r.error_code == E.producer_fenced, E(r.error_code)
+        assert described(conn, txn_id) == ("Ongoing", pid, e + 1, [(topic, 0)])
+        assert log_state(conn, topic) == before
+    assert visible(conn, topic, 0) == vals("n", 2)  # N+1 is still open: not visible
+    r = end_txn(conn, txn_id, pid, e + 1, False, version=5)
+    assert r.error_code == 0
+    assert visible(conn, topic, 0) == vals("n", 2)
+
+
 def test_tv2_abort_then_next_transaction(conn: Connection, topic: str) -> None:
     txn_id = f"tv2-abort-{topic}"
     pid, e = init_ok(conn, txn_id)
