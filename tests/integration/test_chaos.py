@@ -59,7 +59,10 @@ def test_chaos_ci_profile(tmp_path: Path) -> None:
     applied = summary["faults_applied"]
     assert applied.get("broker_hard", 0) == ci.broker_hard, summary["faults"]
     assert applied.get("copier_hard", 0) == ci.copier_hard, summary["faults"]
-    assert summary["proxy"]["delays"] > 0 or ci.proxy_late == 0
+    # Jepsen's Bufstream scenario happened: transactional requests reached the broker after their client gave up
+    late = summary["proxy"]["late_requests"]
+    assert summary["proxy"]["late_scheduled"] > 0 and late, summary["proxy"]
+    print(f"late requests by API and the broker's answer: {late}")
     # the copiers fenced zombies and aborted transactions, so read_committed filtering was exercised
     assert summary["verify"]["aborted_seen"] > 0, summary["verify"]
     assert sum(c["processes"] for c in summary["copier"]) >= ci.copiers + ci.copier_hard + ci.copier_clean

@@ -489,3 +489,15 @@ def test_late_rate_takes_requests_out_and_delivers_them_later(fake: FakeKafka) -
     with FaultProxy(("127.0.0.1", fake.port), seed=4, late_rate=0.5, late_ms=(400, 400)) as proxy2:
         run_pipelined(proxy2.port, bodies)
         assert proxy2.stats.late_scheduled == late  # same seed, same fates
+
+
+def test_answer_error_codes_finds_partition_error_codes() -> None:
+    from oncelog.protocol.build import materialize
+    from oncelog.protocol.codec import encode_response, response_type
+    from oncelog.testing.fault_proxy import answer_error_codes
+
+    resp = materialize(response_type(24, 3), {"throttle_time": 0, "results_by_topic_v3_and_below": [
+        {"name": "t", "results_by_partition": [{"partition_index": 0, "partition_error_code": 51},
+                                               {"partition_index": 1, "partition_error_code": 0}]}]})
+    body = struct.pack(">i", 3) + b"\x00" + encode_response(resp)  # v3 is flexible: header tags
+    assert answer_error_codes(24, 3, body) == (51, 0)

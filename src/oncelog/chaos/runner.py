@@ -18,12 +18,16 @@ The shape of Kafka's ``transactions_test.py``:
      replacement with the same ``transactional.id`` (zombie fencing);
    * ``copier_clean``: SIGTERM a copier (it finishes its transaction and leaves
      the group) and start a replacement;
-   * ``proxy_late``: for a burst, the proxy delays some frames (both directions)
-     by more than the clients' request timeout: the client gives up, retries on
-     a new connection and moves on, and the delayed Produce/EndTxn/TxnOffsetCommit
+   * ``proxy_late``: for a burst, the proxy takes some Produce and
+     AddPartitionsToTxn requests out of their connections and delivers them
+     (on a fresh connection) later than the clients' request timeout: the
+     client gives up, retries or aborts, and moves on, and the late request
      reaches the broker after the next transaction began (Jepsen's Bufstream
-     scenario; the proxy forwards a delayed request even after the client closed
-     the connection);
+     scenario). The broker's answers to the late requests are in the summary.
+     Late EndTxn and TxnOffsetCommit requests are left out: with the classic
+     transactions these clients speak, a late EndTxn can end the *next*
+     transaction in Apache Kafka too (KAFKA-17754); transactions v2 closes
+     that, see ``tests/integration/test_txn_protocol.py``;
    * ``proxy_drop_dup``: for a burst, lost responses (gap or close) and duplicated
      requests of the transactional APIs (Produce, AddPartitionsToTxn,
      AddOffsetsToTxn, EndTxn, TxnOffsetCommit);
@@ -62,6 +66,9 @@ FAULT_KINDS = ("broker_hard", "broker_clean", "copier_hard", "copier_clean", "pr
                "proxy_close")
 BOUNCES = ("broker_hard", "broker_clean", "copier_hard", "copier_clean")
 TXN_APIS = frozenset({0, 24, 25, 26, 28})  # Produce, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit
+LATE_APIS = frozenset({0, 24})  # Produce, AddPartitionsToTxn: what proxy_late delivers late
+LATE_MIN = 2  # a proxy_late burst lasts until it held back this many requests ...
+LATE_GRACE_S = 30.0  # ... or this long
 CLIENTS = ("confluent", "kafka-python")
 REQUEST_TIMEOUT_MS = 3000
 
@@ -123,8 +130,8 @@ def schedule(profile: Profile, seed: int) -> list[Fault]:
         elif kind == "proxy_late":
             lo = REQUEST_TIMEOUT_MS * rng.uniform(1.1, 1.5)
             f.downtime = round(rng.uniform(3.0, 6.0), 2)
-            f.params = {"delay_ms": (round(lo), round(lo + rng.uniform(500, 3000))),
-                        "delay_rate": round(rng.uniform(0.1, 0.3), 3)}
+            f.params = {"late_ms": (round(lo), round(lo + rng.uniform(500, 3000))),
+                        "late_rate": round(rng.uniform(0.1, 0.3), 3)}
         elif kind == "proxy_drop_dup":
             f.downtime = round(rng.uniform(3.0, 8.0), 2)
             f.params = {"drop_response_rate": round(rng.uniform(0.02, 0.1), 3),
@@ -250,6 +257,8 @@ class Runner:
         self.broker: Any = None
         self.slots: list[Slot] = []
         self.burst_until = 0.0
+        self.burst_fault: Fault | None = None
+        self.burst_late_from = 0  # proxy.stats.late_scheduled when a proxy_late burst began
         self.bar: Any = None
         self.bar_task: Any = None
         self.console: Any = None
@@ -279,7 +288,8 @@ class Runner:
         from oncelog.testing.fault_proxy import FaultProxy
 
         port = free_port()
-        self.proxy = FaultProxy(("127.0.0.1", port), seed=self.seed, connect_timeout=2.0, api_keys=TXN_APIS)
+        self.proxy = FaultProxy(("127.0.0.1", port), seed=self.seed, connect_timeout=2.0, api_keys=TXN_APIS,
+                                late_api_keys=LATE_APIS)
         config = {
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.proxy.port}",
             "group.initial.rebalance.delay.ms": "0",
@@ -374,14 +384,25 @@ class Runner:
         else:
             self.proxy.set_faults(**fault.params)
             self.burst_until = time.monotonic() + fault.downtime
+            self.burst_fault = fault
+            self.burst_late_from = self.proxy.stats.late_scheduled
             fault.note = f"{fault.downtime}s {fault.params}"
         self.event(f"fault {kind} at {fault.at:.0%}: {fault.note}")
 
     def end_burst(self, force: bool = False) -> None:
-        if self.burst_until and (force or time.monotonic() >= self.burst_until):
-            self.burst_until = 0.0
-            self.proxy.set_faults(drop_response_rate=0.0, duplicate_rate=0.0, close_rate=0.0,
-                                  delay_ms=(0.0, 0.0), drop_mode="gap")
+        if not self.burst_until or (not force and time.monotonic() < self.burst_until):
+            return
+        fault = self.burst_fault
+        if fault is not None and fault.kind == "proxy_late":
+            late = self.proxy.stats.late_scheduled - self.burst_late_from
+            # a burst that met no transactional request (the copiers were rebalancing) goes on, up to LATE_GRACE_S
+            if not force and late < LATE_MIN and time.monotonic() < self.burst_until - fault.downtime + LATE_GRACE_S:
+                return
+            fault.note += f"; {late} requests held back"
+        self.burst_until = 0.0
+        self.burst_fault = None
+        self.proxy.set_faults(drop_response_rate=0.0, duplicate_rate=0.0, close_rate=0.0,
+                              delay_ms=(0.0, 0.0), drop_mode="gap", late_rate=0.0)
 
     def supervise(self) -> None:
         """Restart copiers that exited on their own (a fatal client error, the stuck watchdog)."""
@@ -481,7 +502,9 @@ class Runner:
             "records_committed_by_copiers": self.progress,
             "proxy": {"connections": st.connections, "requests": st.requests, "delays": st.delays,
                       "dropped_responses": st.dropped_responses, "duplicated_requests": st.duplicated_requests,
-                      "closes": st.closes, "upstream_connect_failures": st.upstream_connect_failures},
+                      "closes": st.closes, "upstream_connect_failures": st.upstream_connect_failures,
+                      "late_scheduled": st.late_scheduled,
+                      "late_requests": late_answers_by_api(self.proxy.late_answers())},
             "committed_offsets": {str(k): v for k, v in sorted(committed.items())},
             "input_ends": {str(k): v for k, v in ends.items()},
             "verify": report.to_json(),
@@ -540,6 +563,21 @@ class Runner:
 # -- output ----------------------------------------------------------------------------------------
 
 
+def late_answers_by_api(answers: list[Any]) -> dict[str, dict[str, int]]:
+    """Requests delivered after their client gave up (Jepsen's Bufstream scenario), by API and broker answer.
+
+    An answer lists its error codes joined by ``+`` (a Produce to two
+    partitions refused on both: ``INVALID_PRODUCER_EPOCH+INVALID_PRODUCER_EPOCH``);
+    ``no answer`` means the broker was down or the request expected none.
+    """
+    out: dict[str, Counter[str]] = {}
+    for a in answers:
+        key = ("+".join(sorted(set(a.error_names))) or "no error code") if a.answered and not a.error else (
+            "undecodable" if a.answered else "no answer")
+        out.setdefault(a.api, Counter())[key] += 1
+    return {api: dict(c) for api, c in sorted(out.items())}
+
+
 def print_summary(summary: dict[str, Any], runner: Runner) -> None:
     from rich import box
     from rich.console import Console
@@ -567,8 +605,13 @@ def print_summary(summary: dict[str, Any], runner: Runner) -> None:
     console.print(copiers)
     px = summary["proxy"]
     console.print(f"proxy: {px['connections']} connections, {px['requests']} requests, {px['delays']} delayed, "
+                  f"{px['late_scheduled']} held back to arrive late, "
                   f"{px['dropped_responses']} responses dropped, {px['duplicated_requests']} requests duplicated, "
                   f"{px['closes']} connections closed")
+    late = px["late_requests"]
+    console.print("requests delivered after their client gave up: " + (
+        "; ".join(f"{api}: " + ", ".join(f"{k} x{v}" for k, v in answers.items()) for api, answers in late.items())
+        or "none"))
     console.print(f"copy {summary['copy_seconds']}s, audit {summary['audit_seconds']}s; committed offsets "
                   f"{summary['committed_offsets']} (input ends {summary['input_ends']}); all copied: "
                   f"{summary['all_copied']}")

@@ -187,7 +187,7 @@ class LateAnswer:
     correlation_id: int
     reason: str  # "held" (hold/release_held), "late" (late_rate) or "client_left" (delayed past the client's close)
     answered: bool  # False: no response expected (acks=0), or the connection failed
-    error_codes: tuple[int, ...] = ()  # every error_code in the answer, in order
+    error_codes: tuple[int, ...] = ()  # every error code in the answer (error_code, *_error_code), in order
     error: str = ""  # why there is no decoded answer
 
     @property
@@ -211,7 +211,7 @@ def _error_codes(value: Any) -> Iterator[int]:
     elif dataclasses.is_dataclass(value):
         for f in dataclasses.fields(value):
             item = getattr(value, f.name)
-            if f.name == "error_code":
+            if f.name == "error_code" or f.name.endswith("_error_code"):  # e.g. partition_error_code
                 yield int(item)
             elif isinstance(item, tuple) or dataclasses.is_dataclass(item):
                 yield from _error_codes(item)
