@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,11 @@ SESSION_MS = 6000
 HEARTBEAT_MS = 300
 CLIENTS = ("confluent", "kafkapython", "aiokafka")
 BROKER_CONFIG = {"group.initial.rebalance.delay.ms": "0", "oncelog.group.coordinator.tick.ms": "50"}
+
+
+def fresh(name: str) -> str:
+    """A topic/group name not used before on the module's shared broker (a rerun gets new ones)."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 # -- ownership log ---------------------------------------------------------------
@@ -366,7 +372,7 @@ def start_all(runners: list[Runner]) -> None:
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_members_join_and_leave(gbroker: EmbeddedBroker, kit: Any, client: str) -> None:
-    topic, group = f"churn-{client}", f"churn-{client}"
+    topic = group = fresh(f"churn-{client}")
     kit.create_topic(gbroker.bootstrap, topic, PARTITIONS)
     produce(gbroker.bootstrap, topic, 50)
     log = OwnershipLog()
@@ -411,7 +417,7 @@ def test_members_join_and_leave(gbroker: EmbeddedBroker, kit: Any, client: str) 
 
 
 def test_cooperative_sticky_librdkafka(gbroker: EmbeddedBroker, kit: Any) -> None:
-    topic = group = "coop"
+    topic = group = fresh("coop")
     kit.create_topic(gbroker.bootstrap, topic, PARTITIONS)
     produce(gbroker.bootstrap, topic, 20)
     log = OwnershipLog()
@@ -463,7 +469,7 @@ while True:
 
 
 def test_killed_consumer_expires_after_session_timeout(gbroker: EmbeddedBroker, kit: Any, tmp_path: Path) -> None:
-    topic = group = "killed"
+    topic = group = fresh("killed")
     kit.create_topic(gbroker.bootstrap, topic, PARTITIONS)
     log = OwnershipLog()
     watcher = Watcher(gbroker.bootstrap, group, topic)
@@ -517,7 +523,7 @@ def test_committed_offsets_survive_broker_kill9(tmp_path: Path, kit: Any) -> Non
 
     broker = EmbeddedBroker(data_dir=tmp_path / "data", log_path=tmp_path / "broker.log", config=BROKER_CONFIG)
     broker.start()
-    topic = group = "durable"
+    topic = group = fresh("durable")
     try:
         kit.create_topic(broker.bootstrap, topic, PARTITIONS)
         produce(broker.bootstrap, topic, 100)
@@ -559,7 +565,7 @@ def test_committed_offsets_survive_broker_kill9(tmp_path: Path, kit: Any) -> Non
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_static_member_restart_causes_no_rebalance(gbroker: EmbeddedBroker, kit: Any, client: str) -> None:
-    topic = group = f"static-{client}"
+    topic = group = fresh(f"static-{client}")
     kit.create_topic(gbroker.bootstrap, topic, PARTITIONS)
     log = OwnershipLog()
     watcher = Watcher(gbroker.bootstrap, group, topic)
