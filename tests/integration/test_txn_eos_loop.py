@@ -46,9 +46,8 @@ from typing import Any
 
 import pytest
 
-from oncelog.client.connection import Connection
 from oncelog.testing import EmbeddedBroker, free_port
-from oncelog.testing.readback import read_to_eof
+from oncelog.testing.readback import end_offset, read_to_eof
 from oncelog.testing.fault_proxy import FaultProxy
 
 pytestmark = [
@@ -376,17 +375,6 @@ class KafkaPythonCopier(Copier):
 # -- checks ----------------------------------------------------------------------------------------
 
 
-def list_offset(bootstrap: str, topic: str, partition: int, isolation_level: int) -> int:
-    with Connection(bootstrap, timeout=10) as conn:
-        v = conn.best_version(2, (2, 8))
-        resp = conn.request(2, v, {"replica_id": -1, "isolation_level": isolation_level, "topics": [
-            {"name": topic, "partitions": [{"partition_index": partition, "current_leader_epoch": -1,
-                                            "timestamp": -1}]}]})
-    part = resp.topics[0].partitions[0]
-    assert part.error_code == 0, part
-    return int(part.offset)
-
-
 def group_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int] | None:
     """Stable committed offsets (OffsetFetch require_stable via librdkafka), None while unstable."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -410,12 +398,12 @@ def read_output(bootstrap: str, topic: str, committed: bool, timeout: float = 60
 def check_exactly_once(kit: Any, bootstrap: str, src: str, dst: str, group: str,
                        expected: dict[int, list[int]]) -> dict[str, int]:
     n = sum(len(v) for v in expected.values())
-    ends = {q: list_offset(bootstrap, src, q, 0) for q in range(PARTS)}
+    ends = {q: end_offset(bootstrap, src, q, 0) for q in range(PARTS)}
     assert ends == {q: len(expected[q]) for q in range(PARTS)}, f"input end offsets {ends}"
 
     def stable() -> Any:
-        lso = {q: list_offset(bootstrap, dst, q, 1) for q in range(PARTS)}
-        hw = {q: list_offset(bootstrap, dst, q, 0) for q in range(PARTS)}
+        lso = {q: end_offset(bootstrap, dst, q, 1) for q in range(PARTS)}
+        hw = {q: end_offset(bootstrap, dst, q, 0) for q in range(PARTS)}
         return lso == hw and hw
 
     kit.wait_until(stable, timeout=30, interval=0.2, message=f"LSO == HW on {dst}")

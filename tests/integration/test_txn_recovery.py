@@ -45,9 +45,8 @@ from typing import Any
 
 import pytest
 
-from oncelog.client.connection import Connection
 from oncelog.testing import EmbeddedBroker
-from oncelog.testing.readback import read_to_eof
+from oncelog.testing.readback import end_offset, read_to_eof
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -98,20 +97,8 @@ def produce(p: Any, topic: str, partition: int, value: bytes, on_delivery: Calla
     p.poll(0)
 
 
-def list_offset(bootstrap: str, topic: str, partition: int, isolation_level: int) -> int:
-    """ListOffsets LATEST: high watermark (isolation 0) or last stable offset (isolation 1)."""
-    with Connection(bootstrap, timeout=10) as conn:
-        v = conn.best_version(2, (2, 8))
-        resp = conn.request(2, v, {"replica_id": -1, "isolation_level": isolation_level, "topics": [
-            {"name": topic, "partitions": [{"partition_index": partition, "current_leader_epoch": -1,
-                                            "timestamp": -1}]}]})
-    part = resp.topics[0].partitions[0]
-    assert part.error_code == 0, part
-    return int(part.offset)
-
-
 def lso_hw(bootstrap: str, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
-    return {p: (list_offset(bootstrap, topic, p, 1), list_offset(bootstrap, topic, p, 0)) for p in range(partitions)}
+    return {p: (end_offset(bootstrap, topic, p, 1), end_offset(bootstrap, topic, p, 0)) for p in range(partitions)}
 
 
 def wait_stable(kit: Any, bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> dict[int, int]:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from oncelog.client.connection import Connection
 from oncelog.testing import EmbeddedBroker
+from oncelog.testing.readback import end_offset
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -39,18 +39,6 @@ def cli_json(bootstrap: str, *args: str) -> Any:
 def fixed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """find-hanging rows without the clock-dependent duration."""
     return [{k: v for k, v in r.items() if k != "duration_ms"} for r in rows]
-
-
-def offsets(bootstrap: str, partition: int, isolation_level: int) -> int:
-    """ListOffsets LATEST: the high watermark (isolation 0) or the last stable offset (isolation 1)."""
-    with Connection(bootstrap) as conn:
-        v = conn.best_version(2, (2, 8))
-        resp = conn.request(2, v, {"replica_id": -1, "isolation_level": isolation_level, "topics": [
-            {"name": TOPIC, "partitions": [{"partition_index": partition, "current_leader_epoch": -1,
-                                            "timestamp": -1}]}]})
-    p = resp.topics[0].partitions[0]
-    assert p.error_code == 0, p
-    return int(p.offset)
 
 
 @pytest.fixture
@@ -109,8 +97,8 @@ def test_hanging_transaction_found_and_aborted(txn_broker: EmbeddedBroker, kit: 
         assert f"{TOPIC}-0,{TOPIC}-1" in out.stdout
 
         # -- the open transaction pins the LSO of both partitions ---------------------------
-        assert [offsets(bs, p, 0) for p in (0, 1)] == [8, 5]
-        assert [offsets(bs, p, 1) for p in (0, 1)] == [0, 0]
+        assert [end_offset(bs, TOPIC, p, 0) for p in (0, 1)] == [8, 5]
+        assert [end_offset(bs, TOPIC, p, 1) for p in (0, 1)] == [0, 0]
 
         # within the (given) max timeout it is not hanging yet
         assert cli_json(bs, "find-hanging", "--topic", TOPIC, "--max-transaction-timeout-ms", "600000") == []
@@ -139,9 +127,9 @@ def test_hanging_transaction_found_and_aborted(txn_broker: EmbeddedBroker, kit: 
         out = cli(bs, "abort", "--topic", TOPIC, "--partition", "0", "--start-offset", "0")
         assert out.returncode == 0, out.stderr
         assert f"aborted the transaction of producer {pid}" in out.stdout
-        kit.wait_until(lambda: offsets(bs, 0, 1) == 9, timeout=10, message="LSO of partition 0 past the marker")
-        assert offsets(bs, 0, 0) == 9
-        assert offsets(bs, 1, 1) == 0  # partition 1 still pinned
+        kit.wait_until(lambda: end_offset(bs, TOPIC, 0, 1) == 9, timeout=10, message="LSO of partition 0 past the marker")
+        assert end_offset(bs, TOPIC, 0, 0) == 9
+        assert end_offset(bs, TOPIC, 1, 1) == 0  # partition 1 still pinned
         msgs = kit.confluent_consume_all(bs, TOPIC, {0: 8}, timeout=30,
                                          extra={"isolation.level": "read_committed", "group.id": "rc-hang"})
         assert [m.value() for m in msgs[0]] == [b"after-0", b"after-1", b"after-2"]
@@ -161,7 +149,7 @@ def test_hanging_transaction_found_and_aborted(txn_broker: EmbeddedBroker, kit: 
                   "--coordinator-epoch", str(left["coordinator_epoch"]), "--json")
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["aborted"] is True
-        kit.wait_until(lambda: offsets(bs, 1, 1) == 6, timeout=10, message="LSO of partition 1 past the marker")
+        kit.wait_until(lambda: end_offset(bs, TOPIC, 1, 1) == 6, timeout=10, message="LSO of partition 1 past the marker")
         assert hanging() == []
         assert cli_json(bs, "find-hanging", "--topic", TOPIC, "--max-transaction-timeout-ms", "0") == []
     finally:

@@ -40,3 +40,11 @@ def read_to_eof(bootstrap: str, topic: str, partitions: int, committed: bool = T
     finally:
         c.close()
     return out
+
+
+def end_offset(bootstrap: str, topic: str, partition: int, isolation_level: int) -> int:
+    """ListOffsets LATEST: the high watermark (isolation 0) or the last stable offset (isolation 1)."""
+    from oncelog.client.reader import LATEST, PartitionReader
+
+    with PartitionReader(bootstrap, timeout=10) as reader:
+        return reader.list_offset(topic, partition, LATEST, isolation_level)
