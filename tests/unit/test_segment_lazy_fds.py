@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from oncelog.protocol.records import Record, decode_records, encode_record_batch, iter_batch_headers
 from oncelog.storage.config import LogConfig
 from oncelog.storage.engine import LogManager
 from oncelog.storage.log import PartitionLog
 from oncelog.storage.segment import LazyFile
 from oncelog.storage.txn_index import AbortedTxn
+from test_storage import T0, fill, mk, values_of  # the storage tests' batch helpers
 
-T0 = 1_700_000_000_000
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
 
 
@@ -40,26 +39,6 @@ def open_files(root: Path) -> list[str]:
 def logs_of(log: PartitionLog, root: Path) -> list[str]:
     """The descriptor list an idle partition should hold: one ``.log`` per segment."""
     return sorted(str(s.log_path.relative_to(root)) for s in log.segments)
-
-
-def mk(values: list[bytes], ts: int = T0) -> bytes:
-    return encode_record_batch([Record(b"k", v, [], 0) for v in values], base_timestamp=ts)
-
-
-def fill(log: PartitionLog, n: int, now: int = T0) -> list[bytes]:
-    out = []
-    for i in range(n):
-        vals = [b"b%03d-r%d" % (i, j) for j in range(2)]
-        log.append(mk(vals, ts=now + i), now + i)
-        out += vals
-    return out
-
-
-def values_of(data: bytes) -> list[bytes | None]:
-    out: list[bytes | None] = []
-    for _h, s, e in iter_batch_headers(data):
-        out += [r.value for r in decode_records(data[s:e])]
-    return out
 
 
 def crash(log: PartitionLog) -> None:
