@@ -182,6 +182,15 @@ class Runner(threading.Thread):
             self._begin_close()
             c.close()
 
+    def _python_client_conf(self) -> dict[str, Any]:
+        """kafka-python and aiokafka take the same consumer settings."""
+        conf: dict[str, Any] = dict(
+            bootstrap_servers=self.bootstrap, group_id=self.group, auto_offset_reset="earliest",
+            session_timeout_ms=SESSION_MS, heartbeat_interval_ms=HEARTBEAT_MS, enable_auto_commit=True,
+            auto_commit_interval_ms=200, client_id=self.cname)
+        conf.update(self.extra)
+        return conf
+
     def _run_kafkapython(self) -> None:
         from kafka import ConsumerRebalanceListener, KafkaConsumer
 
@@ -194,11 +203,7 @@ class Runner(threading.Thread):
             def on_partitions_assigned(self, assigned: Any) -> None:
                 runner.on_assign([tp.partition for tp in assigned])
 
-        conf = dict(bootstrap_servers=self.bootstrap, group_id=self.group, auto_offset_reset="earliest",
-                    session_timeout_ms=SESSION_MS, heartbeat_interval_ms=HEARTBEAT_MS, enable_auto_commit=True,
-                    auto_commit_interval_ms=200, client_id=self.cname)
-        conf.update(self.extra)
-        c = KafkaConsumer(**conf)
+        c = KafkaConsumer(**self._python_client_conf())
         # Load the topic's metadata before joining: a kafka-python leader that
         # joins first assigns nothing ("No partition metadata") and must rejoin
         # once metadata arrives, a client-side path that once left the member
@@ -243,11 +248,7 @@ class Runner(threading.Thread):
             def on_partitions_assigned(self, assigned: Any) -> None:
                 runner.on_assign([tp.partition for tp in assigned])
 
-        conf = dict(bootstrap_servers=self.bootstrap, group_id=self.group, auto_offset_reset="earliest",
-                    session_timeout_ms=SESSION_MS, heartbeat_interval_ms=HEARTBEAT_MS, enable_auto_commit=True,
-                    auto_commit_interval_ms=200, client_id=self.cname)
-        conf.update(self.extra)
-        c = AIOKafkaConsumer(**conf)
+        c = AIOKafkaConsumer(**self._python_client_conf())
         c.subscribe([self.topic], listener=Listener())
         await c.start()
         self.started_ok.set()
