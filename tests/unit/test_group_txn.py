@@ -22,53 +22,12 @@ from oncelog.broker.handlers import offset_fetch, txn_offset_commit
 from oncelog.protocol.errors import ErrorCode as E
 from oncelog.protocol.errors import KafkaError
 from oncelog.protocol.records import read_control_marker
+from test_group_coordinator import Clock, FakeFuture  # the group tests' event-loop-free fakes
 
 SESSION = 10_000
 REBALANCE = 30_000
 TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
 PID, PID2 = 4000, 4001
-
-
-class FakeFuture:
-    """Just enough of asyncio.Future for the coordinator and the store, without an event loop."""
-
-    def __init__(self) -> None:
-        self._done = False
-        self._result: Any = None
-        self._callbacks: list[Any] = []
-
-    def done(self) -> bool:
-        return self._done
-
-    def cancelled(self) -> bool:
-        return False
-
-    def exception(self) -> BaseException | None:
-        return None
-
-    def set_result(self, value: Any) -> None:
-        assert not self._done
-        self._done, self._result = True, value
-        for cb in self._callbacks:
-            cb(self)
-
-    def result(self) -> Any:
-        assert self._done
-        return self._result
-
-    def add_done_callback(self, cb: Any) -> None:
-        if self._done:
-            cb(self)
-        else:
-            self._callbacks.append(cb)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def om(offset: int, metadata: str = "") -> OffsetAndMetadata:
