@@ -13,8 +13,10 @@ the log (so aborted data exists for read_committed to hide); on an abort,
 deliberate or after an abortable error, the worker rewinds to the group's
 committed offsets. Workers start staggered and one stops mid-run, so the
 group rebalances while transactions are in flight (the test releases the
-input in stages - 15 %, 30 %, 55 %, all - so every worker joins while input
-is left for it; a worker over the allowance seeks back and waits):
+input of every partition in stages - 15 %, 30 %, 55 %, all - so every worker
+joins, and the zombie stops, while input is left for it; records of a
+partition already copied up to the stage's share are handed back with a seek
+and wait):
 
 * librdkafka: the stopping worker becomes a zombie - it leaves the group in
   the middle of a transaction that already holds records and offsets, and
@@ -38,9 +40,11 @@ requests) between every client and the broker.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -102,18 +106,35 @@ def seed_input(bootstrap: str, topic: str, n: int) -> dict[int, list[int]]:
 
 
 class Progress:
-    def __init__(self) -> None:
+    """Records copied in committed transactions, per input partition, and the stage's allowance.
+
+    The allowance is per partition: a global one let a worker alone on one
+    partition copy all of it while the others were still behind, and the
+    zombie stage then waited forever for input that w1 no longer had.
+    """
+
+    def __init__(self, per_partition: int) -> None:
         self.lock = threading.Lock()
-        self.records = 0  # records in committed transactions, all workers
-        self.allowance = 0  # workers start no transaction while records >= allowance (set by the test)
+        self.per_partition = per_partition
+        self.copied = [0] * PARTS
+        self.allowance = 0  # no transaction takes records of a partition with copied >= allowance
         self.events: list[str] = []
 
-    def gated(self) -> bool:
-        return self.records >= self.allowance
+    @property
+    def records(self) -> int:
+        return sum(self.copied)
 
-    def add(self, n: int) -> None:
+    def allow(self, share: float) -> None:
+        self.allowance = math.ceil(share * self.per_partition)
+        self.log(f"allowance {self.allowance} records per partition")
+
+    def held(self, partition: int) -> bool:
+        return self.copied[partition] >= self.allowance
+
+    def add(self, counts: Mapping[int, int]) -> None:
         with self.lock:
-            self.records += n
+            for q, k in counts.items():
+                self.copied[q] += k
 
     def log(self, msg: str) -> None:
         with self.lock:
@@ -215,10 +236,13 @@ class ConfluentCopier(Copier):
                 msgs = [m for m in msgs if not m.error()]
                 if not msgs:
                     continue
-                if self.progress.gated() and not self.zombify.is_set():  # hand the batch back and wait
-                    for q in sorted({m.partition() for m in msgs}):
-                        first = min(m.offset() for m in msgs if m.partition() == q)
-                        consumer.seek(TopicPartition(self.src, q, first))
+                held = set() if self.zombify.is_set() else \
+                    {q for q in {m.partition() for m in msgs} if self.progress.held(q)}
+                for q in sorted(held):  # hand these records back
+                    first = min(m.offset() for m in msgs if m.partition() == q)
+                    consumer.seek(TopicPartition(self.src, q, first))
+                msgs = [m for m in msgs if m.partition() not in held]
+                if not msgs:
                     time.sleep(0.05)
                     continue
                 self.phase = f"transaction with {len(msgs)} records"
@@ -255,7 +279,7 @@ class ConfluentCopier(Copier):
                     self.phase = "commit_transaction"
                     self._commit(producer)
                     self.committed_txns += 1
-                    self.progress.add(len(msgs))
+                    self.progress.add(Counter(m.partition() for m in msgs))
                 except KafkaException as exc:
                     err = exc.args[0]
                     self.notes.append(f"txn: {err}")
@@ -329,9 +353,9 @@ class KafkaPythonCopier(Copier):
                 batch = consumer.poll(timeout_ms=200, max_records=MAX_PER_TXN)
                 if not batch:
                     continue
-                if self.progress.gated():  # hand the batch back and wait (rebalances go on meanwhile)
-                    for tp, msgs in batch.items():
-                        consumer.seek(tp, msgs[0].offset)
+                for tp in [tp for tp in batch if self.progress.held(tp.partition)]:  # hand these back
+                    consumer.seek(tp, batch.pop(tp)[0].offset)
+                if not batch:  # wait (rebalances go on meanwhile)
                     time.sleep(0.05)
                     continue
                 try:
@@ -355,7 +379,7 @@ class KafkaPythonCopier(Copier):
                     producer.commit_transaction()
                     in_txn = False
                     self.committed_txns += 1
-                    self.progress.add(sum(len(v) for v in batch.values()))
+                    self.progress.add({tp.partition: len(v) for tp, v in batch.items()})
                 except KafkaError as exc:
                     self.notes.append(f"txn: {exc!r}")
                     self.progress.log(f"{self.wname} txn error {exc!r}")
@@ -439,7 +463,8 @@ def run_loop(kit: Any, bootstrap: str, make: Callable[..., Copier], n: int, tag:
     kit.create_topic(bootstrap, src, PARTS)
     kit.create_topic(bootstrap, dst, PARTS)
     expected = seed_input(bootstrap, src, n)
-    progress = Progress()
+    assert n % PARTS == 0
+    progress = Progress(n // PARTS)
     wb = bootstrap
     workers = [
         make("w0", wb, group, src, dst, progress),
@@ -452,7 +477,8 @@ def run_loop(kit: Any, bootstrap: str, make: Callable[..., Copier], n: int, tag:
 
     def state() -> str:
         per = {w.wname: (w.committed_txns, w.aborted_txns, w.phase, w.notes[-2:]) for w in workers}
-        return f"{progress.records} records committed; (committed, aborted, phase, notes) {per}; events:\n" + \
+        return f"{progress.records} records committed (per partition {progress.copied}); " \
+            f"(committed, aborted, phase, notes) {per}; events:\n" + \
             "\n".join(progress.events[-30:])
 
     def at(share: float, extra: Callable[[], bool] = lambda: True) -> None:
@@ -465,9 +491,7 @@ def run_loop(kit: Any, bootstrap: str, make: Callable[..., Copier], n: int, tag:
         if failed:
             failed[0].stop()
 
-    def allow(share: float) -> None:
-        progress.allowance = int(share * n)
-        progress.log(f"allowance {progress.allowance} records")
+    allow = progress.allow
 
     def owns(w: Copier) -> bool:
         return bool(w.assigned and w.assigned[-1])
