@@ -329,6 +329,7 @@ def test_add_partitions_errors_change_nothing():
 
 
 def test_add_partitions_while_a_write_is_pending_is_concurrent():
+    """(The second add waits up to the short pending-add wait first, see the next test.)"""
     env = Env(log=MemoryTxnLog(auto_flush=True))
 
     async def main() -> None:
@@ -339,12 +340,45 @@ def test_add_partitions_while_a_write_is_pending_is_concurrent():
         await asyncio.sleep(0)
         assert env.coord.pending_transit(TID) is not None
         assert await env.coord.add_partitions(TID, pid, epoch, [B0]) == {B0: E.concurrent_transactions}
+        assert await env.coord.add_offsets(TID, pid, epoch, "g") == E.concurrent_transactions
         assert (await env.coord.end_txn(TID, pid, epoch, True, False)).error == E.concurrent_transactions
         assert (await env.coord.init_producer_id(TID, 1000)).error == E.concurrent_transactions
         assert env.md().partitions == {A0}  # not applied before durable
         env.log.flush()
         assert await task == {A1: 0}
         assert env.md().partitions == {A0, A1}
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("flush_after", "expected"), [(0.02, 0), (0.5, int(E.concurrent_transactions))])
+def test_add_while_another_add_is_logged_waits_briefly(flush_after: float, expected: int) -> None:
+    """AddPartitionsToTxn and AddOffsetsToTxn sent together (librdkafka's first produce and
+    send_offsets_to_transaction): the second waits for the first's write when it is durable
+    within the short wait, and both succeed; a slower write still gets CONCURRENT_TRANSACTIONS.
+    Nothing is applied before it is durable either way."""
+    env = Env(log=MemoryTxnLog(auto_flush=True))
+
+    async def main() -> None:
+        await env.coord.start()
+        pid, epoch = await begin(env, [A0])
+        env.log.auto_flush = False
+        first = asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [A1]))
+        await asyncio.sleep(0)
+        assert env.coord.pending_transit(TID) is not None
+        second = asyncio.create_task(env.coord.add_offsets(TID, pid, epoch, "g"))
+        await asyncio.sleep(0.005)
+        assert env.md().partitions == {A0}  # nothing applied before the flush
+
+        def flush() -> None:
+            env.log.auto_flush = True  # the second add's own write is durable at once
+            env.log.flush()
+
+        asyncio.get_running_loop().call_later(flush_after, flush)
+        assert await second == expected
+        assert await first == {A1: 0}
+        assert env.md().partitions == ({A0, A1, OFFSETS_TP} if expected == 0 else {A0, A1})
+        await env.coord.drain()
 
     asyncio.run(main())
 

@@ -75,7 +75,7 @@ class ProducerIdSource(Protocol):
     def generate(self) -> int: ...
 
 
-COMPLETION_WAIT_S = 0.1  # see TransactionCoordinator._await_completion
+COMPLETION_WAIT_S = 0.1  # see TransactionCoordinator._await_completion and _await_pending_add
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,7 @@ class TransactionCoordinator:
         self._markers_done: dict[str, set[TopicPartition]] = {}
         self._completing: set[str] = set()
         self._completed: dict[str, asyncio.Event] = {}
+        self._written: dict[str, asyncio.Event] = {}  # set when the pending transit's write ends
         self._tasks: set[asyncio.Task[Any]] = set()
         self.task_errors: list[BaseException] = []  # unexpected failures of background marker tasks
         self._next_abort_check = 0
@@ -192,6 +193,10 @@ class TransactionCoordinator:
         finally:
             if self._pending.get(tid) is transit:
                 del self._pending[tid]
+            # waiters resume only after this coroutine's next await: the transit is applied by then
+            written = self._written.pop(tid, None)
+            if written is not None:
+                written.set()
         current = self._txns.get(tid)
         new = complete(current, transit)
         if current is not None:
@@ -347,6 +352,7 @@ class TransactionCoordinator:
             return every(int(E.invalid_request))
         if not verify_only:
             await self._await_completion(transactional_id)
+            await self._await_pending_add(transactional_id)
         md = self._txns.get(transactional_id)
         err = self._check_producer(md, producer_id, producer_epoch)
         if err is not None:
@@ -584,6 +590,25 @@ class TransactionCoordinator:
         if md is None or md.state not in PREPARED:
             return
         event = self._completed.setdefault(tid, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), COMPLETION_WAIT_S)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _await_pending_add(self, tid: str) -> None:
+        """An add (AddPartitionsToTxn / AddOffsetsToTxn) that arrives while
+        another add of the same transaction is being logged waits up to
+        COMPLETION_WAIT_S for that write (one fsync round) instead of being
+        answered CONCURRENT_TRANSACTIONS at once. Clients send these two
+        concurrently (librdkafka's first produce and
+        send_offsets_to_transaction), and would retry only after their
+        backoff (100 ms in librdkafka). Any other pending transition (EndTxn,
+        InitProducerId, Complete*) still answers CONCURRENT_TRANSACTIONS, and
+        after the wait the request is decided on the state it finds."""
+        transit = self._pending.get(tid)
+        if transit is None or transit.state is not S.ONGOING:
+            return
+        event = self._written.setdefault(tid, asyncio.Event())
         try:
             await asyncio.wait_for(event.wait(), COMPLETION_WAIT_S)
         except asyncio.TimeoutError:
