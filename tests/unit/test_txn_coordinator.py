@@ -16,6 +16,7 @@ from oncelog.protocol.errors import ErrorCode as E
 
 S = TxnState
 A0, A1, B0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
+C0 = TopicPartition("c", 0)
 TID = "tx"
 
 
@@ -378,6 +379,36 @@ def test_add_while_another_add_is_logged_waits_briefly(flush_after: float, expec
         assert await second == expected
         assert await first == {A1: 0}
         assert env.md().partitions == ({A0, A1, OFFSETS_TP} if expected == 0 else {A0, A1})
+        await env.coord.drain()
+
+    asyncio.run(main())
+
+
+def test_several_adds_waiting_for_a_logged_add_take_turns() -> None:
+    """Three adds sent together while a fourth is logged (TV2 produces to several new
+    partitions do this): each waits its turn, all succeed, each write applied once durable."""
+    env = Env(log=MemoryTxnLog(auto_flush=True))
+
+    async def main() -> None:
+        await env.coord.start()
+        pid, epoch = await begin(env, [A0])
+        env.log.auto_flush = False
+        first = asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [A1]))
+        await asyncio.sleep(0)
+        rest = [asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [tp])) for tp in (B0, C0)]
+        rest.append(asyncio.create_task(env.coord.add_offsets(TID, pid, epoch, "g")))
+        writes = len(env.log.records)
+
+        async def flusher() -> None:
+            while not all(t.done() for t in rest):
+                await asyncio.sleep(0.005)
+                env.log.flush()
+
+        await asyncio.gather(flusher(), first, *rest)
+        assert first.result() == {A1: 0}
+        assert [t.result() for t in rest] == [{B0: 0}, {C0: 0}, 0]
+        assert len(env.log.records) == writes + 3  # one write per add, in turn
+        assert env.md().partitions == {A0, A1, B0, C0, OFFSETS_TP}
         await env.coord.drain()
 
     asyncio.run(main())

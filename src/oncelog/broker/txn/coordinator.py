@@ -604,15 +604,20 @@ class TransactionCoordinator:
         send_offsets_to_transaction), and would retry only after their
         backoff (100 ms in librdkafka). Any other pending transition (EndTxn,
         InitProducerId, Complete*) still answers CONCURRENT_TRANSACTIONS, and
-        after the wait the request is decided on the state it finds."""
-        transit = self._pending.get(tid)
-        if transit is None or transit.state is not S.ONGOING:
-            return
-        event = self._written.setdefault(tid, asyncio.Event())
-        try:
-            await asyncio.wait_for(event.wait(), COMPLETION_WAIT_S)
-        except asyncio.TimeoutError:
-            pass
+        after the wait the request is decided on the state it finds. Several
+        waiting adds take their turns (each write wakes them all; one takes
+        the pending slot, the others wait again) within the same 100 ms."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + COMPLETION_WAIT_S
+        while (transit := self._pending.get(tid)) is not None and transit.state is S.ONGOING:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            event = self._written.setdefault(tid, asyncio.Event())
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
 
     # -- timers -----------------------------------------------------------------
 
