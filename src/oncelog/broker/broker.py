@@ -60,6 +60,9 @@ class Broker:
         self.clock = clock
         self.topics: dict[str, Topic] = {}
         self.topics_by_id: dict[uuid.UUID, Topic] = {}
+        # bumped by every change of the topic/partition set (Metadata caches its all-topics answer on it)
+        self.topology_version = 0
+        self.metadata_cache: dict[int, tuple[object, bytes]] = {}  # handlers/metadata.py: version -> (key, body)
         self.committer = GroupCommitter(config.fsync_on_ack, config.log_flush_interval_ms)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.cluster_id = self._load_cluster_id()
@@ -141,6 +144,7 @@ class Broker:
             topic.partitions.append(self._new_partition(name, i, topic_id))
         self.topics[name] = topic
         self.topics_by_id[topic_id] = topic
+        self.topology_version += 1
         return topic
 
     def _new_partition(self, name: str, index: int, topic_id: uuid.UUID) -> Partition:
@@ -211,6 +215,7 @@ class Broker:
             raise KafkaError(ErrorCode.topic_deletion_disabled, "delete.topic.enable is false")
         del self.topics[name]
         self.topics_by_id.pop(topic.topic_id, None)
+        self.topology_version += 1
         for p in topic.partitions:
             p.wake()
         self.catalog.delete_topic(name)
@@ -237,6 +242,7 @@ class Broker:
             raise KafkaError(ErrorCode.kafka_storage_error, f"cannot add partitions to {name!r}: {exc}") from None
         for i in range(current, total):
             topic.partitions.append(self._new_partition(name, i, topic.topic_id))
+        self.topology_version += 1
 
     def alter_topic_configs(self, name: str, configs: dict[str, str], validate_only: bool = False) -> None:
         topic = self.topics.get(name)

@@ -14,6 +14,11 @@ Version notes:
 - v4+: ``allow_auto_topic_creation``.
 - v10+: topic ids; v10-v11 cannot look a topic up by id (a null name gets
   INVALID_REQUEST, as in Kafka), v12+ can. v9+ flexible.
+
+Cost: the answer for all topics is encoded once per version and reused
+until the topic/partition set changes (``broker.topology_version``): at
+10,000 partitions encoding it takes hundreds of milliseconds on the event
+loop (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 
 from oncelog.broker.broker import Topic
 from oncelog.broker.context import RequestContext
+from oncelog.protocol.build import materialize
+from oncelog.protocol.codec import encode_response, response_type
 from oncelog.protocol.errors import ErrorCode, KafkaError
 
 API_KEY = 3
@@ -66,12 +73,37 @@ def _error_entry(name: str | None, topic_id: uuid.UUID | None, code: int) -> dic
     }
 
 
-async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
+def _all_topics(broker: Any, version: int) -> bytes:
+    """The encoded all-topics answer, cached per version until the topology changes."""
+    cache: dict[int, tuple[Any, bytes]] = broker.metadata_cache
+    key = (broker.topology_version, broker.config.advertised, broker.cluster_id, broker.node_id)
+    hit = cache.get(version)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    body = _answer(broker, [topic_entry(broker, t) for t in list(broker.topics.values())])
+    encoded = encode_response(materialize(response_type(API_KEY, version), body))
+    cache[version] = (key, encoded)
+    return encoded
+
+
+def _answer(broker: Any, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    host, port = broker.config.advertised
+    return {
+        "throttle_time": 0,
+        "brokers": [{"node_id": broker.node_id, "host": host, "port": port, "rack": None}],
+        "cluster_id": broker.cluster_id,
+        "controller_id": broker.node_id,
+        "topics": entries,
+        "cluster_authorized_operations": -2147483648,
+    }
+
+
+async def handle(ctx: RequestContext, request: Any) -> dict[str, Any] | bytes:
     broker = ctx.broker
     version = ctx.version
     wanted = request.topics
     if wanted is None or (version == 0 and not wanted):
-        entries = [topic_entry(broker, t) for t in list(broker.topics.values())]
+        return _all_topics(broker, version)
     else:
         allow_create = getattr(request, "allow_auto_topic_creation", True)
         entries = []
@@ -102,12 +134,4 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
                 entries.append(_error_entry(name, None, ErrorCode.unknown_topic_or_partition))
             else:
                 entries.append(topic_entry(broker, topic))
-    host, port = broker.config.advertised
-    return {
-        "throttle_time": 0,
-        "brokers": [{"node_id": broker.node_id, "host": host, "port": port, "rack": None}],
-        "cluster_id": broker.cluster_id,
-        "controller_id": broker.node_id,
-        "topics": entries,
-        "cluster_authorized_operations": -2147483648,
-    }
+    return _answer(broker, entries)
