@@ -78,6 +78,23 @@ class ProducerIdSource(Protocol):
 COMPLETION_WAIT_S = 0.1  # see TransactionCoordinator._await_completion and _await_pending_add
 
 
+async def _wait_notified(events: dict[str, asyncio.Event], tid: str, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``_notify(events, tid)``; False on timeout."""
+    event = events.setdefault(tid, asyncio.Event())
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
+def _notify(events: dict[str, asyncio.Event], tid: str) -> None:
+    """Wake every ``_wait_notified(events, tid)`` waiting now."""
+    event = events.pop(tid, None)
+    if event is not None:
+        event.set()
+
+
 @dataclass(frozen=True)
 class TxnConfig:
     transaction_max_timeout_ms: int = 900_000
@@ -194,9 +211,7 @@ class TransactionCoordinator:
             if self._pending.get(tid) is transit:
                 del self._pending[tid]
             # waiters resume only after this coroutine's next await: the transit is applied by then
-            written = self._written.pop(tid, None)
-            if written is not None:
-                written.set()
+            _notify(self._written, tid)
         current = self._txns.get(tid)
         new = complete(current, transit)
         if current is not None:
@@ -575,9 +590,7 @@ class TransactionCoordinator:
                 self._markers_done.pop(tid, None)
         finally:
             self._completing.discard(tid)
-            event = self._completed.pop(tid, None)
-            if event is not None:
-                event.set()
+            _notify(self._completed, tid)
 
     async def _await_completion(self, tid: str) -> None:
         """Markers of a prepared transaction (being written, or about to be)
@@ -589,11 +602,7 @@ class TransactionCoordinator:
         md = self._txns.get(tid)
         if md is None or md.state not in PREPARED:
             return
-        event = self._completed.setdefault(tid, asyncio.Event())
-        try:
-            await asyncio.wait_for(event.wait(), COMPLETION_WAIT_S)
-        except asyncio.TimeoutError:
-            pass
+        await _wait_notified(self._completed, tid, COMPLETION_WAIT_S)
 
     async def _await_pending_add(self, tid: str) -> None:
         """An add (AddPartitionsToTxn / AddOffsetsToTxn) that arrives while
@@ -611,12 +620,7 @@ class TransactionCoordinator:
         deadline = loop.time() + COMPLETION_WAIT_S
         while (transit := self._pending.get(tid)) is not None and transit.state is S.ONGOING:
             remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            event = self._written.setdefault(tid, asyncio.Event())
-            try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except asyncio.TimeoutError:
+            if remaining <= 0 or not await _wait_notified(self._written, tid, remaining):
                 return
 
     # -- timers -----------------------------------------------------------------
