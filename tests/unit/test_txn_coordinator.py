@@ -329,17 +329,23 @@ def test_add_partitions_errors_change_nothing():
     run(body)
 
 
+async def begin_with_pending_add(env: Env) -> tuple[int, int, "asyncio.Task[dict[TopicPartition, int]]"]:
+    """A transaction on A0 whose add of A1 is being logged; the log flushes only when told to."""
+    await env.coord.start()
+    pid, epoch = await begin(env, [A0])
+    env.log.auto_flush = False
+    first = asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [A1]))
+    await asyncio.sleep(0)
+    assert env.coord.pending_transit(TID) is not None
+    return pid, epoch, first
+
+
 def test_add_partitions_while_a_write_is_pending_is_concurrent():
     """(The second add waits up to the short pending-add wait first, see the next test.)"""
     env = Env(log=MemoryTxnLog(auto_flush=True))
 
     async def main() -> None:
-        await env.coord.start()
-        pid, epoch = await begin(env, [A0])
-        env.log.auto_flush = False
-        task = asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [A1]))
-        await asyncio.sleep(0)
-        assert env.coord.pending_transit(TID) is not None
+        pid, epoch, task = await begin_with_pending_add(env)
         assert await env.coord.add_partitions(TID, pid, epoch, [B0]) == {B0: E.concurrent_transactions}
         assert await env.coord.add_offsets(TID, pid, epoch, "g") == E.concurrent_transactions
         assert (await env.coord.end_txn(TID, pid, epoch, True, False)).error == E.concurrent_transactions
@@ -361,12 +367,7 @@ def test_add_while_another_add_is_logged_waits_briefly(flush_after: float, expec
     env = Env(log=MemoryTxnLog(auto_flush=True))
 
     async def main() -> None:
-        await env.coord.start()
-        pid, epoch = await begin(env, [A0])
-        env.log.auto_flush = False
-        first = asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [A1]))
-        await asyncio.sleep(0)
-        assert env.coord.pending_transit(TID) is not None
+        pid, epoch, first = await begin_with_pending_add(env)
         second = asyncio.create_task(env.coord.add_offsets(TID, pid, epoch, "g"))
         await asyncio.sleep(0.005)
         assert env.md().partitions == {A0}  # nothing applied before the flush
@@ -390,11 +391,7 @@ def test_several_adds_waiting_for_a_logged_add_take_turns() -> None:
     env = Env(log=MemoryTxnLog(auto_flush=True))
 
     async def main() -> None:
-        await env.coord.start()
-        pid, epoch = await begin(env, [A0])
-        env.log.auto_flush = False
-        first = asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [A1]))
-        await asyncio.sleep(0)
+        pid, epoch, first = await begin_with_pending_add(env)
         rest = [asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [tp])) for tp in (B0, C0)]
         rest.append(asyncio.create_task(env.coord.add_offsets(TID, pid, epoch, "g")))
         writes = len(env.log.records)
