@@ -1,8 +1,10 @@
 """DescribeCluster (key 60).
 
 Behavior: one broker, which is also the controller, and the cluster id
-(persisted in ``<data-dir>/meta/cluster_id``). Authorized operations are not
-computed (no ACLs): -2147483648 as Kafka sends when not requested.
+(persisted in ``<data-dir>/meta/cluster_id``). With
+``include_cluster_authorized_operations`` the answer carries every operation
+the cluster resource supports (no authorizer, as in Kafka without one: see
+:mod:`oncelog.broker.authorized_ops`); otherwise -2147483648.
 
 Version notes: v0-v2 handled (all flexible). v1+ endpoint type: 1 (brokers)
 is answered; 2 (controllers) gets UNSUPPORTED_ENDPOINT_TYPE, as a Kafka broker
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from oncelog.broker.authorized_ops import CLUSTER_OPERATIONS, NOT_REQUESTED
 from oncelog.broker.context import RequestContext
 from oncelog.protocol.errors import ErrorCode
 
@@ -34,5 +37,7 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
         "cluster_id": broker.cluster_id,
         "controller_id": broker.node_id,
         "brokers": [{"broker_id": broker.node_id, "host": host, "port": port, "rack": None, "is_fenced": False}],
-        "cluster_authorized_operations": -2147483648,
+        "cluster_authorized_operations": (
+            CLUSTER_OPERATIONS if getattr(request, "include_cluster_authorized_operations", False) else NOT_REQUESTED
+        ),
     }

@@ -4,7 +4,9 @@ Behavior: state, protocol type and members (id, group.instance.id, client
 id and host) of each group. Only a Stable group shows its selected protocol
 and each member's metadata and assignment, as in Kafka. A group that does
 not exist is described as "Dead" with no members; from v6 it also carries
-GROUP_ID_NOT_FOUND. Authorized operations are not computed (no ACLs).
+GROUP_ID_NOT_FOUND. v3+ with ``include_authorized_operations``: every
+operation a group supports (no authorizer, as in Kafka without one), for
+groups answered without error; otherwise -2147483648.
 
 Version notes: v0-v6 handled. v1+ throttle time; v3+ authorized operations;
 v4+ group.instance.id of members; v5+ flexible; v6+ error message and
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from oncelog.broker.authorized_ops import GROUP_OPERATIONS, NOT_REQUESTED
 from oncelog.broker.context import RequestContext
 from oncelog.protocol.errors import ErrorCode
 
@@ -24,6 +27,7 @@ MAX_VERSION = 6
 
 
 async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    include_ops = ctx.version >= 3 and getattr(request, "include_authorized_operations", False)
     out = []
     for group_id in request.groups:
         described = ctx.broker.groups.describe_group(group_id)
@@ -40,6 +44,7 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
             }
         else:
             described = {**described, "error_code": 0, "error_message": None}
-        described["authorized_operations"] = -2147483648
+        ok = described["error_code"] == 0
+        described["authorized_operations"] = GROUP_OPERATIONS if include_ops and ok else NOT_REQUESTED
         out.append(described)
     return {"throttle_time": 0, "groups": out}

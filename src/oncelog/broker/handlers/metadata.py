@@ -12,6 +12,12 @@ Version notes:
 - v0: an empty topic list means all topics; auto-creation always allowed.
 - v1+: null means all topics, an empty list means none.
 - v4+: ``allow_auto_topic_creation``.
+- v8+: authorized operations. With ``include_topic_authorized_operations``
+  each topic answered by name carries every operation a topic supports, and
+  v8-v10 with ``include_cluster_authorized_operations`` the cluster's (no
+  authorizer, as in Kafka without one: :mod:`oncelog.broker.authorized_ops`);
+  otherwise -2147483648. Lookups by id that miss and v10-v11 null names keep
+  the default.
 - v10+: topic ids; v10-v11 cannot look a topic up by id (a null name gets
   INVALID_REQUEST, as in Kafka), v12+ can. v9+ flexible.
 
@@ -27,6 +33,7 @@ import uuid
 from typing import Any
 
 from oncelog.broker.broker import Topic
+from oncelog.broker.authorized_ops import CLUSTER_OPERATIONS, NOT_REQUESTED, TOPIC_OPERATIONS
 from oncelog.broker.context import RequestContext
 from oncelog.protocol.build import materialize
 from oncelog.protocol.codec import encode_response, response_type
@@ -39,7 +46,7 @@ MAX_VERSION = 12
 _ZERO_UUID = uuid.UUID(int=0)
 
 
-def topic_entry(broker: Any, topic: Topic) -> dict[str, Any]:
+def topic_entry(broker: Any, topic: Topic, ops: int = NOT_REQUESTED) -> dict[str, Any]:
     node = broker.node_id
     return {
         "error_code": 0,
@@ -58,35 +65,38 @@ def topic_entry(broker: Any, topic: Topic) -> dict[str, Any]:
             }
             for p in topic.partitions
         ],
-        "topic_authorized_operations": -2147483648,
+        "topic_authorized_operations": ops,
     }
 
 
-def _error_entry(name: str | None, topic_id: uuid.UUID | None, code: int) -> dict[str, Any]:
+def _error_entry(name: str | None, topic_id: uuid.UUID | None, code: int,
+                 ops: int = NOT_REQUESTED) -> dict[str, Any]:
     return {
         "error_code": code,
         "name": name,
         "topic_id": topic_id or _ZERO_UUID,
         "is_internal": False,
         "partitions": [],
-        "topic_authorized_operations": -2147483648,
+        "topic_authorized_operations": ops,
     }
 
 
-def _all_topics(broker: Any, version: int) -> bytes:
-    """The encoded all-topics answer, cached per version until the topology changes."""
-    cache: dict[int, tuple[Any, bytes]] = broker.metadata_cache
+def _all_topics(broker: Any, version: int, topic_ops: int, cluster_ops: int) -> bytes:
+    """The encoded all-topics answer, cached per version (and authorized-operations
+    choice) until the topology changes."""
+    cache: dict[Any, tuple[Any, bytes]] = broker.metadata_cache
     key = (broker.topology_version, broker.config.advertised, broker.cluster_id, broker.node_id)
-    hit = cache.get(version)
+    slot = version if topic_ops == NOT_REQUESTED and cluster_ops == NOT_REQUESTED else (version, topic_ops, cluster_ops)
+    hit = cache.get(slot)
     if hit is not None and hit[0] == key:
         return hit[1]
-    body = _answer(broker, [topic_entry(broker, t) for t in list(broker.topics.values())])
+    body = _answer(broker, [topic_entry(broker, t, topic_ops) for t in list(broker.topics.values())], cluster_ops)
     encoded = encode_response(materialize(response_type(API_KEY, version), body))
-    cache[version] = (key, encoded)
+    cache[slot] = (key, encoded)
     return encoded
 
 
-def _answer(broker: Any, entries: list[dict[str, Any]]) -> dict[str, Any]:
+def _answer(broker: Any, entries: list[dict[str, Any]], cluster_ops: int = NOT_REQUESTED) -> dict[str, Any]:
     host, port = broker.config.advertised
     return {
         "throttle_time": 0,
@@ -94,7 +104,7 @@ def _answer(broker: Any, entries: list[dict[str, Any]]) -> dict[str, Any]:
         "cluster_id": broker.cluster_id,
         "controller_id": broker.node_id,
         "topics": entries,
-        "cluster_authorized_operations": -2147483648,
+        "cluster_authorized_operations": cluster_ops,
     }
 
 
@@ -102,8 +112,13 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any] | bytes:
     broker = ctx.broker
     version = ctx.version
     wanted = request.topics
+    topic_ops = cluster_ops = NOT_REQUESTED
+    if version >= 8 and getattr(request, "include_topic_authorized_operations", False):
+        topic_ops = TOPIC_OPERATIONS
+    if 8 <= version <= 10 and getattr(request, "include_cluster_authorized_operations", False):
+        cluster_ops = CLUSTER_OPERATIONS
     if wanted is None or (version == 0 and not wanted):
-        return _all_topics(broker, version)
+        return _all_topics(broker, version, topic_ops, cluster_ops)
     else:
         allow_create = getattr(request, "allow_auto_topic_creation", True)
         entries = []
@@ -118,7 +133,7 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any] | bytes:
             if not name and version >= 12 and topic_id and topic_id != _ZERO_UUID:
                 found = broker.topics_by_id.get(topic_id)
                 entries.append(
-                    topic_entry(broker, found)
+                    topic_entry(broker, found, topic_ops)
                     if found
                     else _error_entry(None, topic_id, ErrorCode.unknown_topic_id)
                 )
@@ -128,10 +143,10 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any] | bytes:
                 try:
                     topic = broker.auto_create(name) if allow_create else None
                 except KafkaError as exc:
-                    entries.append(_error_entry(name, None, exc.code))
+                    entries.append(_error_entry(name, None, exc.code, topic_ops))
                     continue
             if topic is None:
-                entries.append(_error_entry(name, None, ErrorCode.unknown_topic_or_partition))
+                entries.append(_error_entry(name, None, ErrorCode.unknown_topic_or_partition, topic_ops))
             else:
-                entries.append(topic_entry(broker, topic))
-    return _answer(broker, entries)
+                entries.append(topic_entry(broker, topic, topic_ops))
+    return _answer(broker, entries, cluster_ops)
