@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from oncelog.broker.partition import Partition
-from oncelog.broker.producer_ids import MAX_EPOCH, ProducerIdManager
+from oncelog.broker.producer_ids import ProducerIdManager
 from oncelog.broker.producer_state import (
     BATCH_WINDOW,
     INT32_MAX,
@@ -102,10 +102,14 @@ def test_new_epoch_must_start_at_zero() -> None:
     assert bumped.epoch == 1 and [b.first_seq for b in bumped.batches] == [0]
 
 
-def test_unknown_producer_accepts_any_sequence() -> None:
-    # Kafka since KIP-360: no state (new or expired) -> any sequence is accepted
-    d = check_batch(None, Incoming(PID, 0, 12345, 2))
+@pytest.mark.parametrize("epoch, seq", [(0, 0), (0, 12345), (7, 3), (32766, INT32_MAX)])
+def test_unknown_producer_accepts_any_epoch_and_sequence(epoch: int, seq: int) -> None:
+    # Kafka's checkSequence: no state (new, expired, or a data dir replaced) ->
+    # any epoch and sequence are accepted, and the batch starts the entry
+    d = check_batch(None, Incoming(PID, epoch, seq, 2))
     assert isinstance(d, Accept)
+    entry = d.entry_after(0, 1, 0)
+    assert entry.epoch == epoch and entry.last_seq == last_sequence(seq, 2)
 
 
 def test_sequence_wraps_at_int32_max() -> None:
@@ -152,27 +156,14 @@ def test_producer_ids_are_never_reused_across_restarts(tmp_path: Path) -> None:
     assert m2.was_issued(4) and m2.was_issued(nxt)
 
 
-def test_kip360_epoch_bump_retry_and_fencing(tmp_path: Path) -> None:
+def test_init_idempotent_always_a_fresh_id_with_epoch_0(tmp_path: Path) -> None:
+    # Kafka's coordinator answers an InitProducerId without transactional id
+    # with a new producer id, whatever (id, epoch) the producer still holds
     m = ProducerIdManager(tmp_path)
-    a = m.init_idempotent(-1, -1)
-    assert a.epoch == 0
-    b = m.init_idempotent(a.producer_id, 0)
-    assert (b.producer_id, b.epoch) == (a.producer_id, 1)
-    again = m.init_idempotent(a.producer_id, 0)  # retried bump: previous epoch
-    assert (again.producer_id, again.epoch) == (a.producer_id, 1)
-    with pytest.raises(KafkaError) as exc:
-        m.init_idempotent(a.producer_id, 7)
-    assert exc.value.code == ErrorCode.invalid_producer_epoch
-    unknown = m.init_idempotent(999_999, 3)  # not remembered: a fresh id, as Kafka
-    assert unknown.producer_id != a.producer_id and unknown.epoch == 0
-
-
-def test_epoch_exhaustion_rotates_producer_id(tmp_path: Path) -> None:
-    m = ProducerIdManager(tmp_path)
-    a = m.init_idempotent(-1, -1)
-    m._epochs[a.producer_id] = MAX_EPOCH
-    rotated = m.init_idempotent(a.producer_id, MAX_EPOCH)
-    assert rotated.producer_id != a.producer_id and rotated.epoch == 0
+    a = m.init_idempotent()
+    b = m.init_idempotent()
+    assert a.epoch == 0 and b.epoch == 0
+    assert b.producer_id > a.producer_id
 
 
 def _batch(pid: int, epoch: int, seq: int, n: int) -> bytes:
@@ -211,14 +202,21 @@ def test_partition_dedup_survives_unclean_restart_by_replay(tmp_path: Path) -> N
     assert log2.log_end_offset == 37, "a rejected batch writes nothing"
 
 
-def test_partition_rejects_never_issued_producer_id(tmp_path: Path) -> None:
+def test_partition_accepts_a_producer_id_it_never_issued_at_any_sequence(tmp_path: Path) -> None:
+    # Kafka never answers UNKNOWN_PRODUCER_ID for a producer it has no state for:
+    # a client still holding an id after the data dir was replaced keeps working
     ids = ProducerIdManager(tmp_path / "meta")
     part = Partition("t", 0, None, PartitionLog.open(tmp_path / "t-0", LogConfig(), 0))
-    raw = _batch(424242, 0, 0, 1)
-    with pytest.raises(KafkaError) as exc:
-        part.append_batch(raw, parse_batch_header(raw), 0, ids)
-    assert exc.value.code == ErrorCode.unknown_producer_id
-    assert part.log.log_end_offset == 0
+    raw = _batch(424242, 3, 17, 2)
+    assert part.append_batch(raw, parse_batch_header(raw), 0, ids)[0] == 0
+    nxt = _batch(424242, 3, 19, 1)  # then the usual rules: in sequence...
+    assert part.append_batch(nxt, parse_batch_header(nxt), 0, ids)[0] == 2
+    assert part.append_batch(raw, parse_batch_header(raw), 0, ids)[0] == 0  # ...duplicates...
+    gap = _batch(424242, 3, 25, 1)
+    with pytest.raises(KafkaError) as exc:  # ...and gaps
+        part.append_batch(gap, parse_batch_header(gap), 0, ids)
+    assert exc.value.code == ErrorCode.out_of_order_sequence_number
+    assert part.log.log_end_offset == 3
 
 
 # --- transactions (pure rules) ---------------------------------------------------------

@@ -1,12 +1,12 @@
 """InitProducerId (key 22).
 
 Behavior:
-- No transactional id (idempotent producers): a fresh producer id with epoch
-  0, unique across restarts (see :mod:`oncelog.broker.producer_ids`). KIP-360
-  (v3+): a producer passing its current id and epoch gets the epoch bumped;
-  passing the previous epoch (a retried bump) returns the current one; any
-  other epoch of a remembered id gets INVALID_PRODUCER_EPOCH. An exhausted
-  epoch rotates to a new producer id with epoch 0.
+- No transactional id (idempotent producers): always a fresh producer id
+  with epoch 0, unique across restarts (see :mod:`oncelog.broker.producer_ids`),
+  whatever id and epoch the request passes, as Kafka answers (a KIP-360
+  bump of an idempotent producer gets a new id; nothing is refused as stale).
+  Only an id without an epoch, or an epoch without an id, gets
+  INVALID_REQUEST, as Kafka checks before asking its coordinator.
 - With a transactional id the transaction coordinator answers
   (:meth:`oncelog.broker.txn.TransactionCoordinator.init_producer_id`): the
   id keeps its producer id and the epoch is bumped, fencing older producers;
@@ -29,7 +29,7 @@ from typing import Any
 
 from oncelog.broker.context import RequestContext
 from oncelog.protocol.build import to_ms
-from oncelog.protocol.errors import ErrorCode, KafkaError
+from oncelog.protocol.errors import ErrorCode
 
 API_KEY = 22
 MIN_VERSION = 0
@@ -70,11 +70,10 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
             out["ongoing_txn_producer_id"] = result.ongoing_txn_producer_id
             out["ongoing_txn_producer_epoch"] = result.ongoing_txn_producer_epoch
         return out
-    try:
-        result = ctx.broker.producer_ids.init_idempotent(pid, epoch)
-    except KafkaError as exc:
-        out["error_code"] = exc.code
+    if (pid < 0) != (epoch < 0):
+        out["error_code"] = ErrorCode.invalid_request
         return out
+    result = ctx.broker.producer_ids.init_idempotent()
     out["producer_id"] = result.producer_id
     out["producer_epoch"] = result.epoch
     return out
