@@ -189,12 +189,13 @@ def test_verify_txn_only_when_no_txn_is_open_at_that_epoch(tmp_path: Path) -> No
     assert calls == [(a, 0), (a, 0)]
 
 
-def test_unissued_producer_id_is_rejected_for_transactional_batches(tmp_path: Path) -> None:
+def test_unissued_producer_id_is_accepted_for_transactional_batches(tmp_path: Path) -> None:
+    # as Kafka: no UNKNOWN_PRODUCER_ID; the coordinator's verification still applies
     env = Env(tmp_path)
-    with pytest.raises(KafkaError) as exc:
-        env.send(987654)
-    assert exc.value.code == ErrorCode.unknown_producer_id
-    assert env.log.log_end_offset == 0
+    calls: list[tuple[int, int]] = []
+    assert env.send(987654, verify=lambda pid, epoch: calls.append((pid, epoch))) == 0
+    assert calls == [(987654, 0)]
+    assert env.log.log_end_offset == 2
 
 
 # --- markers -----------------------------------------------------------------------------

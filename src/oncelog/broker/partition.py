@@ -38,7 +38,7 @@ from oncelog.broker.producer_state import (
     check_marker,
     has_ongoing_txn,
 )
-from oncelog.protocol.errors import ErrorCode, KafkaError
+from oncelog.protocol.errors import KafkaError
 from oncelog.protocol.records import BatchHeader, InvalidRecordError, encode_control_batch, read_control_marker
 from oncelog.storage.fileutil import offset_named_files, write_offset_named
 from oncelog.storage.txn_index import AbortedTxn
@@ -147,7 +147,9 @@ class Partition:
     ) -> tuple[int, int]:
         """Append one validated client batch; return (base offset, log append time).
 
-        Idempotent batches go through :func:`check_batch` first: a duplicate
+        Idempotent batches go through :func:`check_batch` first (a producer id
+        with no state here is accepted at any sequence, issued by this broker
+        or not, as Kafka does; ``producer_ids`` is not consulted): a duplicate
         returns the original offsets and writes nothing; a rejection raises
         :class:`KafkaError` and changes nothing. A transactional batch from a
         producer with no transaction open here at its epoch is first passed to
@@ -158,10 +160,6 @@ class Partition:
         """
         decision: Accept | None = None
         if hdr.producer_id >= 0:
-            if not producer_ids.was_issued(hdr.producer_id):
-                raise KafkaError(
-                    ErrorCode.unknown_producer_id, f"producer id {hdr.producer_id} was never issued by this broker"
-                )
             entry = self.producers.get(hdr.producer_id)
             incoming = Incoming(
                 hdr.producer_id, hdr.producer_epoch, hdr.base_sequence, hdr.last_offset_delta + 1, hdr.is_transactional

@@ -14,8 +14,10 @@ Idempotent batches (producer id >= 0) are checked against the partition's
 producer state (:mod:`oncelog.broker.producer_state`): a retried batch that
 is one of the producer's last 5 gets its original base offset back and is
 not written again; an older epoch gets INVALID_PRODUCER_EPOCH; a sequence gap
-or a new epoch not starting at 0 gets OUT_OF_ORDER_SEQUENCE_NUMBER; a
-producer id this broker never issued gets UNKNOWN_PRODUCER_ID. A duplicate
+or a new epoch not starting at 0 gets OUT_OF_ORDER_SEQUENCE_NUMBER. A
+producer id with no state on the partition (never issued here, e.g. after the
+data dir was replaced, or expired) is accepted at any sequence, as Kafka
+does: UNKNOWN_PRODUCER_ID is never answered. A duplicate
 still waits for the fsync round, so its answer never precedes durability.
 
 Transactional batches: a batch that opens a transaction on a partition is
