@@ -323,14 +323,17 @@ def test_fenced_producer_gets_kafka_errors_per_version(conn: Connection, tbroker
     assert described(conn, txn_id) == state
 
 
-def test_produce_to_partition_not_in_transaction(conn: Connection, topic: str) -> None:
+@pytest.mark.parametrize("version, want", [(3, E.invalid_txn_state), (10, E.invalid_txn_state),
+                                           (11, E.transaction_abortable)])
+def test_produce_to_partition_not_in_transaction(conn: Connection, topic: str, version: int, want: int) -> None:
+    # Kafka: TRANSACTION_ABORTABLE from Produce v11 (KIP-890), INVALID_TXN_STATE for older clients
     txn_id = f"not-added-{topic}"
     pid, epoch = init_ok(conn, txn_id)
     assert add_partitions(conn, txn_id, pid, epoch, [(topic, 0)]) == {(topic, 0): 0}
-    produce_ok(conn, txn_id, topic, 0, vals("in", 2), pid, epoch, 0, version=10)
+    produce_ok(conn, txn_id, topic, 0, vals("in", 2), pid, epoch, 0, version=version)
     before = log_state(conn, topic)
-    pr = produce(conn, txn_id, topic, 1, values_batch(vals("out", 2), pid, epoch, 0), version=10)
-    assert pr.error_code == E.invalid_txn_state, E(pr.error_code)
+    pr = produce(conn, txn_id, topic, 1, values_batch(vals("out", 2), pid, epoch, 0), version=version)
+    assert pr.error_code == want, E(pr.error_code)
     after = log_state(conn, topic)
     assert after == before and after[1][0] == 0, after
     assert described(conn, txn_id) == ("Ongoing", pid, epoch, [(topic, 0)])
@@ -525,6 +528,29 @@ def test_txn_offset_commit_stale_generation(conn: Connection, topic: str) -> Non
     assert commit(gen, member, 9) == 0
     assert end_txn(conn, txn_id, pid, epoch, True).error_code == 0
     assert fetched() == 9
+
+
+@pytest.mark.parametrize("version, want", [(0, E.invalid_txn_state), (3, E.invalid_txn_state),
+                                           (4, E.transaction_abortable)])
+def test_txn_offset_commit_without_add_offsets(conn: Connection, topic: str, version: int, want: int) -> None:
+    # the offsets partition is not in the transaction (no AddOffsetsToTxn): Kafka answers
+    # TRANSACTION_ABORTABLE from TxnOffsetCommit v4 (KIP-890), INVALID_TXN_STATE below
+    txn_id = f"no-add-offsets-{topic}"
+    pid, epoch = init_ok(conn, txn_id)
+    assert add_partitions(conn, txn_id, pid, epoch, [(topic, 0)]) == {(topic, 0): 0}
+    body: dict[str, Any] = {
+        "transactional_id": txn_id, "group_id": f"g-{topic}", "producer_id": pid, "producer_epoch": epoch,
+        "topics": [{"name": topic, "partitions": [{"partition_index": 0, "committed_offset": 5,
+                                                   "committed_leader_epoch": -1, "committed_metadata": ""}]}]}
+    if version >= 3:
+        body |= {"generation_id": -1, "member_id": "", "group_instance_id": None}
+    r = conn.request(TXN_OFFSET_COMMIT, version, body)
+    assert r.topics[0].partitions[0].error_code == want, E(r.topics[0].partitions[0].error_code)
+    # nothing was committed and the transaction is still usable
+    assert end_txn(conn, txn_id, pid, epoch, True).error_code == 0
+    r = conn.request(OFFSET_FETCH, 7, {"group_id": f"g-{topic}", "topics": [{"name": topic, "partition_indexes": [0]}],
+                                       "require_stable": True})
+    assert r.topics[0].partitions[0].committed_offset == -1
 
 
 # -- WriteTxnMarkers ------------------------------------------------------------------------------

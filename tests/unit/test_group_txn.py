@@ -402,6 +402,9 @@ def test_txn_offset_commit_handler_verification_errors() -> None:
         (0, E.invalid_txn_state, E.invalid_txn_state),
         (3, E.transaction_abortable, E.invalid_txn_state),  # old clients do not know TRANSACTION_ABORTABLE
         (4, E.transaction_abortable, E.transaction_abortable),
+        # the offsets partition not in the transaction: TRANSACTION_ABORTABLE from v4, as Kafka
+        (3, E.invalid_txn_state, E.invalid_txn_state),
+        (4, E.invalid_txn_state, E.transaction_abortable),
         (2, E.producer_fenced, E.invalid_producer_epoch),
         (4, E.invalid_producer_epoch, E.invalid_producer_epoch),
     ]

@@ -23,7 +23,9 @@ still waits for the fsync round, so its answer never precedes durability.
 Transactional batches: a batch that opens a transaction on a partition is
 verified with the transaction coordinator (KIP-890 part 1): the partition
 must be in the producer's ongoing transaction with this epoch, else
-INVALID_TXN_STATE ("Partition was not added to the transaction"); a fenced
+TRANSACTION_ABORTABLE from v11, INVALID_TXN_STATE ("Partition was not added
+to the transaction") below, as Kafka maps its verification answer per
+version (``transactionSupportedOperation``); a fenced
 epoch gets INVALID_PRODUCER_EPOCH and a state change in progress at the
 coordinator NOT_ENOUGH_REPLICAS (retriable). With transaction version 2
 (Produce v12 and ``transaction.version`` >= 2) the partition is added to the
@@ -183,6 +185,10 @@ def _verifier(txn: Any, tp: TopicPartition, version: int) -> Any:
 
     def verify(producer_id: int, producer_epoch: int) -> None:
         code = txn.check_in_txn(producer_id, producer_epoch, tp)
+        if code == ErrorCode.invalid_txn_state and version >= 11:
+            # not in the transaction: Kafka's verification answers TRANSACTION_ABORTABLE and
+            # folds it back to INVALID_TXN_STATE only for clients below v11
+            raise KafkaError(ErrorCode.transaction_abortable, "Partition was not added to the transaction")
         if code is not None:
             raise _txn_error(code, version)
 

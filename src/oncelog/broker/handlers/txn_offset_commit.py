@@ -9,7 +9,8 @@ the producer id and epoch must belong to an ongoing transaction that holds
 the group's offsets partition (``__consumer_offsets-0``, added by
 AddOffsetsToTxn); otherwise the coordinator's error (INVALID_PRODUCER_EPOCH
 for a stale epoch, PRODUCER_FENCED answered as INVALID_PRODUCER_EPOCH,
-INVALID_TXN_STATE, ...) goes to every partition. The group coordinator then
+TRANSACTION_ABORTABLE when the offsets partition is not in the transaction,
+...) goes to every partition. The group coordinator then
 checks the group as Kafka's classic coordinator does (KIP-447, see
 GroupCoordinator.txn_commit_offsets): a missing group is created as a simple
 group only for generation -1 (else ILLEGAL_GENERATION); FENCED_INSTANCE_ID,
@@ -88,6 +89,10 @@ async def verify_transaction(ctx: RequestContext, producer_id: int, producer_epo
             error = await txn.add_partition_implicitly(producer_id, producer_epoch, tp)
         if not error:
             error = txn.check_in_txn(producer_id, producer_epoch, tp)
+            if error == ErrorCode.invalid_txn_state:
+                # not in the transaction: Kafka's verification answers TRANSACTION_ABORTABLE
+                # (folded back to INVALID_TXN_STATE below v4 by convert_verification_error)
+                error = int(ErrorCode.transaction_abortable)
     except KafkaError as exc:
         error = int(exc.code)
     if not error:
