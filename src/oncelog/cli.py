@@ -31,9 +31,92 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+class _UsageError(Exception):
+    """A bad command line: one line on stderr, exit 2."""
+
+
+def _int_arg(flag: str, text: str | None, minimum: int) -> int | None:
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise _UsageError(f"{flag} must be an integer, not {text!r}") from None
+    if value < minimum:
+        raise _UsageError(f"{flag} must be >= {minimum}, not {value}")
+    return value
+
+
+def _offsets_from_json(path: str) -> dict[tuple[str, int], int]:
+    """Kafka's kafka-delete-records.sh --offset-json-file format:
+    ``{"partitions": [{"topic": "t", "partition": 0, "offset": 10}], "version": 1}``."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise _UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise _UsageError(f"{path} is not JSON: {exc}") from None
+    entries = data.get("partitions") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise _UsageError(f'{path}: expected {{"partitions": [{{"topic": ..., "partition": ..., "offset": ...}}]}}')
+    offsets: dict[tuple[str, int], int] = {}
+    for e in entries:
+        ok = isinstance(e, dict) and isinstance(e.get("topic"), str) and e["topic"]
+        ok = ok and all(type(e.get(k)) is int for k in ("partition", "offset"))
+        if not ok or e["partition"] < 0 or e["offset"] < -1:
+            raise _UsageError(f"{path}: bad entry {json.dumps(e)} (topic, partition >= 0, offset >= -1)")
+        key = (e["topic"], e["partition"])
+        if key in offsets:
+            raise _UsageError(f"{path}: duplicate partition {key[0]}-{key[1]}")
+        offsets[key] = e["offset"]
+    return offsets
+
+
+def _delete_records(args: argparse.Namespace) -> int:
+    """``topics delete-records``: move log start offsets up (Kafka's DeleteRecords)."""
+    from oncelog.client.admin import Admin
+
+    try:
+        partition = _int_arg("--partition", args.partition, 0)
+        offset = _int_arg("--offset", args.offset, -1)
+        if args.offset_json_file is not None:
+            if args.topic or partition is not None or offset is not None:
+                raise _UsageError("--offset-json-file replaces TOPIC, --partition and --offset")
+            offsets: dict[tuple[str, int], int] | None = _offsets_from_json(args.offset_json_file)
+        elif not args.topic or offset is None:
+            raise _UsageError("topics delete-records needs TOPIC and --offset (or --offset-json-file)")
+        else:
+            offsets = None
+    except _UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with Admin(args.bootstrap) as admin:
+            if offsets is None:
+                parts = [partition] if partition is not None else admin.partitions_of(args.topic)
+                if parts is None:
+                    print(f"error: topic {args.topic} not found", file=sys.stderr)
+                    return 1
+                offsets = {(args.topic, p): offset for p in parts}  # type: ignore[misc]
+            result = admin.delete_records(offsets)
+    except (OSError, ConnectionError) as exc:
+        print(f"error: {args.bootstrap}: {exc}", file=sys.stderr)
+        return 1
+    failed = 0
+    for (topic, p), (err, low) in sorted(result.items()):
+        if err:
+            failed += 1
+            print(f"partition: {topic}-{p}	error: {err}", file=sys.stderr)
+        else:
+            print(f"partition: {topic}-{p}	low_watermark: {low}")
+    return 1 if failed else 0
+
+
 def _topics(args: argparse.Namespace) -> int:
     from oncelog.client.admin import Admin
 
+    if args.action == "delete-records":
+        return _delete_records(args)
     with Admin(args.bootstrap) as admin:
         if args.action == "list":
             for name in sorted(admin.list_topics()):
@@ -258,13 +341,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=_serve)
 
-    topics = sub.add_parser("topics", help="create, list, describe or delete topics")
-    topics.add_argument("action", choices=["create", "list", "describe", "delete"])
+    topics = sub.add_parser("topics", help="create, list, describe or delete topics, delete records")
+    topics.add_argument("action", choices=["create", "list", "describe", "delete", "delete-records"])
     topics.add_argument("topic", nargs="?")
     topics.add_argument("--bootstrap", default="127.0.0.1:9092")
     topics.add_argument("--partitions", type=int, default=-1)
     topics.add_argument("--replication-factor", type=int, default=-1)
     topics.add_argument("--config", action="append", help="KEY=VALUE topic config (repeatable)")
+    topics.add_argument("--partition", help="delete-records: only this partition (default: all)")
+    topics.add_argument("--offset", help="delete-records: delete the records below this offset (-1: high watermark)")
+    topics.add_argument("--offset-json-file", help="delete-records: Kafka's kafka-delete-records.sh JSON "
+                        '({"partitions": [{"topic": ..., "partition": ..., "offset": ...}], "version": 1})')
     topics.set_defaults(func=_topics)
 
     groups = sub.add_parser("groups", help="list, describe (members, assignment, lag), delete groups, reset offsets")

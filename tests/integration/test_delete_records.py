@@ -4,11 +4,15 @@ Real clients (confluent-kafka's and kafka-python's admin ``delete_records``)
 move the log start offset; afterwards ListOffsets earliest returns it, Fetch
 below it gets OFFSET_OUT_OF_RANGE, and it survives a restart (the
 checkpoint is durable before the answer). Bad input over the raw protocol
-gets Kafka's per-partition errors and changes nothing.
+gets Kafka's per-partition errors and changes nothing. ``oncelog topics
+delete-records`` does the same from the command line.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -175,3 +179,67 @@ def test_raw_bad_input_gets_kafka_errors_and_changes_nothing(broker: EmbeddedBro
         assert earliest_latest(conn, topic, 0) == (10, 10)
         assert fetch_code(conn, topic, 0, 9)[0] == E.offset_out_of_range
         assert fetch_code(conn, topic, 0, 10)[0] == 0
+
+
+def cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "oncelog.cli", "topics", "delete-records", *args,
+                           "--bootstrap", bootstrap], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_delete_records(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    topic = "dr-cli"
+    fill(broker.bootstrap, topic, 30, partitions=3)
+    r = cli(broker.bootstrap, topic, "--partition", "1", "--offset", "12")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"partition: {topic}-1\tlow_watermark: 12"]
+    r = cli(broker.bootstrap, topic, "--offset", "-1")  # every partition, to the high watermark
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"partition: {topic}-{p}\tlow_watermark: 30" for p in range(3)]
+    fill(broker.bootstrap, "dr-cli-2", 10, partitions=1)
+    spec = tmp_path / "offsets.json"
+    spec.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": "dr-cli-2", "partition": 0, "offset": 4}, {"topic": "dr-cli-2", "partition": 5, "offset": 1}]}))
+    r = cli(broker.bootstrap, "--offset-json-file", str(spec))
+    assert r.returncode == 1
+    assert r.stdout.splitlines() == ["partition: dr-cli-2-0\tlow_watermark: 4"]
+    assert r.stderr.splitlines() == ["partition: dr-cli-2-5\terror: UNKNOWN_TOPIC_OR_PARTITION"]
+    r = cli(broker.bootstrap, topic, "--partition", "0", "--offset", "31")
+    assert r.returncode == 1 and r.stderr.splitlines() == [f"partition: {topic}-0\terror: OFFSET_OUT_OF_RANGE"]
+    r = cli(broker.bootstrap, "no-such-topic", "--offset", "1")
+    assert r.returncode == 1 and r.stderr.splitlines() == ["error: topic no-such-topic not found"]
+    with Connection(broker.bootstrap) as conn:
+        assert earliest_latest(conn, topic, 1) == (30, 30)
+        assert earliest_latest(conn, "dr-cli-2", 0) == (4, 10)
+
+
+@pytest.mark.parametrize("args", [
+    [],                                            # nothing to delete
+    ["dr-x"],                                      # no offset
+    ["dr-x", "--offset", "ten"],
+    ["dr-x", "--offset", "-2"],
+    ["dr-x", "--offset", "1", "--partition", "-1"],
+    ["dr-x", "--offset", "1", "--partition", "x"],
+    ["dr-x", "--offset-json-file", "FILE"],       # both ways at once
+    ["--offset-json-file", "MISSING"],
+    ["--offset-json-file", "NOTJSON"],
+    ["--offset-json-file", "WRONGSHAPE"],
+    ["--offset-json-file", "DUPLICATE"],
+    ["--offset-json-file", "BADOFFSET"],
+])
+def test_cli_delete_records_bad_args(tmp_path: Path, args: list[str]) -> None:
+    files = {
+        "FILE": {"partitions": [{"topic": "t", "partition": 0, "offset": 1}]},
+        "WRONGSHAPE": {"topics": []},
+        "DUPLICATE": {"partitions": [{"topic": "t", "partition": 0, "offset": 1},
+                                     {"topic": "t", "partition": 0, "offset": 2}]},
+        "BADOFFSET": {"partitions": [{"topic": "t", "partition": 0, "offset": -5}]},
+    }
+    for name, content in files.items():
+        (tmp_path / name).write_text(json.dumps(content))
+    (tmp_path / "NOTJSON").write_text("{partitions")
+    args = [str(tmp_path / a) if a in (*files, "MISSING", "NOTJSON") else a for a in args]
+    # no broker needed: usage errors are found before connecting
+    r = cli("127.0.0.1:1", *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("error: "), r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""

@@ -7,7 +7,7 @@ from typing import Any
 from oncelog.client.connection import Connection
 from oncelog.protocol.errors import code_name
 
-METADATA, LIST_OFFSETS, CREATE_TOPICS, DELETE_TOPICS, DESCRIBE_CONFIGS = 3, 2, 19, 20, 32
+METADATA, LIST_OFFSETS, CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS, DESCRIBE_CONFIGS = 3, 2, 19, 20, 21, 32
 
 
 class Admin:
@@ -100,4 +100,28 @@ class Admin:
             "partitions": [
                 {"partition": p, "leader": md.brokers[0].node_id, **offsets[p]} for p in partitions
             ],
+        }
+
+    def partitions_of(self, name: str) -> list[int] | None:
+        """The partition indexes of ``name``, or None when the topic does not exist."""
+        topic = self._metadata([name]).topics[0]
+        if topic.error_code:
+            return None
+        return sorted(p.partition_index for p in topic.partitions)
+
+    def delete_records(self, offsets: dict[tuple[str, int], int]) -> dict[tuple[str, int], tuple[str | None, int]]:
+        """DeleteRecords: move each (topic, partition)'s log start offset up to its
+        offset (-1: the high watermark). Returns (error name or None, low watermark)."""
+        v = self.conn.best_version(DELETE_RECORDS, (0, 2))
+        by_topic: dict[str, list[dict[str, int]]] = {}
+        for (topic, partition), offset in offsets.items():
+            by_topic.setdefault(topic, []).append({"partition_index": partition, "offset": offset})
+        resp = self.conn.request(DELETE_RECORDS, v, {
+            "topics": [{"name": t, "partitions": parts} for t, parts in by_topic.items()],
+            "timeout": 30000,
+        })
+        return {
+            (t.name, p.partition_index): (code_name(p.error_code) if p.error_code else None, p.low_watermark)
+            for t in resp.topics
+            for p in t.partitions
         }
