@@ -58,9 +58,12 @@ def test_init_producer_id_without_txn_id_is_always_a_new_id_epoch_0(conn: Connec
         assert r.error_code == 0 and r.producer_epoch == 0 and r.producer_id not in seen
 
 
-@pytest.mark.parametrize("pid, epoch", [(5, -1), (-1, 0)])
-def test_init_producer_id_half_a_pair_is_invalid_request(conn: Connection, pid: int, epoch: int) -> None:
-    r = init_idempotent(conn, 4, pid, epoch)
+@pytest.mark.parametrize("txn_id", [None, "half-pair"])
+@pytest.mark.parametrize("pid, epoch", [(5, -1), (-1, 0), (-5, -1)])
+def test_init_producer_id_half_a_pair_is_invalid_request(conn: Connection, pid: int, epoch: int,
+                                                         txn_id: str | None) -> None:
+    body = {"transactional_id": txn_id, "transaction_timeout": 60_000, "producer_id": pid, "producer_epoch": epoch}
+    r = conn.request(INIT_PRODUCER_ID, 4, body)
     assert r.error_code == 42  # INVALID_REQUEST, as Kafka checks before its coordinator
     assert (r.producer_id, r.producer_epoch) == (-1, -1)
 

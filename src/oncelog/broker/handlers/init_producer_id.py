@@ -5,8 +5,9 @@ Behavior:
   with epoch 0, unique across restarts (see :mod:`oncelog.broker.producer_ids`),
   whatever id and epoch the request passes, as Kafka answers (a KIP-360
   bump of an idempotent producer gets a new id; nothing is refused as stale).
-  Only an id without an epoch, or an epoch without an id, gets
-  INVALID_REQUEST, as Kafka checks before asking its coordinator.
+- Either way, an id without an epoch or an epoch without an id (one of them
+  -1, the other not) gets INVALID_REQUEST, as Kafka checks before asking its
+  coordinator.
 - With a transactional id the transaction coordinator answers
   (:meth:`oncelog.broker.txn.TransactionCoordinator.init_producer_id`): the
   id keeps its producer id and the epoch is bumped, fencing older producers;
@@ -48,6 +49,10 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
     pid = getattr(request, "producer_id", -1)
     epoch = getattr(request, "producer_epoch", -1)
     txn_id = request.transactional_id
+    if (pid == -1) != (epoch == -1):
+        # an id without an epoch or the reverse: Kafka refuses it before asking its coordinator
+        out["error_code"] = ErrorCode.invalid_request
+        return out
     if txn_id is not None:
         if txn_id == "":
             out["error_code"] = ErrorCode.invalid_request
@@ -69,9 +74,6 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
             out["producer_epoch"] = result.producer_epoch
             out["ongoing_txn_producer_id"] = result.ongoing_txn_producer_id
             out["ongoing_txn_producer_epoch"] = result.ongoing_txn_producer_epoch
-        return out
-    if (pid < 0) != (epoch < 0):
-        out["error_code"] = ErrorCode.invalid_request
         return out
     result = ctx.broker.producer_ids.init_idempotent()
     out["producer_id"] = result.producer_id
