@@ -116,3 +116,20 @@ def test_describe_groups_operations(conn: Connection, version: int) -> None:
     plain = conn.request(DESCRIBE_GROUPS, version, {
         "groups": ["authops-group"], "include_authorized_operations": False})
     assert plain.groups[0].authorized_operations == NOT_REQUESTED
+
+
+def test_confluent_admin_sees_the_operations(tmp_path: Path) -> None:
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation, AdminClient
+
+    with EmbeddedBroker(data_dir=tmp_path / "data", log_path=tmp_path / "broker.log") as b:
+        with Connection(b.bootstrap) as c:
+            c.request(METADATA, 4, {"topics": [{"name": "authops"}], "allow_auto_topic_creation": True})
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        cluster = admin.describe_cluster(include_authorized_operations=True).result(30)
+        assert {op.value for op in cluster.authorized_operations} == CLUSTER_OPS
+        (fut,) = admin.describe_topics(TopicCollection(["authops"]), include_authorized_operations=True).values()
+        assert {op.value for op in fut.result(30).authorized_operations} == TOPIC_OPS
+        assert AclOperation.WRITE in fut.result(30).authorized_operations
+        plain = admin.describe_cluster(include_authorized_operations=False).result(30)
+        assert not plain.authorized_operations
