@@ -422,3 +422,26 @@ def test_compression_type_recompresses_and_every_client_reads_the_same_records(
     finally:
         kc.close()
     assert kgot == sent
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip"])
+def test_message_timestamp_bounds_refuse_records_out_of_range(cb: EmbeddedBroker, codec: str) -> None:
+    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka.admin import NewTopic
+
+    topic = f"ts-bounds-{codec}"
+    _create(cb, [NewTopic(topic, 1, 1, config={"message.timestamp.before.max.ms": "3600000",
+                                                  "message.timestamp.after.max.ms": "60000"})], topic)
+    now = int(time.time() * 1000)
+    results: dict[int, Any] = {}
+
+    def report(err: Any, msg: Any) -> None:
+        results[int(msg.key())] = err
+
+    p = Producer({"bootstrap.servers": cb.bootstrap, "compression.type": codec, "linger.ms": 0, "retries": 0})
+    for i, ts in enumerate([now - 7_200_000, now, now + 600_000, now - 60_000]):
+        p.produce(topic, value=b"v", key=str(i).encode(), timestamp=ts, on_delivery=report)
+        p.flush(15)
+    assert results[1] is None and results[3] is None
+    for i in (0, 2):
+        assert results[i] is not None and results[i].code() == KafkaError.INVALID_TIMESTAMP, results[i]

@@ -176,6 +176,8 @@ class Partition:
                 raise KafkaError(result.code, result.message)
             decision = result
         cfg = self.log.config
+        if cfg.extras and not cfg.log_append_time:  # message.timestamp.before/after.max.ms, when set
+            _check_timestamps(records, hdr, now_ms, cfg)
         if cfg.compression_type != "producer" and cfg.target_codec != hdr.compression:
             records, hdr = _recompress(records, hdr, cfg)  # the topic's compression.type (Kafka's LogValidator)
         info = self.log.append(records, now_ms, header=hdr)
@@ -326,3 +328,18 @@ def _recompress(records: bytes, hdr: BatchHeader, cfg: object) -> tuple[bytes, B
     if new_hdr.size > cfg.segment_bytes:  # type: ignore[attr-defined]
         raise KafkaError(ErrorCode.record_list_too_large, f"the record batch is {new_hdr.size} bytes after recompression, above segment.bytes")
     return out, new_hdr
+
+
+def _check_timestamps(records: bytes, hdr: BatchHeader, now_ms: int, cfg: object) -> None:
+    extras = cfg.extras  # type: ignore[attr-defined]
+    before = extras.get("message.timestamp.before.max.ms")
+    after = extras.get("message.timestamp.after.max.ms")
+    if before is None and after is None:
+        return
+    from oncelog.broker import recompress
+
+    limit = (1 << 63) - 1
+    try:
+        recompress.check_timestamps(records, hdr, now_ms, limit if before is None else before, limit if after is None else after)
+    except InvalidRecordError as exc:
+        raise KafkaError(exc.error_code, exc.message) from None

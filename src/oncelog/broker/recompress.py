@@ -43,6 +43,8 @@ from oncelog.protocol.records import (
     update_crc,
 )
 
+INVALID_TIMESTAMP = 32
+
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _BE32 = struct.Struct(">i")
@@ -177,3 +179,25 @@ def level_for(config: Any, codec: int) -> int | None:
     if codec == COMPRESSION_ZSTD:
         return config.compression_zstd_level
     return None
+
+
+def check_timestamps(batch: bytes, hdr: BatchHeader, now_ms: int, before_max_ms: int, after_max_ms: int) -> None:
+    """Kafka's ``message.timestamp.before.max.ms`` / ``after.max.ms`` check (CreateTime topics).
+
+    Every record's timestamp must lie within ``[now - before, now + after]``;
+    otherwise INVALID_TIMESTAMP. Reads the records (decompressing if needed),
+    so the append path calls it only when one of the two is set.
+    """
+    low, high = now_ms - before_max_ms, now_ms + after_max_ms
+    body = memoryview(batch)[HEADER_SIZE : hdr.size]
+    try:
+        plain = batch if hdr.compression == COMPRESSION_NONE else _with_body(batch, COMPRESSION_NONE, decompress(hdr.compression, body))
+    except Exception as exc:  # noqa: BLE001
+        raise InvalidRecordError(CORRUPT_MESSAGE, f"cannot decompress the record batch ({exc})") from None
+    for offset, ts, _rec in iter_records(plain):
+        if not low <= ts <= high:
+            raise InvalidRecordError(
+                INVALID_TIMESTAMP,
+                f"Timestamp {ts} of message with offset {offset} is out of range. "
+                f"The timestamp should be within [{low}, {high}]",
+            )
