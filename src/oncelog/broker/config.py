@@ -170,7 +170,7 @@ class BrokerConfig:
         out.update((key, str(getattr(self, attr))) for key, attr in _INTS.items())
         out.update((key, str(getattr(self, attr)).lower()) for key, attr in _BOOLS.items())
         for key, value in self.log.to_topic_configs().items():
-            if key in BROKER_SYNONYM:
-                out[BROKER_SYNONYM[key]] = value
+            if key in BROKER_SYNONYM:  # oncelog's own meaning wins (log.flush.interval.messages)
+                out.setdefault(BROKER_SYNONYM[key], value)
         return out
 

@@ -88,11 +88,11 @@ def broker_config_entries(broker: Any, per_broker: bool) -> list[dict[str, Any]]
             for k, v in sorted(dyn.default.items())
         ]
     values = broker.config.broker_configs()
-    # the log defaults as they are now (static file + dynamic), under their broker names
+    # the other log defaults, under their broker names (dynamic values are laid over below)
     for topic_name, value in broker.logs.defaults.to_topic_configs().items():
         name = TOPIC_CONFIGS[topic_name].synonyms[0][0] if TOPIC_CONFIGS[topic_name].synonyms else None
         if name is not None:
-            values[name] = value
+            values.setdefault(name, value)  # oncelog's own meaning wins (log.flush.interval.messages)
     values.update(dyn.default)
     values.update(dyn.broker)
     if "producer.id.expiration.ms" in values:
