@@ -445,3 +445,41 @@ def test_message_timestamp_bounds_refuse_records_out_of_range(cb: EmbeddedBroker
     assert results[1] is None and results[3] is None
     for i in (0, 2):
         assert results[i] is not None and results[i].code() == KafkaError.INVALID_TIMESTAMP, results[i]
+
+
+def test_recompressed_transactional_batches_keep_their_transaction(cb: EmbeddedBroker) -> None:
+    """A transactional producer's gzip batches stored as zstd: read_committed sees the committed
+    transaction only, so the transactional flag, producer id and epoch survived recompression."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import NewTopic
+
+    topic = "recompress-txn"
+    _create(cb, [NewTopic(topic, 1, 1, config={"compression.type": "zstd"})], topic)
+    p = Producer({"bootstrap.servers": cb.bootstrap, "compression.type": "gzip", "transactional.id": "rc-txn",
+                  "linger.ms": 5})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(20):
+        p.produce(topic, value=b"aborted-%d" % i)
+    p.abort_transaction(30)
+    p.begin_transaction()
+    for i in range(20):
+        p.produce(topic, value=b"committed-%d" % i)
+    p.commit_transaction(30)
+    assert set(_stored_codecs(cb, topic)) == {4, 0}  # data batches zstd; the markers stay uncompressed
+
+    c = Consumer({"bootstrap.servers": cb.bootstrap, "group.id": "unused", "enable.auto.commit": False,
+                  "isolation.level": "read_committed"})
+    got: list[bytes] = []
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 30
+        while len(got) < 20 and time.monotonic() < deadline:
+            for m in c.consume(100, 0.5):
+                assert not m.error(), m.error()
+                got.append(m.value())
+        time.sleep(0.5)
+        got += [m.value() for m in c.consume(100, 0.5) if not m.error()]
+    finally:
+        c.close()
+    assert got == [b"committed-%d" % i for i in range(20)]
