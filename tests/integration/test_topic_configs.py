@@ -483,3 +483,42 @@ def test_recompressed_transactional_batches_keep_their_transaction(cb: EmbeddedB
     finally:
         c.close()
     assert got == [b"committed-%d" % i for i in range(20)]
+
+
+def test_alter_configs_protocol_edge_cases(cb: EmbeddedBroker) -> None:
+    assert _create_raw(cb, "edges", {}).error_code == 0
+
+    def incremental(resources: list[dict[str, Any]]) -> list[tuple[int, str | None]]:
+        with Connection(cb.bootstrap) as c:
+            r = c.request(INCREMENTAL_ALTER, 1, {"resources": resources, "validate_only": False})
+        return [(x.error_code, x.error_message) for x in r.responses]
+
+    def res(configs: list[tuple[str, int, str | None]], name: str = "edges", rtype: int = 2) -> dict[str, Any]:
+        return {"resource_type": rtype, "resource_name": name,
+                "configs": [{"name": n, "config_operation": op, "value": v} for n, op, v in configs]}
+
+    [(code, _m)] = incremental([res([("retention.ms", 9, "1")])])
+    assert code == ErrorCode.invalid_request  # unknown operation
+    [(code, msg)] = incremental([res([("retention.ms", 0, None)])])
+    assert code == ErrorCode.invalid_request and "Null value not supported" in (msg or "")
+    [(code, msg)] = incremental([res([("retention.ms", 0, "1"), ("retention.ms", 0, "2")])])
+    assert code == ErrorCode.invalid_request and "duplicate config keys" in (msg or "")
+    codes = incremental([res([("retention.ms", 0, "1")]), res([("retention.ms", 0, "2")])])
+    assert [c for c, _ in codes] == [ErrorCode.invalid_request] * 2  # the same resource twice
+    [(code, _m)] = incremental([res([("retention.ms", 0, "1")], name="x", rtype=4)])
+    assert code == ErrorCode.invalid_request  # not a broker id
+    [(code, _m)] = incremental([res([("retention.ms", 0, "1")], rtype=3)])
+    assert code == ErrorCode.invalid_request  # not a resource type configs live on here
+    # APPEND with a list value several items long, and validate_only changes nothing
+    with Connection(cb.bootstrap) as c:
+        r = c.request(INCREMENTAL_ALTER, 1, {"resources": [res([("follower.replication.throttled.replicas", 2, "0:1,1:1")])],
+                                              "validate_only": True})
+        assert r.responses[0].error_code == 0
+        d = c.request(DESCRIBE_CONFIGS, 4, {"resources": [{"resource_type": 2, "resource_name": "edges",
+                                                           "configuration_keys": ["follower.replication.throttled.replicas",
+                                                                                  "cleanup.policy", "segment.bytes",
+                                                                                  "min.cleanable.dirty.ratio"]}],
+                                            "include_synonyms": False, "include_documentation": False})
+    got = {e.name: (e.value, e.config_type) for e in d.results[0].configs}
+    assert got == {"follower.replication.throttled.replicas": ("", 7), "cleanup.policy": ("delete", 7),
+                   "segment.bytes": ("1073741824", 3), "min.cleanable.dirty.ratio": ("0.5", 6)}
