@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oncelog.broker.config import _BOOLS, _INTS
-from oncelog.storage.config import BROKER_SYNONYM, TOPIC_CONFIGS, ConfigError, LogConfig, parse_value
+from oncelog.storage.config import BROKER_SYNONYM, TOPIC_CONFIGS, ConfigError, parse_value
 from oncelog.storage.fileutil import atomic_write
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,3 @@ def validate(configs: dict[str, str], per_broker: bool) -> None:
             if n < _INT_CONFIGS[name]:
                 raise ConfigError(f"Invalid value {n} for configuration {name}: Value must be at least {_INT_CONFIGS[name]}")
 
-
-def log_defaults(props: dict[str, str]) -> LogConfig:
-    """The broker-wide log defaults for these (static + dynamic) props."""
-    return LogConfig.from_properties(props)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from oncelog.broker.context import RequestContext
+from oncelog.broker.dynamic_config import LOG_CONFIGS
 from oncelog.broker.handlers.alter_configs import alter_resource, duplicated_resources
 from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.storage.config import LIST, TOPIC_CONFIGS, format_value
@@ -32,8 +33,6 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 def _list_key(name: str, kind: str) -> Any:
     """The topic ConfigKey behind a topic or broker config name, if it is a LIST."""
     if kind == "broker":
-        from oncelog.broker.dynamic_config import LOG_CONFIGS
-
         name = LOG_CONFIGS.get(name, name)
     key = TOPIC_CONFIGS.get(name)
     return key if key is not None and key.type == LIST else None
