@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from oncelog.broker.config import BrokerConfig
+from oncelog.broker import dynamic_config
 from oncelog.broker.durability import GroupCommitter
 from oncelog.broker.group import GroupConfig, GroupCoordinator, OffsetStore
 from oncelog.broker.markers import BrokerMarkerWriter
@@ -23,7 +24,7 @@ from oncelog.broker.producer_ids import ProducerIdManager
 from oncelog.broker.txn import FileTxnLog, TransactionCoordinator, TxnConfig
 from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.storage.catalog import TopicCatalog
-from oncelog.storage.config import TOPIC_KEYS, LogConfig
+from oncelog.storage.config import TOPIC_CONFIGS, ConfigError, LogConfig, unsupported_topic_config
 from oncelog.storage.engine import LogManager
 from oncelog.storage.fileutil import atomic_write
 
@@ -68,7 +69,10 @@ class Broker:
         self.cluster_id = self._load_cluster_id()
         self.producer_ids = ProducerIdManager(config.data_dir / "meta")
         self.catalog = TopicCatalog.load(config.data_dir)
-        self.logs = LogManager(config.data_dir, config.log)
+        self._static_producer_id_expiration_ms = config.producer_id_expiration_ms
+        self.dynamic = dynamic_config.DynamicBrokerConfigs.load(config.data_dir / "meta")
+        self.logs = LogManager(config.data_dir, self._dynamic_log_defaults())
+        self._apply_dynamic_scalars()
         self.logs.open_all(self.catalog, self.clock())
         for meta in self.catalog.topics():
             self._attach_topic(meta.name, uuid.UUID(str(meta.topic_id)), meta.num_partitions, meta.configs)
@@ -156,14 +160,21 @@ class Broker:
     def topic_log_config(self, name: str) -> LogConfig:
         return self.logs.effective_config(name)
 
-    def check_topic_configs(self, configs: dict[str, str]) -> None:
+    def check_topic_configs(self, configs: dict[str, str]) -> LogConfig:
+        """Validate topic overrides as Kafka does (names, types, ranges); INVALID_CONFIG
+        otherwise. Returns the effective config they give over the broker defaults."""
         for key in configs:
-            if key not in TOPIC_KEYS:
-                raise KafkaError(ErrorCode.invalid_config, f"unknown or unsupported topic config {key!r}")
+            if key not in TOPIC_CONFIGS:
+                raise KafkaError(ErrorCode.invalid_config, f"Unknown topic config name: {key}")
         try:
-            LogConfig.from_properties(configs, self.config.log)
-        except (ValueError, TypeError) as exc:
-            raise KafkaError(ErrorCode.invalid_config, f"invalid topic config: {exc}") from None
+            cfg = LogConfig.from_properties(configs, self.logs.defaults)
+        except ConfigError as exc:
+            raise KafkaError(ErrorCode.invalid_config, str(exc)) from None
+        for key in configs:
+            refusal = unsupported_topic_config(key, cfg.get(key))
+            if refusal is not None:
+                raise KafkaError(ErrorCode.invalid_config, refusal)
+        return cfg
 
     def create_topic(
         self,
@@ -186,6 +197,12 @@ class Broker:
             replication_factor = self.config.default_replication_factor
         if replication_factor <= 0:
             raise KafkaError(ErrorCode.invalid_replication_factor, "Replication factor must be larger than 0.")
+        if replication_factor > 1:  # one broker: what a one-broker Kafka answers
+            raise KafkaError(
+                ErrorCode.invalid_replication_factor,
+                f"Unable to replicate the partition {replication_factor} time(s): The target replication factor "
+                f"of {replication_factor} cannot be reached because only 1 broker(s) are registered.",
+            )
         configs = {k: v for k, v in (configs or {}).items() if v is not None}
         self.check_topic_configs(configs)
         if validate_only:
@@ -254,6 +271,69 @@ class Broker:
         self.catalog.set_configs(name, configs)
         topic.configs = dict(configs)
         self.logs.reconfigure(name)
+
+    # -- dynamic broker configs (KIP-226; broker/dynamic_config.py) ---------------
+
+    def _dynamic_log_defaults(self, default: dict[str, str] | None = None, broker: dict[str, str] | None = None) -> LogConfig:
+        if not (self.dynamic.default or self.dynamic.broker or default or broker):
+            return self.config.log
+        try:
+            return LogConfig.from_properties(self.dynamic.overlay(self.config.raw, default, broker))
+        except ConfigError as exc:  # a stored value that no longer validates: keep the static ones
+            log.error("ignoring the dynamic log configs: %s", exc)
+            return self.config.log
+
+    def _apply_dynamic_scalars(self) -> None:
+        merged = self.dynamic.overlay({})
+        value = merged.get("producer.id.expiration.ms")
+        self.config.producer_id_expiration_ms = (
+            int(value) if value is not None else self._static_producer_id_expiration_ms
+        )
+
+    def check_broker_resource(self, name: str) -> bool:
+        """True for this broker's id, False for the cluster default (""); INVALID_REQUEST otherwise."""
+        if name == "":
+            return False
+        try:
+            node = int(name)
+        except ValueError:
+            raise KafkaError(ErrorCode.invalid_request, f"Node id must be an integer, but it is: {name}") from None
+        if node != self.node_id:
+            raise KafkaError(ErrorCode.invalid_request, f"Unexpected broker id, expected {self.node_id}, but received {name}")
+        return True
+
+    def alter_broker_configs(self, name: str, configs: dict[str, str], validate_only: bool = False) -> None:
+        """Replace the dynamic configs of one level (``""`` cluster default, or this node's id)."""
+        per_broker = self.check_broker_resource(name)
+        try:
+            dynamic_config.validate(configs, per_broker)
+            levels = {"broker": configs} if per_broker else {"default": configs}
+            defaults = LogConfig.from_properties(self.dynamic.overlay(self.config.raw, **levels))
+        except ConfigError as exc:  # Kafka answers INVALID_REQUEST here (KAFKA-13609)
+            raise KafkaError(ErrorCode.invalid_request, str(exc)) from None
+        for key in configs:
+            topic_name = dynamic_config.LOG_CONFIGS.get(key)
+            if topic_name is not None:
+                refusal = unsupported_topic_config(topic_name, defaults.get(topic_name))
+                if refusal is not None:
+                    raise KafkaError(ErrorCode.invalid_config, refusal)
+        if validate_only:
+            return
+        level = self.dynamic.level(per_broker)
+        before = dict(level)
+        level.clear()
+        level.update(configs)
+        try:
+            self.dynamic.save()
+        except OSError as exc:
+            level.clear()
+            level.update(before)
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot store the broker configs: {exc}") from None
+        self.logs.defaults = defaults
+        for topic in self.topics:
+            self.logs.reconfigure(topic)
+        self._apply_dynamic_scalars()
+        log.info("dynamic broker configs (%s) now %s", "broker " + name if per_broker else "cluster default", configs)
 
     def auto_create(self, name: str) -> Topic | None:
         """Metadata/Produce auto-creation (``auto.create.topics.enable``)."""

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oncelog.storage.config import LogConfig
+from oncelog.storage.config import BROKER_SYNONYM, LogConfig
 
 _LISTENER = re.compile(r"^(?:[A-Za-z_]+://)?\[?([^\]]*?)\]?:(\d+)$")
 
@@ -170,17 +170,7 @@ class BrokerConfig:
         out.update((key, str(getattr(self, attr))) for key, attr in _INTS.items())
         out.update((key, str(getattr(self, attr)).lower()) for key, attr in _BOOLS.items())
         for key, value in self.log.to_topic_configs().items():
-            out[_BROKER_NAME.get(key, "log." + key)] = value
+            if key in BROKER_SYNONYM:  # oncelog's own meaning wins (log.flush.interval.messages)
+                out.setdefault(BROKER_SYNONYM[key], value)
         return out
 
-
-# topic-level config name → broker-level default name (Kafka's mapping)
-_BROKER_NAME = {
-    "segment.bytes": "log.segment.bytes",
-    "segment.ms": "log.roll.ms",
-    "retention.ms": "log.retention.ms",
-    "retention.bytes": "log.retention.bytes",
-    "max.message.bytes": "message.max.bytes",
-    "message.timestamp.type": "log.message.timestamp.type",
-    "index.interval.bytes": "log.index.interval.bytes",
-}

@@ -173,6 +173,11 @@ class Partition:
             if isinstance(result, Reject):
                 raise KafkaError(result.code, result.message)
             decision = result
+        cfg = self.log.config
+        if cfg.extras and not cfg.log_append_time:  # message.timestamp.before/after.max.ms, when set
+            _check_timestamps(records, hdr, now_ms, cfg)
+        if cfg.compression_type != "producer" and cfg.target_codec != hdr.compression:
+            records, hdr = _recompress(records, hdr, cfg)  # the topic's compression.type (Kafka's LogValidator)
         info = self.log.append(records, now_ms, header=hdr)
         if info.segment_base_offset == info.base_offset and info.base_offset > 0:
             # this append rolled a new segment: snapshot the state before it
@@ -301,3 +306,38 @@ class Partition:
         # the snapshot ends replay there on the next open: the index entries below must be durable first
         self.log.sync_txn_indexes()
         write_offset_named(self.log.directory, offset, SNAPSHOT_SUFFIX, self.producers.to_bytes(), SNAPSHOTS_KEPT)
+
+
+def _recompress(records: bytes, hdr: BatchHeader, cfg: object) -> tuple[bytes, BatchHeader]:
+    """Re-encode a batch with the topic's codec (broker/recompress.py); the result must still fit."""
+    from oncelog.broker import recompress
+
+    codec = cfg.target_codec  # type: ignore[attr-defined]
+    try:
+        out, new_hdr = recompress.recompress(records, hdr, codec, recompress.level_for(cfg, codec))
+    except InvalidRecordError as exc:
+        raise KafkaError(exc.error_code, exc.message) from None
+    if new_hdr.size > cfg.max_message_bytes:  # type: ignore[attr-defined]
+        raise KafkaError(
+            ErrorCode.message_too_large,
+            f"the record batch is {new_hdr.size} bytes after recompression, above max.message.bytes "
+            f"{cfg.max_message_bytes}",  # type: ignore[attr-defined]
+        )
+    if new_hdr.size > cfg.segment_bytes:  # type: ignore[attr-defined]
+        raise KafkaError(ErrorCode.record_list_too_large, f"the record batch is {new_hdr.size} bytes after recompression, above segment.bytes")
+    return out, new_hdr
+
+
+def _check_timestamps(records: bytes, hdr: BatchHeader, now_ms: int, cfg: object) -> None:
+    extras = cfg.extras  # type: ignore[attr-defined]
+    before = extras.get("message.timestamp.before.max.ms")
+    after = extras.get("message.timestamp.after.max.ms")
+    if before is None and after is None:
+        return
+    from oncelog.broker import recompress
+
+    limit = (1 << 63) - 1
+    try:
+        recompress.check_timestamps(records, hdr, now_ms, limit if before is None else before, limit if after is None else after)
+    except InvalidRecordError as exc:
+        raise KafkaError(exc.error_code, exc.message) from None

@@ -461,6 +461,8 @@ class PartitionLog:
         the durable end offset) are deleted.  Returns the number deleted.
         """
         cfg = self.config
+        if not cfg.delete_enabled:  # cleanup.policy without "delete": nothing expires (Kafka)
+            return 0
         bound = self._durable_end if upper_bound is None else upper_bound
         deleted = 0
         if cfg.retention_ms >= 0:

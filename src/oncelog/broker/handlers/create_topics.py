@@ -3,8 +3,11 @@
 Behavior: creates each topic with its partition count and topic-level
 configs. -1 partitions/replication factor take ``num.partitions`` /
 ``default.replication.factor``. Explicit replica assignments give the
-partition count. A replication factor above 1 is accepted and capped at 1,
-as single-node brokers do. ``validate_only`` checks everything and changes
+partition count; they may name only this broker, once per partition
+(INVALID_REPLICA_ASSIGNMENT otherwise). A replication factor above 1 gets
+INVALID_REPLICATION_FACTOR, as a one-broker Kafka answers. Topic configs are
+validated as Kafka's LogConfig does (unknown names, types, ranges and valid
+values: INVALID_CONFIG with Kafka's message). ``validate_only`` checks everything and changes
 nothing. Errors: TOPIC_ALREADY_EXISTS, INVALID_TOPIC_EXCEPTION,
 INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, INVALID_CONFIG,
 INVALID_REQUEST (duplicate names in one request).
@@ -44,6 +47,23 @@ def _result(name: str, code: int, message: str | None = None) -> dict[str, Any]:
     }
 
 
+def _check_assignments(assignments: Any, node_id: int) -> str | None:
+    """Kafka's checks of manual assignments, on a cluster of one broker."""
+    indexes = sorted(a.partition_index for a in assignments)
+    if indexes != list(range(len(indexes))):
+        return "Partitions must be numbered 0 to n-1 in the manual partition assignment."
+    for a in assignments:
+        ids = list(a.broker_ids)
+        if not ids:
+            return "The manual partition assignment includes an empty replica list."
+        if len(set(ids)) != len(ids):
+            return f"The manual partition assignment includes the broker {ids[0]} more than once."
+        for b in ids:
+            if b != node_id:
+                return f"The manual partition assignment includes broker {b}, but no such broker is registered."
+    return None
+
+
 async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
     broker = ctx.broker
     counts = Counter(t.name for t in request.topics)
@@ -65,9 +85,11 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
                 )
                 continue
             num_partitions = len(t.assignments)
-            replication = len(t.assignments[0].broker_ids) or 1
-        if replication > 1:
-            replication = 1  # single node: accepted and capped
+            problem = _check_assignments(t.assignments, broker.node_id)
+            if problem is not None:
+                results.append(_result(t.name, ErrorCode.invalid_replica_assignment, problem))
+                continue
+            replication = 1
         configs = {c.name: c.value for c in t.configs}
         try:
             topic = broker.create_topic(t.name, num_partitions, replication, configs, request.validate_only)

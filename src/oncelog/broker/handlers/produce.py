@@ -3,7 +3,10 @@
 Behavior: for each partition, the record batch is validated as opaque
 bytes (one v2 batch, length, magic, CRC32C, codec, size: see
 :func:`oncelog.protocol.records.validate_produce_records`), its base offset is
-patched and it is appended to the partition log. Nothing is decompressed.
+patched and it is appended to the partition log. Nothing is decompressed,
+except in topics whose ``compression.type`` is not ``producer`` (the batch is
+recompressed, :mod:`oncelog.broker.recompress`) or that set
+``message.timestamp.before/after.max.ms`` (INVALID_TIMESTAMP out of range).
 All appends of the request happen before the handler first awaits, so the
 requests of one connection are appended in arrival order even though their
 fsync waits overlap. With acks=1 or acks=-1 the response is sent only after

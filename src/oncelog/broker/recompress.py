@@ -1,0 +1,203 @@
+"""Broker-side recompression: a topic's ``compression.type`` (Kafka's LogValidator).
+
+With ``compression.type=producer`` (the default) the broker stores batches as
+the producer sent them and never looks inside. With any other value, a batch
+whose codec differs from the topic's is decompressed, its records checked,
+and the same record bytes recompressed with the topic's codec (and level):
+only the header's length, codec bits and CRC change. Producer id, epoch,
+base sequence, timestamps, the transactional flag, the record count and every
+record (offset and timestamp deltas, keys, values, headers) stay as sent, so
+idempotence and transactions see the same batch.
+
+This is the only place the broker decodes records, and it is off the path of
+``producer`` topics: the append path calls :func:`recompress` only when the
+codecs differ. The codec libraries (cramjam) are imported on first use.
+
+Wire formats, as Kafka writes them: gzip (RFC 1952), snappy in the xerial
+framing of snappy-java (raw snappy is read too), lz4 frames with independent
+64 KiB blocks and no content size or checksum, zstd frames.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from oncelog.protocol.records import (
+    ATTRIBUTES_OFFSET,
+    BATCH_LENGTH_OFFSET,
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_MASK,
+    COMPRESSION_NONE,
+    COMPRESSION_SNAPPY,
+    COMPRESSION_ZSTD,
+    CORRUPT_MESSAGE,
+    HEADER_SIZE,
+    INVALID_RECORD,
+    LOG_OVERHEAD,
+    BatchHeader,
+    InvalidRecordError,
+    iter_records,
+    parse_batch_header,
+    update_crc,
+)
+
+INVALID_TIMESTAMP = 32
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_BE32 = struct.Struct(">i")
+_LE32 = struct.Struct("<I")
+
+XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = XERIAL_MAGIC + _BE32.pack(1) + _BE32.pack(1)  # version 1, compatible with 1
+_XERIAL_BLOCK = 32 * 1024
+# LZ4 frame: magic, FLG (version 01, independent blocks), BD (64 KiB blocks), header checksum
+_LZ4_HEADER = b"\x04\x22\x4d\x18\x60\x40\x82"
+_LZ4_BLOCK = 64 * 1024
+
+_cramjam: Any = None
+
+
+def _lib() -> Any:
+    global _cramjam
+    if _cramjam is None:
+        import cramjam
+
+        _cramjam = cramjam
+    return _cramjam
+
+
+# --- codecs ---------------------------------------------------------------------------
+
+
+def decompress(codec: int, data: bytes | memoryview) -> bytes:
+    cj = _lib()
+    data = bytes(data)
+    if codec == COMPRESSION_NONE:
+        return data
+    if codec == COMPRESSION_GZIP:
+        return bytes(cj.gzip.decompress(data))
+    if codec == COMPRESSION_SNAPPY:
+        if data.startswith(XERIAL_MAGIC):
+            out = bytearray()
+            pos = len(_XERIAL_HEADER)
+            while pos < len(data):
+                (n,) = _BE32.unpack_from(data, pos)
+                pos += 4
+                if n < 0 or pos + n > len(data):
+                    raise ValueError("truncated xerial snappy block")
+                out += bytes(cj.snappy.decompress_raw(data[pos : pos + n]))
+                pos += n
+            return bytes(out)
+        return bytes(cj.snappy.decompress_raw(data))
+    if codec == COMPRESSION_LZ4:
+        return bytes(cj.lz4.decompress(data))
+    if codec == COMPRESSION_ZSTD:
+        return bytes(cj.zstd.decompress(data))
+    raise ValueError(f"unknown codec {codec}")
+
+
+def compress(codec: int, data: bytes, level: int | None = None) -> bytes:
+    cj = _lib()
+    if codec == COMPRESSION_NONE:
+        return data
+    if codec == COMPRESSION_GZIP:
+        return bytes(cj.gzip.compress(data, level=None if level is None or level < 0 else level))
+    if codec == COMPRESSION_SNAPPY:
+        out = bytearray(_XERIAL_HEADER)
+        for i in range(0, len(data), _XERIAL_BLOCK):
+            block = bytes(cj.snappy.compress_raw(data[i : i + _XERIAL_BLOCK]))
+            out += _BE32.pack(len(block)) + block
+        return bytes(out)
+    if codec == COMPRESSION_LZ4:
+        out = bytearray(_LZ4_HEADER)
+        # Kafka: level 1 is LZ4's fast compressor, higher levels the high-compression one
+        hc = {"mode": "high_compression", "compression": level} if level is not None and level > 1 else {}
+        for i in range(0, len(data), _LZ4_BLOCK):
+            chunk = data[i : i + _LZ4_BLOCK]
+            block = bytes(cj.lz4.compress_block(chunk, store_size=False, **hc))
+            if len(block) >= len(chunk):  # incompressible: stored as is (high bit of the size)
+                out += _LE32.pack(len(chunk) | 0x80000000) + chunk
+            else:
+                out += _LE32.pack(len(block)) + block
+        out += b"\x00\x00\x00\x00"  # end mark
+        return bytes(out)
+    if codec == COMPRESSION_ZSTD:
+        return bytes(cj.zstd.compress(data, level=level))
+    raise ValueError(f"unknown codec {codec}")
+
+
+# --- batches --------------------------------------------------------------------------
+
+
+def _with_body(batch: bytes | bytearray | memoryview, codec: int, body: bytes) -> bytearray:
+    """The batch's header (attributes' codec bits set to ``codec``) + ``body``, with length and CRC fixed."""
+    buf = bytearray(HEADER_SIZE + len(body))
+    buf[:HEADER_SIZE] = memoryview(batch)[:HEADER_SIZE]
+    buf[HEADER_SIZE:] = body
+    _I32.pack_into(buf, BATCH_LENGTH_OFFSET, len(buf) - LOG_OVERHEAD)
+    (attrs,) = _I16.unpack_from(buf, ATTRIBUTES_OFFSET)
+    _I16.pack_into(buf, ATTRIBUTES_OFFSET, (attrs & ~COMPRESSION_MASK) | codec)
+    update_crc(buf, 0)
+    return buf
+
+
+def recompress(batch: bytes, hdr: BatchHeader, codec: int, level: int | None = None) -> tuple[bytes, BatchHeader]:
+    """Re-encode one validated v2 batch with ``codec``; returns the new batch and header.
+
+    Raises :class:`InvalidRecordError`: CORRUPT_MESSAGE when the records do
+    not decompress or parse, INVALID_RECORD when their count or offsets do not
+    match the header (Kafka's inner-record checks).
+    """
+    body = memoryview(batch)[HEADER_SIZE : hdr.size]
+    try:
+        raw = decompress(hdr.compression, body)
+    except Exception as exc:  # noqa: BLE001 - any codec failure is a corrupt batch
+        raise InvalidRecordError(CORRUPT_MESSAGE, f"cannot decompress the record batch ({exc})") from None
+    plain = _with_body(batch, COMPRESSION_NONE, raw)
+    expected = 0
+    for offset, _ts, _rec in iter_records(plain):
+        if offset != expected:
+            raise InvalidRecordError(INVALID_RECORD, f"record at position {expected} has offset delta {offset}, not {expected}")
+        expected += 1
+    if expected != hdr.records_count:
+        raise InvalidRecordError(
+            INVALID_RECORD, f"record batch holds {expected} records but its header says {hdr.records_count}"
+        )
+    out = plain if codec == COMPRESSION_NONE else _with_body(batch, codec, compress(codec, raw, level))
+    return bytes(out), parse_batch_header(out)
+
+
+def level_for(config: Any, codec: int) -> int | None:
+    """The topic's compression level for ``codec`` (compression.gzip/lz4/zstd.level)."""
+    if codec == COMPRESSION_GZIP:
+        return config.compression_gzip_level
+    if codec == COMPRESSION_LZ4:
+        return config.compression_lz4_level
+    if codec == COMPRESSION_ZSTD:
+        return config.compression_zstd_level
+    return None
+
+
+def check_timestamps(batch: bytes, hdr: BatchHeader, now_ms: int, before_max_ms: int, after_max_ms: int) -> None:
+    """Kafka's ``message.timestamp.before.max.ms`` / ``after.max.ms`` check (CreateTime topics).
+
+    Every record's timestamp must lie within ``[now - before, now + after]``;
+    otherwise INVALID_TIMESTAMP. Reads the records (decompressing if needed),
+    so the append path calls it only when one of the two is set.
+    """
+    low, high = now_ms - before_max_ms, now_ms + after_max_ms
+    body = memoryview(batch)[HEADER_SIZE : hdr.size]
+    try:
+        plain = batch if hdr.compression == COMPRESSION_NONE else _with_body(batch, COMPRESSION_NONE, decompress(hdr.compression, body))
+    except Exception as exc:  # noqa: BLE001
+        raise InvalidRecordError(CORRUPT_MESSAGE, f"cannot decompress the record batch ({exc})") from None
+    for offset, ts, _rec in iter_records(plain):
+        if not low <= ts <= high:
+            raise InvalidRecordError(
+                INVALID_TIMESTAMP,
+                f"Timestamp {ts} of message with offset {offset} is out of range. "
+                f"The timestamp should be within [{low}, {high}]",
+            )
