@@ -6,7 +6,7 @@ started in arrival order, and responses are written strictly in request order.
 A request starts only once the previous request of its connection has applied
 its effects (see :class:`~oncelog.broker.context.RequestContext.applied`):
 effects follow request order, as with Kafka's muted channel, while the waits
-that come after the effects (fsync, long polls, rebalances) overlap, so
+that come after the effects (fsync, long polls) overlap, so
 pipelined produces still share group-commit rounds. A connection that sends a
 malformed or oversize frame, or an unknown API, is closed alone and logged in
 one line; every other connection keeps being served.
