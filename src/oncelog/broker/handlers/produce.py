@@ -30,8 +30,8 @@ coordinator NOT_ENOUGH_REPLICAS (retriable). With transaction version 2
 (Produce v12 and ``transaction.version`` >= 2) the partition is added to the
 transaction implicitly instead (KIP-890 part 2): all of a request's new
 partitions in one coordinator write, awaited before appending (the next
-request of the connection waits for it too). Other coordinator refusals get TRANSACTION_ABORTABLE
-(v11+) or INVALID_TXN_STATE. A non-transactional batch from a producer with
+request of the connection waits for it too). Other coordinator refusals get
+TRANSACTION_ABORTABLE (v11+) or INVALID_TXN_STATE. A non-transactional batch from a producer with
 an open transaction gets INVALID_TXN_STATE.
 
 Errors per partition: UNKNOWN_TOPIC_OR_PARTITION, CORRUPT_MESSAGE,
@@ -133,8 +133,10 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
         by_producer: dict[tuple[int, int], list[TopicPartition]] = {}
         for _, h, tp in implicit_adds:
             by_producer.setdefault((h.producer_id, h.producer_epoch), []).append(tp)
-        answers = await asyncio.gather(*(txn.add_partitions_implicitly(pid, epoch, tps) for (pid, epoch), tps in by_producer.items()))
-        codes = {key: answer for key, answer in zip(by_producer, answers)}
+        answers = await asyncio.gather(
+            *(txn.add_partitions_implicitly(pid, epoch, tps) for (pid, epoch), tps in by_producer.items())
+        )
+        codes = dict(zip(by_producer, answers))
         for entry, h, tp in implicit_adds:
             code = codes[(h.producer_id, h.producer_epoch)][tp]
             entry[4] = _verifier(txn, tp, version) if not code else _failing(_txn_error(code, version))
