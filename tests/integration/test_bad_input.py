@@ -662,6 +662,68 @@ def test_produce_mixed_request_rejects_only_the_bad_partition(
     assert_serving(broker, background)
 
 
+# -- Produce with acks=0: no answer, so a failed partition closes the connection --------
+
+
+def acks0_frame(correlation_id: int, topic: str, partitions: dict[int, bytes]) -> bytes:
+    entity = materialize(
+        request_type(PRODUCE, 9),
+        {
+            "transactional_id": None,
+            "acks": 0,
+            "timeout": 10000,
+            "topic_data": [{"name": topic, "partition_data": [{"index": i, "records": r} for i, r in partitions.items()]}],
+        },
+    )
+    return framed(header(PRODUCE, 9, correlation_id, tags=True) + encode_request(entity))
+
+
+@pytest.mark.parametrize(("topic", "partition"), [("no-such-topic", 0), (TOPIC, 7)])
+def test_produce_acks0_failure_closes_connection(
+    broker: EmbeddedBroker, background: BackgroundProducer, topic: str, partition: int
+) -> None:
+    """Kafka closes the connection when any partition of an acks=0 Produce fails, so that the
+    client (which gets no answer) notices and refreshes its metadata."""
+    line = expect_close(broker, acks0_frame(1, topic, {partition: batch(b"REJECTED-acks0")}), "acks=0")
+    assert f"{topic}-{partition}" in line and "UNKNOWN_TOPIC_OR_PARTITION" in line.upper(), line
+    assert_serving(broker, background)
+
+
+def _offset_of(broker: EmbeddedBroker, value: bytes) -> int:
+    """Where ``value`` landed in TOPIC (acks=0 answers nothing: wait until it is durable and readable)."""
+    deadline = time.monotonic() + 5
+    while True:
+        _hw, records = fetch_all(broker, TOPIC, 0)
+        found = [o for o, v in records if v == value]
+        if found or time.monotonic() > deadline:
+            (offset,) = found
+            return offset
+        time.sleep(0.02)
+
+
+def test_produce_acks0_success_keeps_connection(broker: EmbeddedBroker, background: BackgroundProducer) -> None:
+    sock = connect(broker)
+    try:
+        sock.sendall(acks0_frame(1, TOPIC, {0: batch(b"valid-acks0")}))
+        # the next request on the same connection is answered: nothing was closed
+        sock.sendall(framed(header(API_VERSIONS, 0, 2)))
+        answer = recv_frame(sock)
+        assert _I32.unpack_from(answer, 0)[0] == 2
+    finally:
+        sock.close()
+    accepted.append((_offset_of(broker, b"valid-acks0"), b"valid-acks0"))
+    assert_serving(broker, background)
+
+
+def test_produce_acks0_mixed_appends_the_good_partition_then_closes(
+    broker: EmbeddedBroker, background: BackgroundProducer
+) -> None:
+    """As in Kafka, the valid partitions of the request are appended; the connection is closed after."""
+    expect_close(broker, acks0_frame(1, TOPIC, {0: batch(b"valid-acks0-mixed"), 5: batch(b"REJECTED-acks0-mixed")}), "acks=0")
+    accepted.append((_offset_of(broker, b"valid-acks0-mixed"), b"valid-acks0-mixed"))
+    assert_serving(broker, background)
+
+
 # -- afterwards --------------------------------------------------------------
 
 

@@ -246,7 +246,8 @@ def vals(prefix: str, n: int) -> list[bytes]:
 class Pipelined:
     """Send a request now, read its answer later (to race two requests on two connections)."""
 
-    def __init__(self, conn: Connection, api_key: int, version: int, body: dict[str, Any]) -> None:
+    def __init__(self, conn: Connection, api_key: int, version: int, body: dict[str, Any], send: bool = True) -> None:
+        """With ``send=False`` the framed request is only built (``self.frame``), for the caller to send."""
         self.conn, self.api_key, self.version = conn, api_key, version
         entity = materialize(request_type(api_key, version), body)
         conn.correlation_id += 1
@@ -256,7 +257,9 @@ class Pipelined:
         if is_flexible(api_key, version):
             header += b"\x00"
         payload = header + encode_request(entity)
-        conn.sock.sendall(struct.pack(">i", len(payload)) + payload)
+        self.frame = struct.pack(">i", len(payload)) + payload
+        if send:
+            conn.sock.sendall(self.frame)
 
     def result(self) -> Any:
         raw = self.conn.recv_frame()
@@ -374,51 +377,58 @@ def test_end_txn_without_transaction(conn: Connection, topic: str, version: int)
 # -- racing and retried EndTxn ----------------------------------------------------------------------
 
 
-def test_requests_racing_end_txn(conn: Connection, topic: str) -> None:
+def test_requests_racing_end_txn(tbroker: EmbeddedBroker, conn: Connection, topic: str) -> None:
     """AddPartitionsToTxn / EndTxn sent while an EndTxn(commit) is being completed: CONCURRENT_TRANSACTIONS
-    (or, for a same-direction EndTxn that lands after completion, success).
+    (or, for a request that lands before the EndTxn or after completion, success).
 
-    The racers are pipelined behind the EndTxn on the same connection, so the
-    broker takes them after it (on separate connections the event loop may
-    read a racer first, and then the EndTxn itself is the one that races);
-    the EndTxn is answered once PrepareCommit is durable, while the markers
-    are still being written, so the racers meet PrepareCommit or, if the
-    markers were quick, the completed transaction."""
+    The racers go on a second connection right behind the EndTxn: requests of
+    one connection never race (each starts once the one before it has applied
+    its effects, as with Kafka's one-request-at-a-time channel), so racing needs
+    two. The event loop usually reads the EndTxn first; then the racers meet
+    its PrepareCommit write or the prepared transaction. When a racer is read
+    first, the EndTxn is the one that races; either way every answer is
+    success or CONCURRENT_TRANSACTIONS and the committed data is exactly what
+    was produced."""
     txn_id = f"race-{topic}"
     pid, epoch = init_ok(conn, txn_id)
     concurrent_seen = 0
     seq = 0
     committed: list[bytes] = []
-    for attempt in range(8):
-        assert add_partitions(conn, txn_id, pid, epoch, [(topic, 0), (topic, 1)]) == {(topic, 0): 0, (topic, 1): 0}
-        v = vals(f"r{attempt}", 2)
-        produce_ok(conn, txn_id, topic, 0, v, pid, epoch, seq)
-        produce_ok(conn, txn_id, topic, 1, v, pid, epoch, seq)
-        seq += 2
-        committed.extend(v)
-        first = Pipelined(conn, END_TXN, 3, {"transactional_id": txn_id, "producer_id": pid,
-                                             "producer_epoch": epoch, "committed": True})
-        racing_add = Pipelined(conn, ADD_PARTITIONS, 3, {
-            "v3_and_below_transactional_id": txn_id, "v3_and_below_producer_id": pid,
-            "v3_and_below_producer_epoch": epoch, "v3_and_below_topics": [{"name": topic, "partitions": [2]}]})
-        racing_end = Pipelined(conn, END_TXN, 3, {"transactional_id": txn_id, "producer_id": pid,
-                                               "producer_epoch": epoch, "committed": True})
-        assert first.result().error_code == 0
-        add_err = racing_add.result().results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
-        end_err = racing_end.result().error_code
-        assert end_err in (0, E.concurrent_transactions), E(end_err)
-        assert add_err in (0, E.concurrent_transactions), E(add_err)
-        if add_err == 0:
-            # it landed after completion and legitimately began a new transaction (v3: same epoch) holding
-            # only partition 2, no data; the racing EndTxn behind it may have committed that one already
-            if described(conn, txn_id)[0] == "Ongoing":
-                assert end_txn(conn, txn_id, pid, epoch, False).error_code == 0
-        concurrent_seen += (add_err == E.concurrent_transactions) + (end_err == E.concurrent_transactions)
-        for _ in range(100):
-            if described(conn, txn_id)[0] in ("CompleteCommit", "CompleteAbort"):
-                break
-            time.sleep(0.02)
-    assert concurrent_seen > 0, "no request ever saw the transaction in PrepareCommit"
+    with Connection(tbroker.bootstrap, client_id="txn-proto-racer") as other:
+        for attempt in range(8):
+            assert add_partitions(conn, txn_id, pid, epoch, [(topic, 0), (topic, 1)]) == {(topic, 0): 0, (topic, 1): 0}
+            v = vals(f"r{attempt}", 2)
+            produce_ok(conn, txn_id, topic, 0, v, pid, epoch, seq)
+            produce_ok(conn, txn_id, topic, 1, v, pid, epoch, seq)
+            seq += 2
+            committed.extend(v)
+            first = Pipelined(conn, END_TXN, 3, {"transactional_id": txn_id, "producer_id": pid,
+                                                 "producer_epoch": epoch, "committed": True})
+            racing_add = Pipelined(other, ADD_PARTITIONS, 3, {
+                "v3_and_below_transactional_id": txn_id, "v3_and_below_producer_id": pid,
+                "v3_and_below_producer_epoch": epoch, "v3_and_below_topics": [{"name": topic, "partitions": [2]}]},
+                send=False)
+            racing_end = Pipelined(other, END_TXN, 3, {"transactional_id": txn_id, "producer_id": pid,
+                                                    "producer_epoch": epoch, "committed": True}, send=False)
+            other.sock.sendall(racing_add.frame + racing_end.frame)
+            first_err = first.result().error_code
+            add_err = racing_add.result().results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code
+            end_err = racing_end.result().error_code
+            for err in (first_err, add_err, end_err):
+                assert err in (0, E.concurrent_transactions), E(err)
+            concurrent_seen += sum(err == E.concurrent_transactions for err in (first_err, add_err, end_err))
+            for _ in range(100):
+                state, _pid, _epoch, parts = described(conn, txn_id)
+                if state == "Ongoing":
+                    # (topic, 0) still in it: both EndTxns lost their race, commit this round's data;
+                    # else an add that landed after completion began a new transaction (v3: same
+                    # epoch) holding only partition 2 and no data: abort it
+                    r = end_txn(conn, txn_id, pid, epoch, (topic, 0) in parts)
+                    assert r.error_code in (0, E.concurrent_transactions), E(r.error_code)
+                elif state in ("CompleteCommit", "CompleteAbort"):
+                    break
+                time.sleep(0.02)
+    assert concurrent_seen > 0, "no request ever met the transaction's PrepareCommit"
     assert visible(conn, topic, 0) == committed and visible(conn, topic, 1) == committed
     assert visible(conn, topic, 2) == []
 
@@ -641,6 +651,49 @@ def test_tv2_epoch_bump_and_delayed_produce(conn: Connection, topic: str) -> Non
     assert fetch(conn, topic, 2, False).high_watermark == 0
     everything = [v for part in range(3) for v in visible(conn, topic, part)]
     assert not [v for v in everything if v.startswith(b"late")]
+
+
+def test_tv2_pipelined_produces_keep_their_order(tbroker: EmbeddedBroker, conn: Connection, topic: str) -> None:
+    """Broker correctness item 2: a TV2 producer (Produce v12, implicit adds, pipelined as Java's
+    client does) sends request A, with partitions new to the transaction and the next 50
+    sequences of partition 0, and right behind it on the same connection request B, partition 0
+    only, the sequences after A's. A waits for its implicit adds to be logged; B must not overtake
+    it (B would get OUT_OF_ORDER_SEQUENCE_NUMBER, fatal for the client): both succeed, A first.
+    Partition 0 is already in the transaction (B needs no add of its own) in the first rounds and
+    new to it, like A's other partitions, in the last."""
+    name = f"{topic}-wide"
+    create_topic(tbroker, name, 8)
+    txn_id = f"tv2-pipe-{topic}"
+    expected: list[bytes] = []
+    for round_ in range(4):
+        pid, e = init_ok(conn, txn_id)
+        seq = 0
+        if round_ < 3:
+            first = vals(f"f{round_}", 5)
+            produce_ok(conn, txn_id, name, 0, first, pid, e, 0, version=12)
+            expected += first
+            seq = 5
+        a_vals, b_vals = vals(f"a{round_}", 50), vals(f"b{round_}", 10)
+        a = Pipelined(conn, PRODUCE, 12, {"transactional_id": txn_id, "acks": -1, "timeout": 10000, "topic_data": [
+            {"name": name, "partition_data": [
+                {"index": p, "records": values_batch(a_vals, pid, e, seq) if p == 0 else values_batch(vals(f"x{p}", 1), pid, e, 0)}
+                for p in range(8)]}]}, send=False)
+        b = Pipelined(conn, PRODUCE, 12, {"transactional_id": txn_id, "acks": -1, "timeout": 10000, "topic_data": [
+            {"name": name, "partition_data": [{"index": 0, "records": values_batch(b_vals, pid, e, seq + 50)}]}]},
+                      send=False)
+        conn.sock.sendall(a.frame + b.frame)  # back to back, as a pipelining client sends them
+        ra, rb = a.result(), b.result()
+        errors_a = {p.index: E(p.error_code) for p in ra.responses[0].partition_responses}
+        (pb,) = rb.responses[0].partition_responses
+        assert set(errors_a.values()) == {E.none}, errors_a
+        assert pb.error_code == 0, (E(pb.error_code), pb.error_message)
+        pa0 = next(p for p in ra.responses[0].partition_responses if p.index == 0)
+        assert pb.base_offset == pa0.base_offset + 50, "B was appended before A"
+        assert described(conn, txn_id)[3] == [(name, p) for p in range(8)]
+        r = end_txn(conn, txn_id, pid, e, True, version=5)
+        assert r.error_code == 0, E(r.error_code)
+        expected += a_vals + b_vals
+    assert visible(conn, name, 0) == expected
 
 
 def test_tv2_late_end_txn_does_not_end_the_next_transaction(conn: Connection, topic: str) -> None:

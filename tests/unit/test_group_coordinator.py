@@ -223,15 +223,16 @@ def test_leave_triggers_rebalance() -> None:
 def test_session_timeout_expires_silent_member() -> None:
     h = Harness()
     (a, b), gen = h.stable_group(2)
-    for _ in range(4):
+    for _ in range(3):
         h.clock.advance(SESSION // 3)
         assert h.hb(a, gen) == 0
         h.c.tick()
-    # b never heartbeated: gone, and a rebalance started
+    h.clock.advance(SESSION // 3)
+    # b never heartbeated: its session is over, and a's next heartbeat sees it (no tick needed)
+    assert h.hb(a, gen) == E.rebalance_in_progress
     assert h.state() == GroupState.PREPARING_REBALANCE
     assert not h.c.groups["g"].has(b)
     assert h.hb(b, gen) == E.unknown_member_id
-    assert h.hb(a, gen) == E.rebalance_in_progress
     r = h.join(a).result()
     assert r["generation_id"] == gen + 1 and [m["member_id"] for m in r["members"]] == [a]
 
@@ -242,13 +243,15 @@ def test_member_that_does_not_rejoin_is_dropped_at_rebalance_timeout() -> None:
     c, fut_c = h.new_member()
     fut_a = h.join(a)
     # b keeps heartbeating (so its session lives) but never rejoins
-    for _ in range(REBALANCE // 5000):
+    for _ in range(REBALANCE // 5000 - 1):
         h.clock.advance(5000)
         assert h.hb(b, gen) == E.rebalance_in_progress
         h.c.tick()
+    assert not fut_a.done()
+    h.clock.advance(5000)  # the rebalance timeout is over: b's next request finds itself dropped
+    assert h.hb(b, gen) == E.unknown_member_id
     assert fut_a.done() and fut_c.done()
     assert {m["member_id"] for m in fut_a.result()["members"]} == {a, c}
-    assert h.hb(b, gen) == E.unknown_member_id
 
 
 def test_leader_that_never_syncs_is_removed_after_rebalance_timeout() -> None:
@@ -544,8 +547,9 @@ def test_unsubscribed_topics_expire_in_stable_group() -> None:
     h = Harness(offsets_retention_ms=60_000)
     (a,), gen = h.stable_group(1)  # subscribed to "t"
     h.c.commit_offsets("g", gen, a, None, {TP0: OffsetAndMetadata(1), TopicPartition("old", 0): OffsetAndMetadata(2)})
-    h.clock.advance(60_000)
-    h.hb(a, gen)
+    for _ in range(12):  # a stays alive, heartbeating within its session timeout
+        h.clock.advance(5_000)
+        assert h.hb(a, gen) == 0
     assert h.c.expire_offsets() == 1
     assert [tp for tp, *_ in h.c.fetch_offsets("g", None)[1]] == [TP0]
 
@@ -561,6 +565,36 @@ def test_delete_groups() -> None:
     h.c.leave_group("g", [(a, None)])
     assert h.c.delete_groups(["g"])[0] == {"g": 0}
     assert h.c.describe_group("g") is None
+
+
+@pytest.mark.parametrize("first", ["delete", "describe", "list", "offset_delete"])
+def test_requests_see_expired_sessions_without_a_tick(first: str) -> None:
+    """Broker correctness item 16: the server ticks every 100 ms, but a request that arrives
+    1 ms after every member's session timeout must already see them gone: DeleteGroups
+    succeeds (not NON_EMPTY_GROUP), DescribeGroups and ListGroups show an Empty group,
+    OffsetDelete may delete a subscribed topic's offsets. No tick is called here."""
+    h = Harness()
+    (a, b), gen = h.stable_group(2)
+    h.c.commit_offsets("g", gen, a, None, {TP0: OffsetAndMetadata(1)})
+    h.clock.advance(1000)
+    assert h.hb(a, gen) == 0  # a's session now ends 1 s after b's
+    h.clock.advance(SESSION - 1000 - 1)
+    assert h.c.delete_groups(["g"])[0] == {"g": E.non_empty_group}  # still inside b's session
+    h.clock.advance(2)  # just past b's deadline, not a's
+    d = h.c.describe_group("g")
+    assert d is not None and [m["member_id"] for m in d["members"]] == [a]
+    h.clock.advance(SESSION)  # now past a's too
+    if first == "delete":
+        assert h.c.delete_groups(["g"])[0] == {"g": 0}
+        assert h.c.describe_group("g") is None
+    elif first == "describe":
+        d = h.c.describe_group("g")
+        assert d is not None and d["group_state"] == "Empty" and d["members"] == []
+    elif first == "list":
+        assert [(g["group_id"], g["group_state"]) for g in h.c.list_groups()] == [("g", "Empty")]
+    else:
+        err, errors, _ = h.c.delete_offsets("g", [TP0])
+        assert err == 0 and errors == {TP0: 0}
 
 
 def test_offset_delete() -> None:

@@ -418,7 +418,7 @@ def _ctx(part: Partition, version: int = 12) -> Any:
     broker = SimpleNamespace(
         topics={"t": SimpleNamespace(partitions=[part])}, topics_by_id={}, partition=lambda _t, _i: part
     )
-    return SimpleNamespace(broker=broker, version=version)
+    return SimpleNamespace(broker=broker, version=version, applied=lambda: None)
 
 
 def _fetch(part: Partition, offset: int, isolation: int, max_bytes: int = 1 << 20) -> dict[str, Any]:

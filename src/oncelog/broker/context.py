@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,12 +12,28 @@ if TYPE_CHECKING:
     from oncelog.broker.broker import Broker
 
 
+class CloseConnection(Exception):
+    """Kafka closes the connection: a protocol violation, or an acks=0 produce that failed."""
+
+
 @dataclass(slots=True)
 class RequestContext:
     broker: "Broker"
     header: RequestHeader
     peer: str = "?"
+    on_applied: Callable[[], None] | None = None
 
     @property
     def version(self) -> int:
         return self.header.api_version
+
+    def applied(self) -> None:
+        """Say that this request's effects are all applied.
+
+        The next request of the same connection starts only after this (or
+        after the handler returned): effects follow request order, as with
+        Kafka's one-request-at-a-time channel. A handler calls it before an
+        ``await`` that only waits (for fsync, a long poll, a rebalance) and
+        never before one that precedes a state change of its own."""
+        if self.on_applied is not None:
+            self.on_applied()

@@ -9,9 +9,10 @@ answers by closing the connection raise :class:`CloseConnection`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from oncelog.broker.context import RequestContext
+from oncelog.broker.context import CloseConnection, RequestContext
 from oncelog.broker.handlers import HANDLERS, api_versions
 from oncelog.protocol.build import materialize
 from oncelog.protocol.codec import DecodeError, decode_request, encode_response, is_flexible, response_type
@@ -25,13 +26,17 @@ from oncelog.protocol.headers import (
 
 log = logging.getLogger("oncelog.requests")
 
-
-class CloseConnection(Exception):
-    """The request is a protocol violation; Kafka closes the connection."""
+__all__ = ["CloseConnection", "handle_frame"]
 
 
-async def handle_frame(broker: Any, frame: bytes, peer: str = "?") -> list[bytes] | None:
-    """Handle one request body; return the response parts, or None for no response."""
+async def handle_frame(
+    broker: Any, frame: bytes, peer: str = "?", applied: Callable[[], None] | None = None
+) -> list[bytes] | None:
+    """Handle one request body; return the response parts, or None for no response.
+
+    ``applied`` is called once the request's effects are applied (by the
+    handler, through ``ctx.applied()``, before it waits for durability or a
+    long poll); the caller treats the return as applied too."""
     try:
         header, pos = parse_request_header_prefix(frame)
     except HeaderError as exc:
@@ -55,7 +60,7 @@ async def handle_frame(broker: Any, frame: bytes, peer: str = "?") -> list[bytes
         request = decode_request(header.api_key, version, frame, pos)
     except (HeaderError, DecodeError) as exc:
         raise CloseConnection(f"cannot decode {handler.name} v{version}: {exc}") from None
-    ctx = RequestContext(broker, header, peer)
+    ctx = RequestContext(broker, header, peer, applied)
     result = await handler.handle(ctx, request)
     if result is None:
         return None

@@ -3,9 +3,11 @@
 One :class:`KafkaConnection` per client socket. Frames are split sans-IO by
 :class:`oncelog.protocol.framing.FrameDecoder`; each request becomes a task
 started in arrival order, and responses are written strictly in request order.
-Handlers do all their state changes before their first ``await``, so requests
-of one connection take effect in order while their fsync waits and long polls
-overlap (pipelining within and across connections). A connection that sends a
+A request starts only once the previous request of its connection has applied
+its effects (see :class:`~oncelog.broker.context.RequestContext.applied`):
+effects follow request order, as with Kafka's muted channel, while the waits
+that come after the effects (fsync, long polls) overlap, so
+pipelined produces still share group-commit rounds. A connection that sends a
 malformed or oversize frame, or an unknown API, is closed alone and logged in
 one line; every other connection keeps being served.
 """
@@ -37,6 +39,8 @@ class KafkaConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.pending: deque[asyncio.Task[list[bytes] | None]] = deque()
+        # resolved once the newest request so far has applied its effects
+        self.last_applied: asyncio.Future[None] | None = None
         self.closed = False
         self.reading_paused = False
         self.writable = asyncio.Event()
@@ -75,8 +79,11 @@ class KafkaConnection(asyncio.Protocol):
         except FrameError as exc:
             self.abort(f"bad frame: {exc}")
             return
+        loop = asyncio.get_running_loop()
         for body in frames:
-            task = asyncio.get_running_loop().create_task(self._handle(body))
+            applied: asyncio.Future[None] = loop.create_future()
+            task = loop.create_task(self._handle(body, self.last_applied, applied))
+            self.last_applied = applied
             self.pending.append(task)
             task.add_done_callback(self._on_done)
         if len(self.pending) >= MAX_IN_FLIGHT and not self.reading_paused and self.transport:
@@ -85,9 +92,23 @@ class KafkaConnection(asyncio.Protocol):
 
     # -- request processing ---------------------------------------------------
 
-    async def _handle(self, body: bytes) -> list[bytes] | None:
+    async def _handle(
+        self, body: bytes, previous: asyncio.Future[None] | None, applied: asyncio.Future[None]
+    ) -> list[bytes] | None:
+        """Handle one request once ``previous`` (the request before it on this
+        connection) has applied its effects; resolve ``applied`` when this one
+        has (the handler says so through ``ctx.applied()``, or by returning)."""
+
+        def mark_applied() -> None:
+            if not applied.done():
+                applied.set_result(None)
+
         try:
-            return await handle_frame(self.broker, body, self.peer)
+            if previous is not None and not previous.done():
+                await asyncio.shield(previous)
+            if self.closed:
+                return None
+            return await handle_frame(self.broker, body, self.peer, mark_applied)
         except CloseConnection as exc:
             self.abort(str(exc))
             return None
@@ -97,6 +118,8 @@ class KafkaConnection(asyncio.Protocol):
             log.exception("request from %s failed; closing the connection", self.peer)
             self.abort("internal error")
             return None
+        finally:
+            mark_applied()
 
     def _on_done(self, _task: asyncio.Task[Any]) -> None:
         """Write every finished response at the head of the queue, in order."""

@@ -4,7 +4,9 @@ It does no IO of its own. Requests call the public methods; JoinGroup and
 SyncGroup return futures the coordinator resolves when the rebalance gets
 there; :meth:`GroupCoordinator.tick` (called periodically by the server, or
 by a test with a fake clock) expires sessions, pending member ids,
-rebalance timeouts and the wait for SyncGroup. Persistence goes through an
+rebalance timeouts and the wait for SyncGroup, and every request that
+depends on membership first processes its group's due expirations, so the
+deadlines are exact between ticks. Persistence goes through an
 :class:`~oncelog.broker.group.offsets.OffsetStore`.
 
 The rules follow Kafka's classic group coordinator (GroupCoordinator /
@@ -174,6 +176,7 @@ class GroupCoordinator:
         support_skip_assignment: bool = True,
     ) -> Any:
         """Returns a future of the JoinGroup response fields (see :func:`join_error`)."""
+        self._expire_due(group_id)
         fut = self._new_future()
         cfg = self.config
         if not group_id:
@@ -558,6 +561,7 @@ class GroupCoordinator:
         assignments: Mapping[str, bytes],
     ) -> Any:
         """Returns a future of the SyncGroup response fields (see :func:`sync_error`)."""
+        self._expire_due(group_id)
         fut = self._new_future()
         if not group_id:
             fut.set_result(sync_error(E.invalid_group_id))
@@ -639,6 +643,7 @@ class GroupCoordinator:
     # -- Heartbeat / LeaveGroup --------------------------------------------------
 
     def heartbeat(self, group_id: str | None, generation_id: int, member_id: str, group_instance_id: str | None) -> int:
+        self._expire_due(group_id)
         if not group_id:
             return int(E.invalid_group_id)
         group = self.groups.get(group_id)
@@ -660,6 +665,7 @@ class GroupCoordinator:
 
     def leave_group(self, group_id: str | None, members: list[tuple[str, str | None]]) -> tuple[int, list[int]]:
         """``members`` is ``[(member_id, group_instance_id)]``; returns (top error, per-member errors)."""
+        self._expire_due(group_id)
         if not group_id:
             return int(E.invalid_group_id), []
         group = self.groups.get(group_id)
@@ -697,30 +703,43 @@ class GroupCoordinator:
         """Expire sessions, pending member ids, rebalance and sync timeouts that are due."""
         now = self.clock() if now is None else now
         for group in list(self.groups.values()):
-            if not group.members and not group.pending_members and group.state != PREPARING:
-                continue
-            for pid, deadline in list(group.pending_members.items()):
-                if now >= deadline:
-                    log.info("group %s: pending member %s expired (no JoinGroup with its id)", group.group_id, pid)
-                    del group.pending_members[pid]
-                    self._try_complete_join(group)
-            for m in list(group.members.values()):
-                if m.heartbeat_deadline is not None and now >= m.heartbeat_deadline and group.has(m.member_id):
-                    m.heartbeat_deadline = None
-                    # members waiting in a rebalance count as alive, except new ones
-                    if m.is_new or not (m.awaiting_join or m.awaiting_sync):
-                        self._remove_member_and_update_group(group, m, "session timeout expired")
-            if group.state == PREPARING and group.join_deadline is not None and now >= group.join_deadline:
-                self._on_join_deadline(group)
-            if group.sync_deadline is not None and now >= group.sync_deadline:
-                group.sync_deadline = None
-                if group.state in (COMPLETING, STABLE) and group.pending_sync:
-                    late = sorted(group.pending_sync)
-                    log.info("group %s: members %s sent no SyncGroup in time", group.group_id, late)
-                    for mid in late:
-                        self._drop_member(group, mid, E.unknown_member_id)
-                    self._prepare_rebalance(group, "SyncGroup timeout")
-            self._maybe_drop(group)
+            self._expire_group(group, now)
+
+    def _expire_due(self, group_id: str | None) -> None:
+        """Process ``group_id``'s timers that are due now. Every request that
+        depends on membership calls this first, so deadlines are exact (as
+        Kafka's per-member timers are): a member is gone from the moment its
+        session timeout passes, not from the next ``tick``."""
+        group = self.groups.get(group_id) if group_id else None
+        if group is not None:
+            self._expire_group(group, self.clock())
+
+    def _expire_group(self, group: Group, now: int) -> None:
+        """One group's due timers (what :meth:`tick` does for every group)."""
+        if not group.members and not group.pending_members and group.state != PREPARING:
+            return
+        for pid, deadline in list(group.pending_members.items()):
+            if now >= deadline:
+                log.info("group %s: pending member %s expired (no JoinGroup with its id)", group.group_id, pid)
+                del group.pending_members[pid]
+                self._try_complete_join(group)
+        for m in list(group.members.values()):
+            if m.heartbeat_deadline is not None and now >= m.heartbeat_deadline and group.has(m.member_id):
+                m.heartbeat_deadline = None
+                # members waiting in a rebalance count as alive, except new ones
+                if m.is_new or not (m.awaiting_join or m.awaiting_sync):
+                    self._remove_member_and_update_group(group, m, "session timeout expired")
+        if group.state == PREPARING and group.join_deadline is not None and now >= group.join_deadline:
+            self._on_join_deadline(group)
+        if group.sync_deadline is not None and now >= group.sync_deadline:
+            group.sync_deadline = None
+            if group.state in (COMPLETING, STABLE) and group.pending_sync:
+                late = sorted(group.pending_sync)
+                log.info("group %s: members %s sent no SyncGroup in time", group.group_id, late)
+                for mid in late:
+                    self._drop_member(group, mid, E.unknown_member_id)
+                self._prepare_rebalance(group, "SyncGroup timeout")
+        self._maybe_drop(group)
 
     # -- offsets -------------------------------------------------------------------
 
@@ -756,6 +775,7 @@ class GroupCoordinator:
 
         Partitions with error 0 are stored once the future resolves.
         """
+        self._expire_due(group_id)
         if group_id is None:
             return {tp: int(E.invalid_group_id) for tp in offsets}, None
         group = self.groups.get(group_id)
@@ -815,6 +835,7 @@ class GroupCoordinator:
         """
         if not group_id:
             return {tp: int(E.invalid_group_id) for tp in offsets}, None
+        self._expire_due(group_id)
         group = self.groups.get(group_id)
         if group is None:
             if generation_id >= 0:
@@ -876,6 +897,7 @@ class GroupCoordinator:
 
     def delete_offsets(self, group_id: str | None, partitions: list[TopicPartition]) -> tuple[int, dict[TopicPartition, int], Any]:
         """OffsetDelete: (group error, per-partition errors, durability future or None)."""
+        self._expire_due(group_id)
         if not group_id:
             return int(E.invalid_group_id), {}, None
         group = self.groups.get(group_id)
@@ -978,6 +1000,7 @@ class GroupCoordinator:
             if gid is None:
                 errors[gid] = int(E.invalid_group_id)
                 continue
+            self._expire_due(gid)
             group = self.groups.get(gid)
             if group is None or group.state == DEAD:
                 errors[gid] = int(E.group_id_not_found)
@@ -993,6 +1016,7 @@ class GroupCoordinator:
     # -- listing -------------------------------------------------------------------
 
     def list_groups(self, states: Iterable[str] = (), types: Iterable[str] = ()) -> list[dict[str, Any]]:
+        self.tick()  # every group's due expirations first: states are exact
         states_l = {s.lower() for s in states}
         types_l = {t.lower() for t in types}
         if types_l and GROUP_TYPE not in types_l:
@@ -1014,6 +1038,7 @@ class GroupCoordinator:
         return out
 
     def describe_group(self, group_id: str) -> dict[str, Any] | None:
+        self._expire_due(group_id)
         group = self.groups.get(group_id)
         if group is None or group.state == DEAD:
             return None

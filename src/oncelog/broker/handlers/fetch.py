@@ -16,7 +16,9 @@ offset or above the log end offset gets OFFSET_OUT_OF_RANGE.
 
 Long poll: when fewer than ``min_bytes`` are available the handler waits up
 to ``max_wait_ms`` for an append to any requested partition to become
-durable (which also moves the last stable offset), then reads again.
+durable (which also moves the last stable offset), then reads again. A fetch
+has no effects, so it tells the connection at once that the next request may
+start (its answer still goes out in request order).
 
 Fetch sessions (KIP-227) are not kept: every response has session id 0, which
 tells clients to send full fetch requests, as Kafka does when its session
@@ -141,6 +143,7 @@ class _Plan:
 
 
 async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    ctx.applied()  # a fetch changes nothing: the connection's next request need not wait for the long poll
     plan = _Plan(ctx, request)
     max_bytes = request.max_bytes if request.max_bytes > 0 else 0x7FFFFFFF
     wait_ms = to_ms(request.max_wait)

@@ -7,11 +7,14 @@ patched and it is appended to the partition log. Nothing is decompressed,
 except in topics whose ``compression.type`` is not ``producer`` (the batch is
 recompressed, :mod:`oncelog.broker.recompress`) or that set
 ``message.timestamp.before/after.max.ms`` (INVALID_TIMESTAMP out of range).
-All appends of the request happen before the handler first awaits, so the
-requests of one connection are appended in arrival order even though their
-fsync waits overlap. With acks=1 or acks=-1 the response is sent only after
-the group-commit fdatasync covering the appends (one node: both mean
-"durable here"); with acks=0 no response is sent at all, as in Kafka.
+Once all appends of the request are done the handler calls ``ctx.applied()``
+and only then waits for fsync: the next request of the connection starts
+after the appends (so the requests of one connection are appended in arrival
+order) while the fsync waits of successive requests overlap. With acks=1 or
+acks=-1 the response is sent only after the group-commit fdatasync covering
+the appends (one node: both mean "durable here"); with acks=0 no response is
+sent at all, as in Kafka, and if any partition failed the connection is
+closed (Kafka does so, so that the client refreshes its metadata).
 
 Idempotent batches (producer id >= 0) are checked against the partition's
 producer state (:mod:`oncelog.broker.producer_state`): a retried batch that
@@ -32,9 +35,10 @@ version (``transactionSupportedOperation``); a fenced
 epoch gets INVALID_PRODUCER_EPOCH and a state change in progress at the
 coordinator NOT_ENOUGH_REPLICAS (retriable). With transaction version 2
 (Produce v12 and ``transaction.version`` >= 2) the partition is added to the
-transaction implicitly instead (KIP-890 part 2); only then does the handler
-await before appending. Other coordinator refusals get TRANSACTION_ABORTABLE
-(v11+) or INVALID_TXN_STATE. A non-transactional batch from a producer with
+transaction implicitly instead (KIP-890 part 2): all of a request's new
+partitions in one coordinator write, awaited before appending (the next
+request of the connection waits for it too). Other coordinator refusals get
+TRANSACTION_ABORTABLE (v11+) or INVALID_TXN_STATE. A non-transactional batch from a producer with
 an open transaction gets INVALID_TXN_STATE.
 
 Errors per partition: UNKNOWN_TOPIC_OR_PARTITION, CORRUPT_MESSAGE,
@@ -55,7 +59,7 @@ import asyncio
 import logging
 from typing import Any
 
-from oncelog.broker.context import RequestContext
+from oncelog.broker.context import CloseConnection, RequestContext
 from oncelog.broker.group import TopicPartition
 from oncelog.protocol.errors import ErrorCode, KafkaError, code_name
 from oncelog.protocol.fast_produce import encode_produce_response
@@ -132,12 +136,18 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
             entries.append(entry)
         plan.append((name, entries))
     if implicit_adds:
-        codes = await asyncio.gather(
-            *(txn.add_partition_implicitly(h.producer_id, h.producer_epoch, tp) for _, h, tp in implicit_adds)
+        # one coordinator write per producer (a request normally has one) for all its new partitions
+        by_producer: dict[tuple[int, int], list[TopicPartition]] = {}
+        for _, h, tp in implicit_adds:
+            by_producer.setdefault((h.producer_id, h.producer_epoch), []).append(tp)
+        answers = await asyncio.gather(
+            *(txn.add_partitions_implicitly(pid, epoch, tps) for (pid, epoch), tps in by_producer.items())
         )
-        for (entry, _, tp), code in zip(implicit_adds, codes):
+        codes = dict(zip(by_producer, answers))
+        for entry, h, tp in implicit_adds:
+            code = codes[(h.producer_id, h.producer_epoch)][tp]
             entry[4] = _verifier(txn, tp, version) if not code else _failing(_txn_error(code, version))
-    # pass 2: append, in request order, before any await
+    # pass 2: append, in request order, without awaiting; then the next request of the connection may start
     waits: list[asyncio.Future[None]] = []
     topics_out = []
     now = broker.clock()
@@ -168,7 +178,17 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
                 }
             )
         topics_out.append({"name": name, "partition_responses": parts_out})
+    ctx.applied()
     if acks == 0:
+        failed = [
+            f"{t['name']}-{p['index']}: {code_name(p['error_code'])}"
+            for t in topics_out
+            for p in t["partition_responses"]
+            if p["error_code"]
+        ]
+        if failed:
+            # Kafka closes the connection so that the client, which gets no answer, refreshes its metadata
+            raise CloseConnection(f"acks=0 produce failed ({', '.join(failed)})")
         return None
     if waits:
         try:

@@ -403,11 +403,19 @@ class TransactionCoordinator:
 
     async def add_partition_implicitly(self, producer_id: int, producer_epoch: int, tp: TopicPartition) -> int:
         """TV2 (Produce v12+): the first produce to ``tp`` adds it to the producer's transaction."""
+        tp = TopicPartition(*tp)
+        return (await self.add_partitions_implicitly(producer_id, producer_epoch, [tp]))[tp]
+
+    async def add_partitions_implicitly(
+        self, producer_id: int, producer_epoch: int, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        """TV2: every partition a request adds implicitly, in one transaction log write
+        (one pending transit), so they do not compete with each other for it."""
+        tps = [TopicPartition(*tp) for tp in partitions]
         tid = self._by_pid.get(producer_id)
         if tid is None:
-            return int(E.invalid_producer_id_mapping)
-        tp = TopicPartition(*tp)
-        return (await self.add_partitions(tid, producer_id, producer_epoch, [tp], client_tv2=True))[tp]
+            return {tp: int(E.invalid_producer_id_mapping) for tp in tps}
+        return await self.add_partitions(tid, producer_id, producer_epoch, tps, client_tv2=True)
 
     def check_in_txn(self, producer_id: int, producer_epoch: int, tp: TopicPartition) -> int | None:
         """None when ``producer_id``'s transaction is Ongoing at this epoch and contains ``tp``; else the error."""
