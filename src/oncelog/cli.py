@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     t_list.add_argument("--producer-id", type=int, action="append", help="only this producer id (repeatable)")
     t_list.add_argument("--duration-ms", type=int, help="only transactions open at least this long")
     t_desc = tsub.add_parser("describe", parents=[common], help="describe transactional ids at their coordinator")
-    t_desc.add_argument("transactional_ids", nargs="+", metavar="TXN_ID")
+    t_desc.add_argument("transactional_ids", nargs="+", metavar="TXN_ID", help="transactional id(s) to describe")
     t_hang = tsub.add_parser("find-hanging", parents=[common],
                              help="open transactions older than the max transaction timeout that pin the LSO")
     t_hang.add_argument("--topic", help="only this topic (default: all topics)")
