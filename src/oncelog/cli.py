@@ -58,6 +58,33 @@ def _topic_config(value: str) -> tuple[str, str]:
     return key.strip(), val
 
 
+class _StdoutClosed(Exception):
+    """stdout's reader went away (``oncelog ... | head``): not an OSError, so it is
+    never mistaken for a broker connection failure."""
+
+
+class _Stdout:
+    """sys.stdout, with a broken pipe turned into _StdoutClosed."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            raise _StdoutClosed from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise _StdoutClosed from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def _unreachable(args: argparse.Namespace, exc: OSError) -> int:
     reason = exc.strerror or str(exc) or type(exc).__name__
     print(f"error: cannot talk to the broker at {args.bootstrap}: {reason}", file=sys.stderr)
@@ -415,7 +442,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"topics list takes no topic name (got {args.topic!r})")
     if args.command == "groups" and args.action == "list" and args.group:
         parser.error(f"groups list takes no group id (got {args.group!r})")
-    return int(args.func(args) or 0)
+    stdout = sys.stdout
+    sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
+    try:
+        result = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return result
+    except _StdoutClosed:
+        # stop quietly; the interpreter's exit-time flush must not complain either
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
+        return 1
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

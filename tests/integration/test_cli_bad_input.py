@@ -142,3 +142,16 @@ def test_unknown_config_key_is_warned_and_ignored(tmp_path: Path) -> None:
     assert "WARNING" in text and "'no.such.property'" in text
     # a topic-level name is not a broker property (Kafka's server.properties ignores it too)
     assert "'retention.ms'" in text
+
+
+@pytest.mark.parametrize("args", [["topics", "describe", TOPIC], ["groups", "describe", GROUP], ["txns", "list"]])
+def test_closed_stdout_is_not_blamed_on_the_broker(broker: EmbeddedBroker, args: list[str]) -> None:
+    """``oncelog ... | head -1``: the reader closing the pipe is no broker error and no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "oncelog.cli", *args, "--bootstrap", broker.bootstrap],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.wait(60)
+    assert err == ""
+    assert proc.returncode != 0
