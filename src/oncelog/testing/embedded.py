@@ -1,11 +1,14 @@
 """An embedded broker on a free loopback port with a temporary data dir.
 
 ``with EmbeddedBroker() as b: b.bootstrap`` starts the real broker. The
-default ``mode="subprocess"`` runs ``oncelog serve`` in a child process: it
+default ``mode="subprocess"`` runs ``oncelog serve`` in a child process
+(``python -P``: the caller's current directory cannot shadow a module): it
 does not share the test's GIL (kafka-python and aiokafka are pure Python), it
 can be killed -9 for crash tests, and it starts in well under a second
 (see docs/architecture.md). ``mode="thread"`` runs the same server on an
-event loop in a background thread of the test process.
+event loop in a background thread of the test process. A broker that fails to
+start raises with its log's path (and its last line) in the message, and that
+log is kept.
 """
 
 from __future__ import annotations
