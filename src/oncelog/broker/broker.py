@@ -34,6 +34,7 @@ OFFSETS_TOPIC = "__consumer_offsets"  # its one log is the offsets store's (brok
 TXN_TOPIC = "__transaction_state"  # its one log is the transaction coordinator's (broker/txn/log.py)
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
+
 def lock_data_dir(data_dir: Path) -> DirLock:
     """Create ``data_dir`` if needed and lock it; StartupError if it is not a
     usable directory or another broker holds it."""
