@@ -1,4 +1,8 @@
-"""``oncelog serve|topics|groups|txns|verify|chaos``: the broker and a small admin CLI that speaks the protocol."""
+"""oncelog serve|topics|groups|txns|verify|chaos: the broker and a small admin CLI that speaks the protocol.
+
+Bad input gets one line on stderr and a non-zero exit: 2 for usage and
+configuration errors, 1 when the broker cannot start or cannot be reached.
+"""
 
 from __future__ import annotations
 
@@ -9,25 +13,108 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from oncelog.broker.config import parse_listener
+from oncelog import __version__
+from oncelog.broker.config import ConfigError, parse_listener
+
+DESCRIPTION = "oncelog: a single-node broker that speaks the Kafka protocol, and an admin CLI for it."
+LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors in one line (``PROG: error: ...``) and exit code 2."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _listen(value: str) -> tuple[str, int]:
+    try:
+        return parse_listener(value)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace(" for --listen", "")) from None
+
+
+def _bootstrap(value: str) -> str:
+    host, sep, port = value.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535 or "," in value or "/" in value:
+        raise argparse.ArgumentTypeError(f"invalid value {value!r}: expected HOST:PORT of one broker")
+    return value.strip()
+
+
+def _partitions(value: str) -> list[int]:
+    try:
+        parts = [int(p) for p in value.split(",")]
+    except ValueError:
+        parts = []
+    if not parts or any(p < 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"invalid value {value!r}: expected comma-separated partition numbers")
+    return parts
+
+
+def _topic_config(value: str) -> tuple[str, str]:
+    key, sep, val = value.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"invalid value {value!r}: expected KEY=VALUE")
+    return key.strip(), val
+
+
+class _StdoutClosed(Exception):
+    """stdout's reader went away (``oncelog ... | head``): not an OSError, so it is
+    never mistaken for a broker connection failure."""
+
+
+class _Stdout:
+    """sys.stdout, with a broken pipe turned into _StdoutClosed."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            raise _StdoutClosed from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise _StdoutClosed from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _unreachable(args: argparse.Namespace, exc: OSError) -> int:
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    print(f"error: cannot talk to the broker at {args.bootstrap}: {reason}", file=sys.stderr)
+    return 1
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from oncelog.broker.config import BrokerConfig
+    from oncelog.broker.config import BrokerConfig, StartupError
     from oncelog.broker.server import run
 
-    overrides: dict[str, Any] = {}
-    if args.listen:
-        overrides["host"], overrides["port"] = parse_listener(args.listen)
-    if args.data_dir:
-        overrides["data_dir"] = Path(args.data_dir)
-    config = BrokerConfig.load(args.config, **overrides)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    run(config)
+    overrides: dict[str, Any] = {}
+    if args.listen:
+        overrides["host"], overrides["port"] = args.listen
+    if args.data_dir:
+        overrides["data_dir"] = Path(args.data_dir)
+    try:
+        config = BrokerConfig.load(args.config, **overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run(config)
+    except StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -113,6 +200,13 @@ def _delete_records(args: argparse.Namespace) -> int:
 
 
 def _topics(args: argparse.Namespace) -> int:
+    try:
+        return _topics_action(args)
+    except OSError as exc:
+        return _unreachable(args, exc)
+
+
+def _topics_action(args: argparse.Namespace) -> int:
     from oncelog.client.admin import Admin
 
     if args.action == "delete-records":
@@ -123,7 +217,7 @@ def _topics(args: argparse.Namespace) -> int:
                 print(name)
             return 0
         if args.action == "create":
-            configs = dict(c.split("=", 1) for c in args.config or [])
+            configs = dict(args.config or [])
             err = admin.create_topic(args.topic, args.partitions, args.replication_factor, configs)
         elif args.action == "delete":
             err = admin.delete_topic(args.topic)
@@ -151,12 +245,14 @@ def _topics(args: argparse.Namespace) -> int:
 def _groups(args: argparse.Namespace) -> int:
     from oncelog.client.groups import GroupAdmin, GroupAdminError
 
-    with GroupAdmin(args.bootstrap) as admin:
-        try:
+    try:
+        with GroupAdmin(args.bootstrap) as admin:
             return _groups_action(admin, args)
-        except GroupAdminError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+    except GroupAdminError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        return _unreachable(args, exc)
 
 
 def _groups_action(admin: Any, args: argparse.Namespace) -> int:
@@ -197,8 +293,7 @@ def _groups_action(admin: Any, args: argparse.Namespace) -> int:
         print("error: reset-offsets needs --topic and one of --to-earliest, --to-latest, --to-offset, --shift-by",
               file=sys.stderr)
         return 2
-    partitions = [int(p) for p in args.partitions.split(",")] if args.partitions else None
-    plan = admin.plan_reset(args.group, args.topic, targets[0], partitions)
+    plan = admin.plan_reset(args.group, args.topic, targets[0], args.partitions)
     for (topic, p), offset in sorted(plan.items()):
         print(f"{topic}\t{p}\t{offset}")
     if not args.execute:
@@ -331,45 +426,61 @@ def _chaos(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oncelog", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="oncelog", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"oncelog {__version__}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the broker in the foreground")
-    serve.add_argument("--listen", default=None, help="HOST:PORT (default 127.0.0.1:9092)")
-    serve.add_argument("--data-dir", default=None, help="log directory (default ./data)")
-    serve.add_argument("--config", default=None, help="Kafka-style properties file")
-    serve.add_argument("--log-level", default="info")
+    serve = sub.add_parser("serve", help="run the broker in the foreground",
+                           description="Run the broker in the foreground until SIGTERM or SIGINT.")
+    serve.add_argument("--listen", default=None, type=_listen, metavar="HOST:PORT",
+                       help="address to listen on (default 127.0.0.1:9092; overrides listeners)")
+    serve.add_argument("--data-dir", default=None, metavar="DIR",
+                       help="log directory, locked while the broker runs (default ./data; overrides log.dirs)")
+    serve.add_argument("--config", default=None, metavar="FILE",
+                       help="Kafka-style properties file (see docs/configuration.md)")
+    serve.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS,
+                       help="log verbosity: %(choices)s (default %(default)s)")
     serve.set_defaults(func=_serve)
 
+    bootstrap_help = "HOST:PORT of the broker (default 127.0.0.1:9092)"
     topics = sub.add_parser("topics", help="create, list, describe or delete topics, delete records")
-    topics.add_argument("action", choices=["create", "list", "describe", "delete", "delete-records"])
-    topics.add_argument("topic", nargs="?")
-    topics.add_argument("--bootstrap", default="127.0.0.1:9092")
-    topics.add_argument("--partitions", type=int, default=-1)
-    topics.add_argument("--replication-factor", type=int, default=-1)
-    topics.add_argument("--config", action="append", help="KEY=VALUE topic config (repeatable)")
-    topics.add_argument("--partition", help="delete-records: only this partition (default: all)")
-    topics.add_argument("--offset", help="delete-records: delete the records below this offset (-1: high watermark)")
-    topics.add_argument("--offset-json-file", help="delete-records: Kafka's kafka-delete-records.sh JSON "
+    topics.add_argument("action", choices=["create", "list", "describe", "delete", "delete-records"],
+                        help="what to do")
+    topics.add_argument("topic", nargs="?", help="topic name (create, describe, delete, delete-records)")
+    topics.add_argument("--bootstrap", default="127.0.0.1:9092", type=_bootstrap, help=bootstrap_help)
+    topics.add_argument("--partitions", type=int, default=-1,
+                        help="create: number of partitions (default: the broker's num.partitions)")
+    topics.add_argument("--replication-factor", type=int, default=-1,
+                        help="create: replication factor (default: the broker's default.replication.factor)")
+    topics.add_argument("--config", action="append", type=_topic_config, metavar="KEY=VALUE",
+                        help="create: topic config, e.g. retention.ms=86400000 (repeatable)")
+    topics.add_argument("--partition", metavar="P", help="delete-records: only this partition (default: all)")
+    topics.add_argument("--offset", metavar="OFFSET",
+                        help="delete-records: delete the records below this offset (-1: the high watermark)")
+    topics.add_argument("--offset-json-file", metavar="FILE",
+                        help="delete-records: the JSON file of Kafka's kafka-delete-records.sh "
                         '({"partitions": [{"topic": ..., "partition": ..., "offset": ...}], "version": 1})')
     topics.set_defaults(func=_topics)
 
     groups = sub.add_parser("groups", help="list, describe (members, assignment, lag), delete groups, reset offsets")
-    groups.add_argument("action", choices=["list", "describe", "delete", "reset-offsets"])
-    groups.add_argument("group", nargs="?")
-    groups.add_argument("--bootstrap", default="127.0.0.1:9092")
+    groups.add_argument("action", choices=["list", "describe", "delete", "reset-offsets"], help="what to do")
+    groups.add_argument("group", nargs="?", help="group id (describe, delete, reset-offsets)")
+    groups.add_argument("--bootstrap", default="127.0.0.1:9092", type=_bootstrap, help=bootstrap_help)
     groups.add_argument("--topic", help="reset-offsets: the topic")
-    groups.add_argument("--partitions", help="reset-offsets: comma-separated partitions (default all)")
-    groups.add_argument("--to-earliest", action="store_true")
-    groups.add_argument("--to-latest", action="store_true")
-    groups.add_argument("--to-offset", type=int)
-    groups.add_argument("--shift-by", type=int)
+    groups.add_argument("--partitions", type=_partitions, metavar="P[,P...]",
+                        help="reset-offsets: comma-separated partitions (default all)")
+    groups.add_argument("--to-earliest", action="store_true", help="reset-offsets: to the log start offset")
+    groups.add_argument("--to-latest", action="store_true", help="reset-offsets: to the log end offset")
+    groups.add_argument("--to-offset", type=int, metavar="OFFSET", help="reset-offsets: to this offset")
+    groups.add_argument("--shift-by", type=int, metavar="N",
+                        help="reset-offsets: move the committed offset by N (negative: back)")
     groups.add_argument("--execute", action="store_true", help="reset-offsets: commit (default: only show the plan)")
     groups.set_defaults(func=_groups)
 
     txns = sub.add_parser("txns", help="list, describe, find hanging and abort transactions (KIP-664)")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--bootstrap", default="127.0.0.1:9092")
+    common = _Parser(add_help=False)
+    common.add_argument("--bootstrap", default="127.0.0.1:9092", type=_bootstrap, help=bootstrap_help)
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
     tsub = txns.add_subparsers(dest="action", required=True)
     t_list = tsub.add_parser("list", parents=[common], help="list transactions on every broker")
@@ -377,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     t_list.add_argument("--producer-id", type=int, action="append", help="only this producer id (repeatable)")
     t_list.add_argument("--duration-ms", type=int, help="only transactions open at least this long")
     t_desc = tsub.add_parser("describe", parents=[common], help="describe transactional ids at their coordinator")
-    t_desc.add_argument("transactional_ids", nargs="+", metavar="TXN_ID")
+    t_desc.add_argument("transactional_ids", nargs="+", metavar="TXN_ID", help="transactional id(s) to describe")
     t_hang = tsub.add_parser("find-hanging", parents=[common],
                              help="open transactions older than the max transaction timeout that pin the LSO")
     t_hang.add_argument("--topic", help="only this topic (default: all topics)")
@@ -386,12 +497,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the brokers' transaction.max.timeout.ms (default 900000)")
     t_hang.add_argument("--margin-ms", type=int, default=0, help="extra time before a transaction counts as hanging")
     t_abort = tsub.add_parser("abort", parents=[common], help="abort a hanging transaction on one partition")
-    t_abort.add_argument("--topic", required=True)
-    t_abort.add_argument("--partition", type=int, required=True)
+    t_abort.add_argument("--topic", required=True, help="topic of the partition with the open transaction")
+    t_abort.add_argument("--partition", type=int, required=True, help="the partition with the open transaction")
     t_abort.add_argument("--start-offset", type=int, help="first offset of the open transaction to abort")
-    t_abort.add_argument("--producer-id", type=int)
-    t_abort.add_argument("--producer-epoch", type=int)
-    t_abort.add_argument("--coordinator-epoch", type=int)
+    t_abort.add_argument("--producer-id", type=int, help="producer id of the transaction (with the two epochs)")
+    t_abort.add_argument("--producer-epoch", type=int, help="producer epoch of the transaction")
+    t_abort.add_argument("--coordinator-epoch", type=int, help="coordinator epoch of the transaction")
     txns.set_defaults(func=_txns)
 
     from oncelog.verify import add_arguments as verify_arguments
@@ -417,7 +528,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"topics {args.action} needs a topic name")
     if args.command == "groups" and args.action != "list" and not args.group:
         parser.error(f"groups {args.action} needs a group id")
-    return int(args.func(args) or 0)
+    if args.command == "topics" and args.action == "list" and args.topic:
+        parser.error(f"topics list takes no topic name (got {args.topic!r})")
+    if args.command == "groups" and args.action == "list" and args.group:
+        parser.error(f"groups list takes no group id (got {args.group!r})")
+    stdout = sys.stdout
+    sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
+    try:
+        result = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return result
+    except _StdoutClosed:
+        # stop quietly; the interpreter's exit-time flush must not complain either
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
+        return 1
+    finally:
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

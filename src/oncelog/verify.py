@@ -487,7 +487,7 @@ def print_table(report: Report, input_topic: str, output_topic: str, group: str 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bootstrap", default="127.0.0.1:9092")
+    p.add_argument("--bootstrap", default="127.0.0.1:9092", help="HOST:PORT of a broker of the cluster (default 127.0.0.1:9092)")
     p.add_argument("--input", required=True, metavar="TOPIC", help="the topic that was copied")
     p.add_argument("--output", required=True, metavar="TOPIC", help="the copy")
     p.add_argument("--id", default="key", metavar="SPEC", dest="id_spec",

@@ -12,10 +12,11 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
-from oncelog.broker.config import BrokerConfig
 from oncelog.broker import dynamic_config
+from oncelog.broker.config import BrokerConfig, StartupError
 from oncelog.broker.durability import GroupCommitter
 from oncelog.broker.group import GroupConfig, GroupCoordinator, OffsetStore
 from oncelog.broker.markers import BrokerMarkerWriter
@@ -26,13 +27,26 @@ from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.storage.catalog import TopicCatalog
 from oncelog.storage.config import TOPIC_CONFIGS, ConfigError, LogConfig, unsupported_topic_config
 from oncelog.storage.engine import LogManager
-from oncelog.storage.fileutil import atomic_write
+from oncelog.storage.fileutil import DirLock, atomic_write
 
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"  # its one log is the offsets store's (broker/group/offsets.py)
 TXN_TOPIC = "__transaction_state"  # its one log is the transaction coordinator's (broker/txn/log.py)
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def lock_data_dir(data_dir: Path) -> DirLock:
+    """Create ``data_dir`` if needed and lock it; StartupError if it is not a
+    usable directory or another broker holds it."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise StartupError(f"data directory {data_dir} is not a directory")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        return DirLock.acquire(data_dir)
+    except OSError as exc:  # DirLockedError included: its message says who holds it
+        raise StartupError(str(exc) if exc.strerror is None else f"data directory {data_dir}: {exc.strerror}") from None
+
 
 def validate_topic_name(name: str) -> None:
     if name in (".", "..") or not _LEGAL_TOPIC.match(name or ""):
@@ -65,7 +79,8 @@ class Broker:
         self.topology_version = 0
         self.metadata_cache: dict[int, tuple[object, bytes]] = {}  # handlers/metadata.py: version -> (key, body)
         self.committer = GroupCommitter(config.fsync_on_ack, config.log_flush_interval_ms)
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        # the data directory is locked before anything in it is read or written (Kafka's .lock)
+        self.dir_lock = lock_data_dir(config.data_dir)
         self.cluster_id = self._load_cluster_id()
         self.producer_ids = ProducerIdManager(config.data_dir / "meta")
         self.catalog = TopicCatalog.load(config.data_dir)
@@ -386,3 +401,4 @@ class Broker:
             except OSError as exc:
                 log.error("producer snapshot of %s failed: %s", p, exc)
         self.logs.close()
+        self.dir_lock.release()  # last: every file of the directory is closed

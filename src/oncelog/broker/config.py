@@ -7,13 +7,29 @@ log defaults (``log.segment.bytes``, ``log.retention.ms``, ...) are handed to
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oncelog.storage.config import BROKER_SYNONYM, LogConfig
+from oncelog.storage.config import BROKER_LOG_KEYS, BROKER_SYNONYM, LogConfig
 
-_LISTENER = re.compile(r"^(?:[A-Za-z_]+://)?\[?([^\]]*?)\]?:(\d+)$")
+log = logging.getLogger("oncelog.config")
+
+_LISTENER = re.compile(r"^(?:([A-Za-z0-9_]+)://)?\[?([^\]]*?)\]?:(\d+)$")
+_INT_RANGE = (-(2**31), 2**31 - 1)
+_LONG_RANGE = (-(2**63), 2**63 - 1)
+# Kafka's default listener.security.protocol.map (listener name -> security protocol)
+_DEFAULT_PROTOCOL_MAP = {p: p for p in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")}
+IMPLEMENTED_PROTOCOLS = ("PLAINTEXT",)
+
+
+class ConfigError(ValueError):
+    """A broker property or flag with a value the broker cannot use (one line)."""
+
+
+class StartupError(Exception):
+    """The broker cannot start (port taken, data directory locked or unusable)."""
 
 
 def parse_properties(text: str) -> dict[str, str]:
@@ -31,50 +47,160 @@ def parse_properties(text: str) -> dict[str, str]:
     return props
 
 
-def parse_listener(value: str) -> tuple[str, int]:
+def _split_listener(value: str, key: str, protocols: dict[str, str] | None = None) -> tuple[str, int]:
+    """One ``[NAME://]HOST:PORT`` → (host, port); ConfigError naming ``key`` otherwise,
+    or if the listener's security protocol is one the broker does not implement."""
+    m = _LISTENER.match(value.strip())
+    if not m or not 0 <= int(m.group(3)) <= 65535:
+        raise ConfigError(f"invalid value {value!r} for {key}: expected [PLAINTEXT://]HOST:PORT with a port 0-65535")
+    name = (m.group(1) or "PLAINTEXT").upper()
+    protocol = (protocols if protocols is not None else _DEFAULT_PROTOCOL_MAP).get(name)
+    if protocol is None:
+        raise ConfigError(
+            f"invalid value {value!r} for {key}: no security protocol for listener name {name} "
+            "(listener.security.protocol.map)"
+        )
+    if protocol not in IMPLEMENTED_PROTOCOLS:
+        raise ConfigError(
+            f"invalid value {value!r} for {key}: security protocol {protocol} is not implemented "
+            f"(oncelog serves {', '.join(IMPLEMENTED_PROTOCOLS)} only)"
+        )
+    return m.group(2) or "127.0.0.1", int(m.group(3))
+
+
+def parse_listener(value: str, key: str = "--listen") -> tuple[str, int]:
     """``PLAINTEXT://127.0.0.1:19092`` or ``127.0.0.1:19092`` → (host, port)."""
-    first = value.split(",")[0].strip()
-    m = _LISTENER.match(first)
-    if not m:
-        raise ValueError(f"cannot parse listener {value!r}")
-    return m.group(1) or "127.0.0.1", int(m.group(2))
+    return _split_listener(value.split(",")[0], key)
 
 
-def _bool(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
+def _parse_listeners(value: str, key: str, protocols: dict[str, str]) -> tuple[str, int]:
+    """A ``listeners``-style list: every entry is checked; the first is used."""
+    entries = [e for e in (x.strip() for x in value.split(",")) if e]
+    if not entries:
+        raise ConfigError(f"invalid value {value!r} for {key}: expected a list of NAME://HOST:PORT")
+    found = [_split_listener(e, key, protocols) for e in entries]
+    if len(found) > 1:
+        log.warning("%s: oncelog serves one listener; using %s and ignoring %s", key, entries[0], ", ".join(entries[1:]))
+    return found[0]
 
 
-# Kafka property name -> BrokerConfig attribute, for the plain int and bool settings
-_INTS = {
-    "num.partitions": "num_partitions",
-    "default.replication.factor": "default_replication_factor",
-    "socket.request.max.bytes": "socket_request_max_bytes",
-    "log.flush.interval.messages": "log_flush_interval_messages",
-    "log.flush.interval.ms": "log_flush_interval_ms",
-    "log.retention.check.interval.ms": "log_retention_check_interval_ms",
-    "producer.id.expiration.ms": "producer_id_expiration_ms",
-    "producer.id.expiration.check.interval.ms": "producer_id_expiration_check_interval_ms",
-    "oncelog.producer.state.max.producers": "max_producers_per_partition",
-    "group.min.session.timeout.ms": "group_min_session_timeout_ms",
-    "group.max.session.timeout.ms": "group_max_session_timeout_ms",
-    "group.initial.rebalance.delay.ms": "group_initial_rebalance_delay_ms",
-    "group.max.size": "group_max_size",
-    "offset.metadata.max.bytes": "offset_metadata_max_bytes",
-    "offsets.retention.minutes": "offsets_retention_minutes",
-    "offsets.retention.check.interval.ms": "offsets_retention_check_interval_ms",
-    "oncelog.group.coordinator.tick.ms": "group_coordinator_tick_ms",
-    "oncelog.offsets.snapshot.bytes": "offsets_snapshot_bytes",
-    "transaction.max.timeout.ms": "transaction_max_timeout_ms",
-    "transactional.id.expiration.ms": "transactional_id_expiration_ms",
-    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "transaction_abort_timed_out_transaction_cleanup_interval_ms",
-    "transaction.remove.expired.transaction.cleanup.interval.ms": "transaction_remove_expired_transaction_cleanup_interval_ms",
-    "oncelog.transaction.version": "transaction_version",
+def _protocol_map(value: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for entry in (x.strip() for x in value.split(",")):
+        if not entry:
+            continue
+        name, sep, protocol = entry.partition(":")
+        if not sep or not name.strip() or protocol.strip().upper() not in _DEFAULT_PROTOCOL_MAP:
+            raise ConfigError(
+                f"invalid value {value!r} for listener.security.protocol.map: expected NAME:PROTOCOL pairs "
+                f"with a protocol among {', '.join(_DEFAULT_PROTOCOL_MAP)}"
+            )
+        out[name.strip().upper()] = protocol.strip().upper()
+    return out
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """Kafka's ConfigDef type of a property and its range (``lo``/``hi`` inclusive)."""
+
+    kind: str  # "int" (32-bit), "long" (64-bit), "boolean", "string"
+    lo: int | None = None
+    hi: int | None = None
+    choices: tuple[str, ...] = ()
+
+
+def _check(key: str, value: str, spec: _Spec) -> int | bool | str:
+    """The typed value of ``key``, or ConfigError with one line naming key, value and what is expected."""
+    text = value.strip()
+    if spec.kind == "boolean":
+        # Kafka's BOOLEAN type: "true" or "false" in any case, nothing else
+        if text.lower() not in ("true", "false"):
+            raise ConfigError(f"invalid value {value!r} for {key}: expected true or false")
+        return text.lower() == "true"
+    if spec.kind == "string":
+        if spec.choices and text not in spec.choices:
+            raise ConfigError(f"invalid value {value!r} for {key}: expected one of {', '.join(spec.choices)}")
+        return text
+    lo, hi = _INT_RANGE if spec.kind == "int" else _LONG_RANGE
+    try:
+        n = int(text, 10)
+    except ValueError:
+        n = None
+    if (n is None or "_" in text or not lo <= n <= hi or (spec.lo is not None and n < spec.lo)
+            or (spec.hi is not None and n > spec.hi)):
+        raise ConfigError(f"invalid value {value!r} for {key}: expected {_range_text(spec, lo, hi)} ({spec.kind})")
+    return n
+
+
+def _range_text(spec: _Spec, lo: int, hi: int) -> str:
+    if spec.lo is not None and spec.hi is not None:
+        return f"an integer from {spec.lo} to {spec.hi}"
+    if spec.lo is not None:
+        return f"an integer >= {spec.lo}"
+    return f"an integer from {lo} to {hi}"
+
+
+_INT, _LONG = _Spec("int"), _Spec("long")
+_POS_INT, _POS_LONG = _Spec("int", lo=1), _Spec("long", lo=1)
+_BOOL = _Spec("boolean")
+
+# Kafka property name -> (BrokerConfig attribute, type and range as Kafka's ConfigDef declares them)
+_INTS: dict[str, tuple[str, _Spec]] = {
+    "num.partitions": ("num_partitions", _POS_INT),
+    "default.replication.factor": ("default_replication_factor", _INT),
+    "socket.request.max.bytes": ("socket_request_max_bytes", _POS_INT),
+    "log.flush.interval.messages": ("log_flush_interval_messages", _POS_LONG),
+    "log.flush.interval.ms": ("log_flush_interval_ms", _LONG),
+    "log.retention.check.interval.ms": ("log_retention_check_interval_ms", _POS_LONG),
+    "producer.id.expiration.ms": ("producer_id_expiration_ms", _POS_INT),
+    "producer.id.expiration.check.interval.ms": ("producer_id_expiration_check_interval_ms", _POS_INT),
+    "oncelog.producer.state.max.producers": ("max_producers_per_partition", _POS_INT),
+    "group.min.session.timeout.ms": ("group_min_session_timeout_ms", _INT),
+    "group.max.session.timeout.ms": ("group_max_session_timeout_ms", _INT),
+    "group.initial.rebalance.delay.ms": ("group_initial_rebalance_delay_ms", _INT),
+    "group.max.size": ("group_max_size", _POS_INT),
+    "offset.metadata.max.bytes": ("offset_metadata_max_bytes", _INT),
+    "offsets.retention.minutes": ("offsets_retention_minutes", _POS_INT),
+    "offsets.retention.check.interval.ms": ("offsets_retention_check_interval_ms", _POS_LONG),
+    "oncelog.group.coordinator.tick.ms": ("group_coordinator_tick_ms", _POS_INT),
+    "oncelog.offsets.snapshot.bytes": ("offsets_snapshot_bytes", _POS_LONG),
+    "transaction.max.timeout.ms": ("transaction_max_timeout_ms", _POS_INT),
+    "transactional.id.expiration.ms": ("transactional_id_expiration_ms", _POS_INT),
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": (
+        "transaction_abort_timed_out_transaction_cleanup_interval_ms", _POS_INT),
+    "transaction.remove.expired.transaction.cleanup.interval.ms": (
+        "transaction_remove_expired_transaction_cleanup_interval_ms", _POS_INT),
+    "oncelog.transaction.version": ("transaction_version", _Spec("int", lo=0, hi=2)),
 }
 _BOOLS = {
     "auto.create.topics.enable": "auto_create_topics_enable",
     "delete.topic.enable": "delete_topic_enable",
     "transaction.two.phase.commit.enable": "transaction_two_phase_commit_enable",
 }
+# broker-level log defaults, handed to LogConfig once checked here
+_RETENTION_KEYS = ("log.retention.ms", "log.retention.minutes", "log.retention.hours")
+_LOG_KEYS: dict[str, _Spec] = {
+    "log.segment.bytes": _Spec("int", lo=14),
+    "log.roll.ms": _POS_LONG,
+    "log.roll.hours": _POS_INT,
+    "log.retention.ms": _LONG,
+    "log.retention.minutes": _INT,
+    "log.retention.hours": _INT,
+    "log.retention.bytes": _LONG,
+    "log.index.interval.bytes": _Spec("int", lo=4),
+    "message.max.bytes": _Spec("int", lo=0),
+    "log.message.timestamp.type": _Spec("string", choices=("CreateTime", "LogAppendTime")),
+}
+_OTHER_KEYS = {
+    "node.id": _Spec("int", lo=0),
+    "broker.id": _Spec("int", lo=0),
+    "listeners": _Spec("string"),
+    "advertised.listeners": _Spec("string"),
+    "listener.security.protocol.map": _Spec("string"),
+    "log.dirs": _Spec("string"),
+    "log.dir": _Spec("string"),
+}
+KNOWN_KEYS = frozenset(_INTS) | frozenset(_BOOLS) | frozenset(_LOG_KEYS) | frozenset(_OTHER_KEYS) | BROKER_LOG_KEYS
 
 
 @dataclass
@@ -131,23 +257,54 @@ class BrokerConfig:
 
     @classmethod
     def from_properties(cls, props: dict[str, str], **overrides: object) -> "BrokerConfig":
+        """Check every property (type and range, as Kafka's ConfigDef does) and build the
+        config. ConfigError names the first bad key; unknown keys are logged and ignored."""
         cfg = cls(raw=dict(props))
-        get = props.get
-        if "node.id" in props or "broker.id" in props:
-            cfg.node_id = int(get("node.id") or get("broker.id") or 1)
-        if "listeners" in props:
-            cfg.host, cfg.port = parse_listener(props["listeners"])
-        if "advertised.listeners" in props:
-            cfg.advertised_host, cfg.advertised_port = parse_listener(props["advertised.listeners"])
-        if "log.dirs" in props or "log.dir" in props:
-            cfg.data_dir = Path((get("log.dirs") or get("log.dir") or "./data").split(",")[0])
-        for key, attr in _INTS.items():
+        for key in props:
+            if key not in KNOWN_KEYS:
+                log.warning("unknown config %r ignored (not a broker property oncelog knows)", key)
+        for key in ("node.id", "broker.id"):
             if key in props:
-                setattr(cfg, attr, int(props[key]))
+                cfg.node_id = int(_check(key, props[key], _OTHER_KEYS[key]))
+                break
+        protocols = _DEFAULT_PROTOCOL_MAP
+        if "listener.security.protocol.map" in props:
+            protocols = _protocol_map(props["listener.security.protocol.map"])
+        if "listeners" in props:
+            cfg.host, cfg.port = _parse_listeners(props["listeners"], "listeners", protocols)
+        if "advertised.listeners" in props:
+            cfg.advertised_host, cfg.advertised_port = _parse_listeners(
+                props["advertised.listeners"], "advertised.listeners", protocols)
+        for key in ("log.dirs", "log.dir"):
+            if key in props:
+                dirs = [d.strip() for d in props[key].split(",") if d.strip()]
+                if not dirs:
+                    raise ConfigError(f"invalid value {props[key]!r} for {key}: expected a directory")
+                if len(dirs) > 1:
+                    log.warning("%s: oncelog uses one log directory; using %s and ignoring %s",
+                                key, dirs[0], ", ".join(dirs[1:]))
+                cfg.data_dir = Path(dirs[0])
+                break
+        for key, (attr, spec) in _INTS.items():
+            if key in props:
+                setattr(cfg, attr, _check(key, props[key], spec))
         for key, attr in _BOOLS.items():
             if key in props:
-                setattr(cfg, attr, _bool(props[key]))
-        cfg.log = LogConfig.from_properties(props)
+                setattr(cfg, attr, _check(key, props[key], _BOOL))
+        log_props = {}
+        for key, spec in _LOG_KEYS.items():
+            if key in props:
+                value = _check(key, props[key], spec)
+                if key in _RETENTION_KEYS and value != -1 and int(value) < 1:
+                    raise ConfigError(f"invalid value {props[key]!r} for {key}: expected -1 (unlimited) or >= 1")
+                log_props[key] = str(value)
+        for key in BROKER_LOG_KEYS - _LOG_KEYS.keys():  # the other topic defaults: LogConfig checks them
+            if key in props and key not in _INTS and key not in _BOOLS:
+                log_props[key] = props[key]
+        try:
+            cfg.log = LogConfig.from_properties(log_props)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         for key, value in overrides.items():
             if value is not None:
                 setattr(cfg, key, value)
@@ -155,7 +312,14 @@ class BrokerConfig:
 
     @classmethod
     def load(cls, path: str | Path | None, **overrides: object) -> "BrokerConfig":
-        props = parse_properties(Path(path).read_text()) if path else {}
+        """``path``'s properties (ConfigError if it cannot be read) with ``overrides`` on top."""
+        props: dict[str, str] = {}
+        if path:
+            try:
+                props = parse_properties(Path(path).read_text())
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = getattr(exc, "strerror", None) or str(exc)
+                raise ConfigError(f"cannot read config file {path}: {reason}") from None
         return cls.from_properties(props, **overrides)
 
     def broker_configs(self) -> dict[str, str]:
@@ -167,7 +331,7 @@ class BrokerConfig:
             "advertised.listeners": "PLAINTEXT://%s:%d" % self.advertised,
             "log.dirs": str(self.data_dir),
         }
-        out.update((key, str(getattr(self, attr))) for key, attr in _INTS.items())
+        out.update((key, str(getattr(self, attr))) for key, (attr, _spec) in _INTS.items())
         out.update((key, str(getattr(self, attr)).lower()) for key, attr in _BOOLS.items())
         for key, value in self.log.to_topic_configs().items():
             if key in BROKER_SYNONYM:  # oncelog's own meaning wins (log.flush.interval.messages)

@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
 from collections import deque
 from typing import Any
 
 from oncelog.broker.broker import Broker
-from oncelog.broker.config import BrokerConfig
+from oncelog.broker.config import BrokerConfig, StartupError
 from oncelog.broker.dispatch import CloseConnection, handle_frame
 from oncelog.protocol.framing import FrameDecoder, FrameError, frame
 
@@ -154,13 +155,14 @@ class BrokerServer:
         self._tasks: list[asyncio.Task[None]] = []
         self.port: int = broker.config.port
 
-    async def start(self) -> None:
+    async def start(self, sock: socket.socket | None = None) -> None:
+        """Serve on ``sock`` (bound by :func:`bind_listener` before the broker
+        opened its data directory), or bind the configured address now."""
         cfg = self.broker.config
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: KafkaConnection(self), cfg.host, cfg.port, reuse_address=True, backlog=1024
-        )
-        sock = self._server.sockets[0]
+        if sock is None:
+            sock = bind_listener(cfg.host, cfg.port)
+        self._server = await loop.create_server(lambda: KafkaConnection(self), sock=sock, backlog=1024)
         self.port = sock.getsockname()[1]
         if cfg.port == 0:
             cfg.port = self.port
@@ -215,12 +217,44 @@ def _install_loop() -> None:
         pass
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Bind and listen on ``host:port``; StartupError (one line) if that fails.
+
+    The broker binds its port before it creates or locks its data directory, so
+    a broker started on a taken port changes nothing on disk."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise StartupError(f"cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
+    family, kind, proto, _name, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(1024)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
 async def serve(config: BrokerConfig, ready: Any = None) -> None:
-    """Run the broker until SIGTERM/SIGINT (or until ``ready``'s stop event)."""
+    """Run the broker until SIGTERM/SIGINT (or until ``ready``'s stop event).
+
+    Startup order: bind the port, then lock and open the data directory (both
+    raise StartupError), then serve."""
     started = time.monotonic()
-    broker = Broker(config)
+    sock = bind_listener(config.host, config.port)
+    try:
+        broker = Broker(config)
+    except BaseException:
+        sock.close()
+        raise
     server = BrokerServer(broker)
-    await server.start()
+    await server.start(sock)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

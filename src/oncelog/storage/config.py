@@ -165,6 +165,9 @@ TOPIC_KEYS: dict[str, str] = {k.name: k.field for k in _KEYS if k.field is not N
 # topic config -> the broker config with the highest priority (Kafka's TOPIC_CONFIG_SYNONYMS)
 BROKER_SYNONYM: dict[str, str] = {k.name: k.synonyms[0][0] for k in _KEYS if k.synonyms}
 
+# every broker-level name that sets a topic default (log.retention.hours, compression.type, ...)
+BROKER_LOG_KEYS: frozenset[str] = frozenset(name for k in _KEYS for name, _mult in k.synonyms)
+
 
 def unsupported_topic_config(name: str, value: object) -> str | None:
     """Why oncelog refuses a config value Kafka would take, or None.

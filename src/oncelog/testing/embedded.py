@@ -1,11 +1,14 @@
 """An embedded broker on a free loopback port with a temporary data dir.
 
 ``with EmbeddedBroker() as b: b.bootstrap`` starts the real broker. The
-default ``mode="subprocess"`` runs ``oncelog serve`` in a child process: it
+default ``mode="subprocess"`` runs ``oncelog serve`` in a child process
+(``python -P``: the caller's current directory cannot shadow a module): it
 does not share the test's GIL (kafka-python and aiokafka are pure Python), it
 can be killed -9 for crash tests, and it starts in well under a second
 (see docs/architecture.md). ``mode="thread"`` runs the same server on an
-event loop in a background thread of the test process.
+event loop in a background thread of the test process. A broker that fails to
+start raises with its log's path (and its last line) in the message, and that
+log is kept.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class EmbeddedBroker:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
+        self._failed = False  # a failed start keeps the log file for the post-mortem
 
     @property
     def bootstrap(self) -> str:
@@ -73,8 +77,12 @@ class EmbeddedBroker:
         return path
 
     def _start_process(self, timeout: float) -> None:
+        # -P: the caller's current directory is not put first on sys.path, so a
+        # user's copy.py or logging.py there cannot shadow the standard library
+        # (PYTHONPATH still applies, unlike -I)
         cmd = [
             sys.executable,
+            "-P",
             "-m",
             "oncelog.cli",
             "serve",
@@ -96,10 +104,15 @@ class EmbeddedBroker:
             if line.startswith(b"oncelog listening on"):
                 break
             if not line and self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}; see {self.log_path}")
+                code = self.proc.returncode
+                self._close_proc()
+                self._failed = True  # close() keeps the log
+                raise RuntimeError(f"broker exited with {code} before it was ready; its log: {self.log_path}"
+                                   f"{_last_line(self.log_path)}")
             if time.monotonic() > deadline:
                 self.kill()
-                raise TimeoutError("broker did not start")
+                self._failed = True
+                raise TimeoutError(f"broker did not start within {timeout:g} s; its log: {self.log_path}")
 
     def _start_thread(self, timeout: float) -> None:
         from oncelog.broker.config import BrokerConfig, parse_properties
@@ -108,18 +121,26 @@ class EmbeddedBroker:
         props = parse_properties(self._config_file().read_text()) if self.config else {}
         cfg = BrokerConfig.from_properties(props, host=self.host, port=self.port, data_dir=self.data_dir)
         ready = threading.Event()
+        failure: list[BaseException] = []
 
         def on_ready(_server: Any, stop: asyncio.Event, loop: asyncio.AbstractEventLoop) -> None:
             self._stop_event, self._loop = stop, loop
             ready.set()
 
         def main() -> None:
-            asyncio.run(serve(cfg, ready=on_ready))
+            try:
+                asyncio.run(serve(cfg, ready=on_ready))
+            except BaseException as exc:  # reported by start() below
+                failure.append(exc)
+                ready.set()
 
         self._thread = threading.Thread(target=main, name="oncelog-broker", daemon=True)
         self._thread.start()
         if not ready.wait(timeout):
             raise TimeoutError("broker thread did not start")
+        if failure:
+            self._thread = None
+            raise RuntimeError(f"broker did not start: {failure[0]}") from failure[0]
 
     def stop(self, timeout: float = 30.0) -> None:
         """Clean shutdown (SIGTERM)."""
@@ -172,7 +193,16 @@ class EmbeddedBroker:
         self.stop()
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
-            for suffix in (".log", ".properties"):
+            for suffix in (".properties",) if self._failed else (".log", ".properties"):
                 p = self.data_dir.parent / f"{self.data_dir.name}{suffix}"
                 if p.exists() and os.path.isfile(p):
                     p.unlink()
+
+
+def _last_line(path: Path) -> str:
+    """``: <last line of the log>`` (the broker's one-line reason), or nothing."""
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return f": {lines[-1]}" if lines else ""
