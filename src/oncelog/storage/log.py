@@ -116,6 +116,10 @@ class PartitionLog:
         self._durable_end = self.log_end_offset
         self._recovery_point = segments[-1].base_offset
         self._closed = False
+        # listeners of the partition (producer state): called outside the locks, on the
+        # thread that rolled or deleted; None for logs without producer state
+        self.on_roll: Callable[[int], None] | None = None
+        self.on_segments_deleted: Callable[[list[int]], None] | None = None
 
     # -- opening and recovery ---------------------------------------------------
 
@@ -203,12 +207,14 @@ class PartitionLog:
             raise ValueError(f"batch is {len(batch)} bytes but its header says {size}")
         cfg = self.config
         view = memoryview(batch)
+        rolled = False
         with self._lock:
             active = self.segments[-1]
             base = active.next_offset
             last = base + hdr.last_offset_delta
             if not active.fits(size, last, cfg.segment_bytes) or self._roll_due(active, now_ms):
                 active = self._roll()
+                rolled = True
             if cfg.message_timestamp_type == LOG_APPEND_TIME:
                 parts: list[bytes | memoryview] = [log_append_time_header(view, base, now_ms), view[HEADER_SIZE:]]
                 max_ts = append_time = now_ms
@@ -218,6 +224,8 @@ class PartitionLog:
             pos = active.append(parts, size, base, last + 1, max_ts, now_ms)
             self._size += size
             self._unsynced[active] = None
+        if rolled:
+            self._rolled(base)
         return AppendInfo(base, last, append_time, max_ts, pos, active.base_offset, size)
 
     def append_control(self, batch: bytes | bytearray | memoryview, now_ms: int) -> AppendInfo:
@@ -238,19 +246,32 @@ class PartitionLog:
         self._dir_dirty = True
         return new
 
+    def _rolled(self, new_base: int) -> None:
+        """Tell the listener that a segment starting at ``new_base`` was rolled (locks released).
+
+        Every roll, whatever its cause (size, segment.ms, retention, a forced
+        roll), is reported, so the partition can snapshot its producer state at
+        the new segment's base offset as Kafka does on every roll.
+        """
+        if self.on_roll is not None:
+            self.on_roll(new_base)
+
     def maybe_roll(self, now_ms: int) -> bool:
         """Roll the active segment if it is older than segment.ms; True if rolled."""
         with self._lock:
-            if self._roll_due(self.segments[-1], now_ms):
-                self._roll()
-                return True
-        return False
+            if not self._roll_due(self.segments[-1], now_ms):
+                return False
+            new = self._roll()
+        self._rolled(new.base_offset)
+        return True
 
     def roll(self) -> None:
         """Force a new active segment (no-op when the active one is empty)."""
         with self._lock:
-            if self.segments[-1].size > 0:
-                self._roll()
+            if self.segments[-1].size == 0:
+                return
+            new = self._roll()
+        self._rolled(new.base_offset)
 
     # -- durability ---------------------------------------------------------------
 
@@ -492,13 +513,22 @@ class PartitionLog:
             doomed.append(seg)
         if not doomed:
             return 0
+        new: Segment | None = None
         with self._lock:
             if len(doomed) == len(self.segments):
-                self._roll()
+                new = self._roll()
+        if new is not None:  # snapshot at the new segment before the old ones go
+            self._rolled(new.base_offset)
+        with self._lock:
             for seg in doomed:
                 self._drop_segment(seg)
         self._set_log_start(self.segments[0].base_offset)
+        self._segments_deleted([seg.base_offset for seg in doomed])
         return len(doomed)
+
+    def _segments_deleted(self, bases: list[int]) -> None:
+        if bases and self.on_segments_deleted is not None:
+            self.on_segments_deleted(bases)
 
     def _drop_segment(self, seg: Segment) -> None:
         """Remove the oldest segment (lock held)."""
@@ -514,10 +544,13 @@ class PartitionLog:
         if offset > self.log_end_offset:
             raise OffsetOutOfRangeError(offset, self._log_start, self.log_end_offset)
         if offset > self._log_start:
+            dropped: list[int] = []
             with self._lock:
                 while len(self.segments) > 1 and self.segments[1].base_offset <= offset:
+                    dropped.append(self.segments[0].base_offset)
                     self._drop_segment(self.segments[0])
             self._set_log_start(offset)
+            self._segments_deleted(dropped)
         return self._log_start
 
     def _set_log_start(self, offset: int) -> None:
