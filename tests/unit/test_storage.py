@@ -772,3 +772,29 @@ def test_max_timestamp_offset(tmp_path: Path) -> None:
         log.append(mk([b"a", b"b"], ts=ts, deltas=[0, 5]), T0)
     assert len(log.segments) > 1
     assert log.max_timestamp_offset() == (3, 905)
+
+
+def test_every_roll_and_segment_deletion_is_reported(tmp_path: Path) -> None:
+    """The partition snapshots producer state on every roll (append, segment.ms, retention,
+    forced) and deletes the snapshots of deleted segments (retention, DeleteRecords)."""
+    log = PartitionLog.open(tmp_path / "t-0", small_cfg(segment_ms=1000, retention_ms=1000), T0)
+    rolls: list[int] = []
+    deleted: list[list[int]] = []
+    log.on_roll = rolls.append
+    log.on_segments_deleted = deleted.append
+    fill(log, 10)  # size rolls
+    assert rolls == [s.base_offset for s in log.segments[1:]] and rolls
+    rolls.clear()
+    assert log.maybe_roll(T0 + 5000)
+    assert rolls == [20] == [log.active_segment.base_offset]
+    log.append(mk([b"a"], ts=T0 + 5000), T0 + 5000)
+    log.roll()
+    assert rolls == [20, 21]
+    log.append(mk([b"b"], ts=T0 + 5000), T0 + 5000)
+    bases = [s.base_offset for s in log.segments]
+    log.delete_records_before(bases[2])
+    assert deleted == [bases[:2]]
+    log.sync()
+    rolls.clear()
+    assert log.apply_retention(T0 + 100_000) == len(bases) - 2  # all expired: a roll first
+    assert rolls == [22] and deleted[-1] == bases[2:]
