@@ -445,3 +445,39 @@ def test_snapshot_at_or_below_log_start_is_ignored_on_load(tmp_path: Path, at: s
     assert w.send(w.idem_pid, 20_000) == end + 2  # ... and the idempotent producer's next sequence
     w.durable()
     assert part.last_stable_offset == part.high_watermark == end + 3
+
+
+def test_recovery_cutting_a_middle_segment_keeps_producer_state_consistent(tmp_path: Path) -> None:
+    """Recovery cuts a middle segment and deletes those after it: the snapshots and the aborted
+    transactions beyond the new end go too, and the producer state is the one at the cut."""
+    d = tmp_path / "t-0"
+    w = _Writer(tmp_path, LogConfig(segment_bytes=300))
+    w.send(w.txn_pid, 1000, txn=True)  # offset 0: a transaction opens
+    for _ in range(8):
+        w.send(w.idem_pid, 1000)
+    abort_at = w.part.write_marker(w.txn_pid, 0, 0, False, 1000)
+    for _ in range(8):
+        w.send(w.idem_pid, 1000)
+    w.durable()
+    assert w.part.aborted_transactions(0, 1 << 60) == [(w.txn_pid, 0)]
+    segs = w.part.log.segments
+    assert len(segs) >= 4 and segs[1].base_offset < abort_at
+    middle = segs[1]
+    assert _snapshot_offsets(d) and min(_snapshot_offsets(d)) > middle.base_offset
+    first_size = parse_batch_header(middle.read_batch(0, 61)).size
+    for seg in segs:
+        seg.close()
+    with open(middle.log_path, "r+b") as f:  # corrupt its second batch
+        f.seek(first_size + 70)
+        f.write(b"\xff\xff\xff\xff")
+    part = Partition("t", 0, None, PartitionLog.open(d, w.cfg, 0))
+    cut = middle.base_offset + 1
+    assert [s.base_offset for s in part.log.segments] == [0, middle.base_offset]
+    assert part.log.log_end_offset == cut
+    assert [o for o in _snapshot_offsets(d) if o > cut] == []
+    assert part.aborted_transactions(0, 1 << 60) == []  # the ABORT marker was cut off
+    assert part.open_transactions() == [(w.txn_pid, 0)]  # so the transaction is open again
+    assert part.producers.get(w.idem_pid).last_seq == cut - 2  # offsets 1..cut-1 are its batches 0..
+    w.part = part
+    w.seq[w.idem_pid] = cut - 1
+    assert w.send(w.idem_pid, 2000) == cut  # the next sequence after the cut is accepted there

@@ -15,6 +15,15 @@ Files in the partition directory besides the segments:
 * ``.clean_shutdown``: written by :meth:`close`; when present on open, no
   segment needs a full scan.
 
+Recovery that cuts a segment short (or finds a segment not starting where the
+one before ends) deletes every later segment, with a warning, as Kafka's
+``LogLoader`` does: the offsets never have a hole.
+
+Listeners: ``on_roll(new_base)`` after every roll and
+``on_segments_deleted(bases)`` after retention or DeleteRecords deleted
+segments, so the partition can snapshot its producer state on each roll and
+drop the snapshots of deleted segments (storage knows nothing of producers).
+
 Aborted transactions: each segment's ``.txnindex`` lists the aborted
 transactions whose ABORT markers it holds. The log only stores and searches
 them (:meth:`append_aborted_txn`, :meth:`collect_aborted_txns`,
@@ -25,6 +34,7 @@ recovered log end are dropped.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import struct
@@ -48,7 +58,7 @@ from oncelog.protocol.records import (
 )
 from oncelog.storage.config import LOG_APPEND_TIME, LogConfig
 from oncelog.storage.fileutil import atomic_write, fsync_dir
-from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment
+from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name
 from oncelog.storage.txn_index import TXNINDEX_SUFFIX, AbortedTxn
 
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
@@ -58,6 +68,8 @@ DELETE_SUFFIX = "-delete"
 OFFSET_OUT_OF_RANGE = 1
 
 _I64 = struct.Struct(">q")
+
+logger = logging.getLogger(__name__)
 
 
 class OffsetOutOfRangeError(Exception):
@@ -99,6 +111,23 @@ def _read_checkpoint(path: Path) -> int | None:
         return None
 
 
+def _delete_segments_after(directory: Path, kept: Segment, bases: list[int]) -> None:
+    """Recovery: delete the segments at ``bases`` (all after ``kept``, which now ends the log)."""
+    logger.warning(
+        "%s: recovery found segment %s ending at offset %d; deleting the %d segment(s) after it "
+        "so the offsets stay contiguous: %s",
+        directory.name,
+        segment_name(kept.base_offset),
+        kept.next_offset,
+        len(bases),
+        ", ".join(segment_name(b) + LOG_SUFFIX for b in bases),
+    )
+    for base in bases:
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX):
+            (directory / (segment_name(base) + suffix)).unlink(missing_ok=True)
+    fsync_dir(directory)
+
+
 class PartitionLog:
     """Segments of one partition in ``directory`` (see module docstring)."""
 
@@ -137,12 +166,21 @@ class PartitionLog:
                     p.unlink()
         segments: list[Segment] = []
         for i, base in enumerate(bases):
+            if segments and base != segments[-1].next_offset:
+                # the segment before lost its tail (recovery truncated it, maybe in an earlier
+                # run that crashed before deleting what follows): no hole in the offsets
+                _delete_segments_after(directory, segments[-1], bases[i:])
+                break
             seg = Segment(directory, base, config.index_interval_bytes, existing=True)
             full = not clean and (i == len(bases) - 1 or base >= recovery_point)
-            seg.load(now_ms, full_recovery=full)
+            truncated = seg.load(now_ms, full_recovery=full)
+            segments.append(seg)
+            if truncated and i < len(bases) - 1:
+                # Kafka's LogLoader: a corrupt segment ends the log; every later one goes
+                _delete_segments_after(directory, seg, bases[i + 1 :])
+                break
             if i < len(bases) - 1:
                 seg.release_index_files()
-            segments.append(seg)
         checkpoint = _read_checkpoint(directory / LOG_START_FILE)
         if not segments:
             segments.append(Segment(directory, max(checkpoint or 0, 0), config.index_interval_bytes))
@@ -153,6 +191,10 @@ class PartitionLog:
         log = cls(directory, config, segments, log_start)
         if clean:
             marker.unlink()
+        if not clean and recovery_point > segments[-1].base_offset:
+            # segments were deleted: segments written from here on must be scanned after a crash
+            recovery_point = segments[-1].base_offset
+            atomic_write(directory / RECOVERY_POINT_FILE, b"%d\n" % recovery_point)
         log._recovery_point = recovery_point if not clean else segments[-1].base_offset
         fsync_dir(directory)
         fsync_dir(directory.parent)
