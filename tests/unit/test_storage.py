@@ -507,6 +507,38 @@ def test_offset_for_timestamp(tmp_path: Path) -> None:
     assert (log.earliest_offset(), log.latest_offset()) == (0, 60)
 
 
+def _gzip_batch(raw: bytes) -> bytes:
+    """``raw`` (an uncompressed batch) with its records gzip-compressed, as a producer sends it."""
+    import gzip
+    import struct
+
+    from oncelog.protocol.records import ATTRIBUTES_OFFSET, BATCH_LENGTH_OFFSET, HEADER_SIZE, LOG_OVERHEAD, update_crc
+
+    body = gzip.compress(raw[HEADER_SIZE:])
+    buf = bytearray(raw[:HEADER_SIZE] + body)
+    (attrs,) = struct.unpack_from(">h", buf, ATTRIBUTES_OFFSET)
+    struct.pack_into(">h", buf, ATTRIBUTES_OFFSET, attrs | 1)
+    struct.pack_into(">i", buf, BATCH_LENGTH_OFFSET, HEADER_SIZE - LOG_OVERHEAD + len(body))
+    update_crc(buf)
+    return bytes(buf)
+
+
+def test_offset_for_timestamp_inside_compressed_batch(tmp_path: Path) -> None:
+    """Kafka's FileRecords.searchForTimestamp: the exact record inside a compressed batch."""
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(), T0)
+    for i in range(3):  # batch i: offsets 10i..10i+9 with timestamps T0+100i+2j
+        log.append(_gzip_batch(mk([b"v%d" % j for j in range(10)], ts=T0 + 100 * i, deltas=[2 * j for j in range(10)])), T0)
+    assert parse_batch_header(log.read(0, 1).data).compression == 1
+    assert log.offset_for_timestamp(T0) == (0, T0)
+    assert log.offset_for_timestamp(T0 + 7) == (4, T0 + 8)
+    assert log.offset_for_timestamp(T0 + 118) == (19, T0 + 118)
+    assert log.offset_for_timestamp(T0 + 119) == (20, T0 + 200)
+    assert log.offset_for_timestamp(T0 + 219) is None
+    assert log.max_timestamp_offset() == (29, T0 + 218)
+    log.delete_records_before(25)
+    assert log.offset_for_timestamp(T0 + 201) == (25, T0 + 210)  # not below the log start
+
+
 def test_offset_for_timestamp_non_monotonic(tmp_path: Path) -> None:
     log = PartitionLog.open(tmp_path / "t-0", LogConfig(index_interval_bytes=0), T0)
     for ts in [100, 500, 200, 300, 600]:

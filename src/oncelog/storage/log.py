@@ -45,8 +45,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from oncelog.protocol.compression import decompressed_batch
 from oncelog.protocol.records import (
-    COMPRESSION_NONE,
     HEADER_SIZE,
     LOG_OVERHEAD,
     TIMESTAMP_LOG_APPEND_TIME,
@@ -477,9 +477,10 @@ class PartitionLog:
         """``(offset, timestamp)`` of the first record with timestamp >= ``ts_ms``.
 
         Batches are located by their maxTimestamp (time index, then header
-        scan).  Uncompressed CreateTime batches are then decoded to find the
-        exact record; for compressed ones the batch's base offset and
-        maxTimestamp are returned (a slightly early but safe answer).
+        scan); the records of that batch (decompressed if need be) then give
+        the exact record, as Kafka's ``FileRecords.searchForTimestamp``. Only
+        if the batch cannot be decoded (no library for its codec) are its
+        base offset and maxTimestamp returned.
         """
         for seg in list(self.segments):
             if seg.max_timestamp < ts_ms or seg.next_offset <= self._log_start:
@@ -504,13 +505,18 @@ class PartitionLog:
         return self.offset_for_timestamp(max(live))
 
     def _exact_record(self, seg: Segment, hdr: BatchHeader, pos: int, ts_ms: int) -> tuple[int, int] | None:
-        if hdr.timestamp_type == TIMESTAMP_LOG_APPEND_TIME or hdr.compression != COMPRESSION_NONE:
-            return None
+        """The first record of the batch at ``pos`` with timestamp >= ``ts_ms`` (Kafka's
+        ``FileRecords.searchForTimestamp``); a compressed batch is decompressed for it."""
+        if hdr.timestamp_type == TIMESTAMP_LOG_APPEND_TIME:  # every record has the batch's time
+            return max(hdr.base_offset, self._log_start), hdr.max_timestamp
         try:
-            for off, ts, _rec in iter_records(seg.read_batch(pos, hdr.size)):
+            batch = decompressed_batch(seg.read_batch(pos, hdr.size))
+            for off, ts, _rec in iter_records(batch):
                 if ts >= ts_ms and off >= self._log_start:
                     return off, ts
-        except InvalidRecordError:
+        except InvalidRecordError as exc:  # e.g. no library for the codec: the batch's answer
+            logger.warning("%s: ListOffsets by timestamp cannot read the batch at offset %d: %s",
+                           self.directory.name, hdr.base_offset, exc.message)
             return None
         return None
 
