@@ -891,3 +891,28 @@ def test_every_roll_and_segment_deletion_is_reported(tmp_path: Path) -> None:
     rolls.clear()
     assert log.apply_retention(T0 + 100_000) == len(bases) - 2  # all expired: a roll first
     assert rolls == [22] and deleted[-1] == bases[2:]
+
+
+def test_recovery_below_the_log_start_offset_restarts_the_log_there(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Kafka's deleteSegmentsIfLogStartGreaterThanLogEnd: when recovery leaves the log end
+    below the log start offset, every segment goes and the log goes on from the log start."""
+    d = tmp_path / "t-0"
+    log = PartitionLog.open(d, small_cfg(), T0)
+    fill(log, 20)
+    start = log.segments[2].base_offset + 1
+    log.delete_records_before(start)
+    first = log.segments[0]
+    crash(log)
+    with open(first.log_path, "r+b") as f:  # corrupt its first batch: the log would end below start
+        f.seek(30)
+        f.write(b"\xff" * 8)
+    with caplog.at_level("WARNING", logger="oncelog.storage.log"):
+        log = PartitionLog.open(d, small_cfg(), T0)
+    assert [(s.base_offset, s.size) for s in log.segments] == [(start, 0)]
+    assert (log.log_start_offset, log.log_end_offset) == (start, start)
+    assert any("below the log start offset" in r.getMessage() for r in caplog.records)
+    assert log.append(mk([b"x"]), T0).base_offset == start  # no offset below it is handed out again
+    log.sync()
+    crash(log)
+    log = PartitionLog.open(d, small_cfg(), T0)
+    assert (log.log_start_offset, log.log_end_offset) == (start, start + 1)

@@ -182,6 +182,17 @@ class PartitionLog:
             if i < len(bases) - 1:
                 seg.release_index_files()
         checkpoint = _read_checkpoint(directory / LOG_START_FILE)
+        if segments and checkpoint is not None and segments[-1].next_offset < checkpoint:
+            # recovery cut the log below its start offset: as Kafka does, drop everything and go
+            # on from the start offset, so offsets consumers have seen are never handed out again
+            logger.warning(
+                "%s: log end offset %d is below the log start offset %d; deleting every segment",
+                directory.name, segments[-1].next_offset, checkpoint,
+            )
+            for seg in segments:
+                seg.delete()
+            fsync_dir(directory)
+            segments = []
         if not segments:
             segments.append(Segment(directory, max(checkpoint or 0, 0), config.index_interval_bytes))
         log_end = segments[-1].next_offset
