@@ -9,9 +9,7 @@ What it adds over a plain Fetch:
 * requests go to each partition's leader (Metadata), with versions from
   ApiVersions (Fetch v4..v12: the versions that name topics, not topic ids);
 * batch CRCs are checked and compressed batches are decompressed
-  (:mod:`oncelog.protocol.compression`: gzip with the stdlib; snappy, lz4 and
-  zstd with ``cramjam`` or the ``python-snappy``/``lz4``/``zstandard``
-  packages when importable);
+  (:mod:`oncelog.protocol.compression`, with ``cramjam``);
 * read_committed responses are filtered client-side exactly as the Java
   consumer does (``CompletedFetch.nextFetchedBatch``), see
   :func:`filter_read_committed`.

@@ -1,25 +1,22 @@
 """Decompressing the records of a v2 batch (Kafka codecs 1-4).
 
 The broker stores and serves batches as the producer sent them; it
-decompresses one only to answer ListOffsets by timestamp inside a compressed
-batch (Kafka's ``FileRecords.searchForTimestamp``). The protocol-level reader
-in :mod:`oncelog.client.reader` decompresses what it fetches. Both use this
-module.
+decompresses one to answer ListOffsets by timestamp inside a compressed batch
+(Kafka's ``FileRecords.searchForTimestamp``) and to recompress or check the
+records of topics that ask for it (:mod:`oncelog.broker.recompress`). The
+protocol-level reader in :mod:`oncelog.client.reader` decompresses what it
+fetches. All of them use this module.
 
-gzip uses the standard library; snappy, lz4 and zstd use ``cramjam`` or the
-``python-snappy`` / ``lz4`` / ``zstandard`` packages, whichever is
-importable (they are optional: without one, that codec raises
-:class:`~oncelog.protocol.records.InvalidRecordError` with
-UNSUPPORTED_COMPRESSION_TYPE). Corrupt compressed data raises it with
-CORRUPT_MESSAGE.
+The codecs come from ``cramjam`` (a dependency), imported on first use.
+Wire formats read: gzip (RFC 1952), snappy raw or in the xerial framing of
+snappy-java, lz4 frames, zstd frames (with or without a content size).
+Unknown codecs raise :class:`~oncelog.protocol.records.InvalidRecordError`
+with UNSUPPORTED_COMPRESSION_TYPE, corrupt data with CORRUPT_MESSAGE.
 """
 
 from __future__ import annotations
 
-import gzip
-import importlib
 import struct
-from collections.abc import Callable
 from typing import Any
 
 from oncelog.protocol.records import (
@@ -39,69 +36,62 @@ from oncelog.protocol.records import (
     parse_batch_header,
 )
 
-_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+XERIAL_MAGIC = b"\x82SNAPPY\x00"
+XERIAL_HEADER_SIZE = 16  # magic, version, compatible version
+_BE32 = struct.Struct(">i")
+
+_cramjam: Any = None
 
 
-def _with_library(codec: str, *choices: tuple[str, Callable[[Any], Any]]) -> bytes:
-    """Run the call of the first importable module among ``choices`` (module name, call)."""
-    for module, call in choices:
+def codec_library() -> Any:
+    """The ``cramjam`` module, imported on first use."""
+    global _cramjam
+    if _cramjam is None:
         try:
-            mod = importlib.import_module(module)
+            import cramjam
         except ImportError:
-            continue
-        return bytes(call(mod))
-    names = " or ".join(m.split(".")[0] for m, _ in choices)
-    raise InvalidRecordError(UNSUPPORTED_COMPRESSION_TYPE, f"{codec}-compressed batch: install {names}")
+            raise InvalidRecordError(UNSUPPORTED_COMPRESSION_TYPE, "compressed batch: install cramjam") from None
+        _cramjam = cramjam
+    return _cramjam
 
 
-def _snappy_raw(data: bytes) -> bytes:
-    return _with_library(
-        "snappy", ("cramjam", lambda m: m.snappy.decompress_raw(data)), ("snappy", lambda m: m.uncompress(data))
-    )
-
-
-def _snappy(data: bytes) -> bytes:
+def _snappy(cj: Any, data: bytes) -> bytes:
     # Java clients write xerial-framed snappy (magic, version, compat, then length-prefixed blocks);
     # librdkafka writes raw snappy and reads both
-    if not data.startswith(_XERIAL_MAGIC):
-        return _snappy_raw(data)
-    pos, out = 16, []
+    if not data.startswith(XERIAL_MAGIC):
+        return bytes(cj.snappy.decompress_raw(data))
+    out = bytearray()
+    pos = XERIAL_HEADER_SIZE
     while pos < len(data):
-        (n,) = struct.unpack_from(">i", data, pos)
+        (n,) = _BE32.unpack_from(data, pos)
         pos += 4
-        out.append(_snappy_raw(data[pos : pos + n]))
+        if n < 0 or pos + n > len(data):
+            raise ValueError("truncated xerial snappy block")
+        out += bytes(cj.snappy.decompress_raw(data[pos : pos + n]))
         pos += n
-    return b"".join(out)
+    return bytes(out)
 
 
-def _lz4(data: bytes) -> bytes:
-    return _with_library("lz4", ("lz4.frame", lambda m: m.decompress(data)), ("cramjam", lambda m: m.lz4.decompress(data)))
+_CODECS = {
+    COMPRESSION_GZIP: lambda cj, d: bytes(cj.gzip.decompress(d)),
+    COMPRESSION_SNAPPY: _snappy,
+    COMPRESSION_LZ4: lambda cj, d: bytes(cj.lz4.decompress(d)),
+    COMPRESSION_ZSTD: lambda cj, d: bytes(cj.zstd.decompress(d)),
+}
 
 
-def _zstd(data: bytes) -> bytes:
-    # zstandard: a streaming decompressor, as frames written without a content size are legal
-    return _with_library(
-        "zstd",
-        ("zstandard", lambda m: m.ZstdDecompressor().decompressobj().decompress(data)),
-        ("cramjam", lambda m: m.zstd.decompress(data)),
-    )
-
-
-_CODECS = {COMPRESSION_GZIP: gzip.decompress, COMPRESSION_SNAPPY: _snappy, COMPRESSION_LZ4: _lz4, COMPRESSION_ZSTD: _zstd}
-
-
-def decompress(codec: int, data: bytes) -> bytes:
+def decompress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
     """The records section of a batch compressed with Kafka codec ``codec``."""
+    data = bytes(data)
     if codec == COMPRESSION_NONE:
         return data
     fn = _CODECS.get(codec)
     if fn is None:
         raise InvalidRecordError(UNSUPPORTED_COMPRESSION_TYPE, f"unknown compression codec {codec}")
+    cj = codec_library()
     try:
-        return fn(data)
-    except InvalidRecordError:
-        raise
-    except Exception as exc:  # each library has its own error types for bad input
+        return fn(cj, data)
+    except Exception as exc:  # cramjam's decompression errors, a bad xerial frame
         raise InvalidRecordError(CORRUPT_MESSAGE, f"cannot decompress codec {codec} data: {exc}") from None
 
 
@@ -113,7 +103,7 @@ def decompressed_batch(buf: bytes | bytearray | memoryview, start: int = 0, end:
     end = start + hdr.size if end is None else end
     if hdr.compression == COMPRESSION_NONE:
         return bytes(buf[start:end])
-    body = decompress(hdr.compression, bytes(buf[start + HEADER_SIZE : end]))
+    body = decompress(hdr.compression, buf[start + HEADER_SIZE : end])
     head = bytearray(buf[start : start + HEADER_SIZE])
     struct.pack_into(">h", head, ATTRIBUTES_OFFSET, hdr.attributes & ~COMPRESSION_MASK)
     struct.pack_into(">i", head, BATCH_LENGTH_OFFSET, HEADER_SIZE - LOG_OVERHEAD + len(body))
