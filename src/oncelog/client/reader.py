@@ -8,10 +8,8 @@ What it adds over a plain Fetch:
 
 * requests go to each partition's leader (Metadata), with versions from
   ApiVersions (Fetch v4..v12: the versions that name topics, not topic ids);
-* batch CRCs are checked and compressed batches are decompressed here
-  (gzip with the stdlib; snappy, lz4 and zstd with ``cramjam`` or the
-  ``python-snappy``/``lz4``/``zstandard`` packages when importable), since
-  :mod:`oncelog.protocol.records` decodes only uncompressed batches;
+* batch CRCs are checked and compressed batches are decompressed
+  (:mod:`oncelog.protocol.compression`, with ``cramjam``);
 * read_committed responses are filtered client-side exactly as the Java
   consumer does (``CompletedFetch.nextFetchedBatch``), see
   :func:`filter_read_committed`.
@@ -22,9 +20,7 @@ over bytes and lists, unit-tested without a broker.
 
 from __future__ import annotations
 
-import gzip
 import heapq
-import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,19 +28,11 @@ from typing import Any
 from crc32c import crc32c
 
 from oncelog.client.connection import Connection
+from oncelog.protocol import compression
 from oncelog.protocol.errors import code_name
 from oncelog.protocol.records import (
-    ATTRIBUTES_OFFSET,
-    BATCH_LENGTH_OFFSET,
-    COMPRESSION_GZIP,
-    COMPRESSION_LZ4,
-    COMPRESSION_MASK,
     COMPRESSION_NONE,
-    COMPRESSION_SNAPPY,
-    COMPRESSION_ZSTD,
     CRC_START,
-    HEADER_SIZE,
-    LOG_OVERHEAD,
     MAGIC_V2,
     BatchHeader,
     InvalidRecordError,
@@ -123,90 +111,14 @@ class PartitionData:
 
 # -- decompression ------------------------------------------------------------------
 
-_XERIAL_MAGIC = b"\x82SNAPPY\x00"
-
-
-def _snappy_raw(data: bytes) -> bytes:
-    try:
-        import cramjam
-
-        return bytes(cramjam.snappy.decompress_raw(data))
-    except ImportError:
-        pass
-    try:
-        import snappy
-    except ImportError:
-        raise ReaderError("snappy-compressed batch: install cramjam or python-snappy") from None
-    return bytes(snappy.uncompress(data))
-
-
-def _snappy(data: bytes) -> bytes:
-    # Java clients write xerial-framed snappy (magic, version, compat, then length-prefixed blocks);
-    # librdkafka writes raw snappy and reads both
-    if not data.startswith(_XERIAL_MAGIC):
-        return _snappy_raw(data)
-    pos, out = 16, []
-    while pos < len(data):
-        (n,) = struct.unpack_from(">i", data, pos)
-        pos += 4
-        out.append(_snappy_raw(data[pos : pos + n]))
-        pos += n
-    return b"".join(out)
-
-
-def _lz4(data: bytes) -> bytes:
-    try:
-        import lz4.frame
-
-        return bytes(lz4.frame.decompress(data))
-    except ImportError:
-        pass
-    try:
-        import cramjam
-    except ImportError:
-        raise ReaderError("lz4-compressed batch: install lz4 or cramjam") from None
-    return bytes(cramjam.lz4.decompress(data))
-
-
-def _zstd(data: bytes) -> bytes:
-    try:
-        import zstandard
-
-        # a streaming decompressor: frames written without a content size are legal
-        return bytes(zstandard.ZstdDecompressor().decompressobj().decompress(data))
-    except ImportError:
-        pass
-    try:
-        import cramjam
-    except ImportError:
-        raise ReaderError("zstd-compressed batch: install zstandard or cramjam") from None
-    return bytes(cramjam.zstd.decompress(data))
-
 
 def decompress(codec: int, data: bytes) -> bytes:
-    """The records section of a batch compressed with Kafka codec ``codec``."""
-    if codec == COMPRESSION_NONE:
-        return data
-    if codec == COMPRESSION_GZIP:
-        return gzip.decompress(data)
-    if codec == COMPRESSION_SNAPPY:
-        return _snappy(data)
-    if codec == COMPRESSION_LZ4:
-        return _lz4(data)
-    if codec == COMPRESSION_ZSTD:
-        return _zstd(data)
-    raise ReaderError(f"unknown compression codec {codec}")
-
-
-def _uncompressed(buf: bytes, start: int, end: int, hdr: BatchHeader) -> bytes:
-    """The batch at ``buf[start:end]`` with its records decompressed (CRC no longer valid)."""
-    if hdr.compression == COMPRESSION_NONE:
-        return buf[start:end]
-    body = decompress(hdr.compression, buf[start + HEADER_SIZE : end])
-    head = bytearray(buf[start : start + HEADER_SIZE])
-    struct.pack_into(">h", head, ATTRIBUTES_OFFSET, hdr.attributes & ~COMPRESSION_MASK)
-    struct.pack_into(">i", head, BATCH_LENGTH_OFFSET, HEADER_SIZE - LOG_OVERHEAD + len(body))
-    return bytes(head) + body
+    """The records section of a batch compressed with Kafka codec ``codec``
+    (:func:`oncelog.protocol.compression.decompress`, errors as :class:`ReaderError`)."""
+    try:
+        return compression.decompress(codec, data)
+    except InvalidRecordError as exc:
+        raise ReaderError(exc.message) from None
 
 
 # -- pure decoding and filtering ---------------------------------------------------------
@@ -229,11 +141,11 @@ def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True) -> l
                 if hdr.compression == COMPRESSION_NONE and hdr.records_count > 0:
                     m = read_control_marker(data, start)
                 else:
-                    m = read_control_marker(_uncompressed(data, start, end, hdr))
+                    m = read_control_marker(compression.decompressed_batch(data, start, end))
                 batch.marker = Marker(partition, hdr.base_offset, hdr.producer_id, hdr.producer_epoch,
                                       m.commit, m.coordinator_epoch)
             else:
-                raw = _uncompressed(data, start, end, hdr)
+                raw = compression.decompressed_batch(data, start, end)
                 batch.records = [
                     ReadRecord(partition, off, ts, rec.key, rec.value, rec.headers, hdr.producer_id,
                                hdr.producer_epoch, hdr.is_transactional)
