@@ -546,7 +546,13 @@ def test_min_insync_replicas_above_one_refuses_acks_all_as_a_one_broker_kafka(cb
         assert p.flush(15) == 0
     assert results["all"] is not None and results["all"].code() == KafkaError.NOT_ENOUGH_REPLICAS, results["all"]
     assert results["1"] is None and results["0"] is None
-    with Connection(cb.bootstrap) as c:  # the refused record was not appended: acks=1 and acks=0 were
-        r = c.request(2, 1, {"replica_id": -1, "topics": [
-            {"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}]})
-    assert r.topics[0].partitions[0].offset == 2
+    # the refused record was not appended; the acks=1 and acks=0 ones were (acks=0 has no answer
+    # to wait for, so its append may land a moment after flush returned)
+    deadline, end = time.monotonic() + 10, -1
+    with Connection(cb.bootstrap) as c:
+        while end < 2 and time.monotonic() < deadline:
+            r = c.request(2, 1, {"replica_id": -1, "topics": [
+                {"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}]})
+            end = r.topics[0].partitions[0].offset
+            time.sleep(0.05)
+    assert end == 2
