@@ -9,6 +9,8 @@ as in confluent-kafka.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import threading
 import time
 from collections import deque
@@ -191,7 +193,13 @@ class Producer:
     def flush(self, timeout: float | None = None) -> int:
         """Send everything and wait for every record to complete; runs callbacks; returns how many remain."""
         self._lt.call(self._drain)
-        left = self._lt.run(self._core.flush(timeout))
+        fut = asyncio.run_coroutine_threadsafe(self._core.flush(timeout), self._lt.loop)
+        while True:  # serve delivery callbacks while waiting, as confluent-kafka's flush does
+            try:
+                left = fut.result(0.05)
+                break
+            except concurrent.futures.TimeoutError:
+                self.poll(0)
         self.poll(0)
         return left
 
