@@ -1,4 +1,5 @@
-"""Round trips with real third-party clients: confluent-kafka, kafka-python, aiokafka.
+"""Round trips with real third-party clients: confluent-kafka, kafka-python, aiokafka
+(and oncelog's own producer, ``oncelog.client.Producer``, read by all three).
 
 Each client produces 20,000 records (5,000 per compression codec: gzip,
 snappy, lz4, zstd) with unique keys, ids in the values, headers and explicit
@@ -210,11 +211,38 @@ def produce_aiokafka(bootstrap: str, topic: str) -> Produced:
     return out
 
 
+def produce_oncelog(bootstrap: str, topic: str) -> Produced:
+    """oncelog's own blocking producer (``oncelog.client.Producer``), idempotent by default."""
+    from oncelog.client import Producer
+
+    out = Produced("oncelog", topic)
+    for ci, codec in enumerate(CODECS):
+        p = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 10})
+        try:
+            futures = []
+            for n in range(PER_CODEC):
+                i = rid(ci, n)
+                partition, key, value, headers, ts = make(i, codec, out.client)
+                out.note_send(i, codec, partition)
+                futures.append((i, p.produce(topic, value, key=key, partition=partition, headers=headers,
+                                             timestamp=ts)))
+            assert p.flush(PRODUCE_TIMEOUT) == 0
+            for i, fut in futures:
+                md = fut.result(PRODUCE_TIMEOUT)
+                assert (md.topic, md.timestamp) == (topic, make(i, codec, out.client)[4])
+                out.acks[i] = (md.partition, md.offset)
+        finally:
+            p.close(10)
+    return out
+
+
 PRODUCERS: dict[str, Callable[[str, str], Produced]] = {
     "confluent": produce_confluent,
     "kafkapython": produce_kafkapython,
     "aiokafka": produce_aiokafka,
+    "oncelog": produce_oncelog,
 }
+PRODUCER_CLIENTS = (*CLIENTS, "oncelog")  # oncelog's consumer is not built yet
 
 
 # -- consumers (manual assignment from offset 0, read_uncommitted) ---------------
@@ -329,7 +357,7 @@ def produced(shared_broker: EmbeddedBroker, kit: Any) -> Iterator[Callable[[str]
 # -- tests --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("client", PRODUCER_CLIENTS)
 def test_produce_acks(client: str, produced: Callable[[str], Produced], shared_broker: EmbeddedBroker,
                       kit: Any) -> None:
     """Every send acknowledged once, offsets dense per partition in send order,
@@ -365,7 +393,7 @@ def test_produce_acks(client: str, produced: Callable[[str], Produced], shared_b
 
 
 @pytest.mark.parametrize("consumer", CLIENTS)
-@pytest.mark.parametrize("producer", CLIENTS)
+@pytest.mark.parametrize("producer", PRODUCER_CLIENTS)
 def test_round_trip(producer: str, consumer: str, produced: Callable[[str], Produced],
                     shared_broker: EmbeddedBroker, kit: Any) -> None:
     prod = produced(producer)
