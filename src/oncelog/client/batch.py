@@ -33,6 +33,7 @@ from typing import Any
 import cramjam
 from crc32c import crc32c
 
+from oncelog.protocol.fast_produce import uvarint
 from oncelog.protocol.records import (
     COMPRESSION_GZIP,
     COMPRESSION_LZ4,
@@ -57,13 +58,7 @@ RECORD_OVERHEAD_MAX = 21  # length, attributes, ts delta, offset delta, key len,
 
 
 def _zz_bytes(n: int) -> bytes:
-    v = ((n << 1) ^ (n >> 63)) & 0xFFFFFFFFFFFFFFFF
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
+    return uvarint(((n << 1) ^ (n >> 63)) & 0xFFFFFFFFFFFFFFFF)
 
 
 _VARINT: list[bytes] = [_zz_bytes(i) for i in range(16384)]

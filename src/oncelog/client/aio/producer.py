@@ -65,6 +65,7 @@ from oncelog.client.errors import (
 )
 from oncelog.client.partitioner import StickyPartitioner, partition_for_key
 from oncelog.protocol.build import to_ms
+from oncelog.protocol.fast_produce import array_len, string, uvarint
 from oncelog.protocol.records import HEADER_SIZE
 
 __all__ = ["Producer", "ProducerCore", "RecordMetadata"]
@@ -96,40 +97,17 @@ class RecordMetadata:
 _I16, _I32 = struct.Struct(">h"), struct.Struct(">i")
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def encode_produce_request(version: int, transactional_id: str | None, acks: int, timeout_ms: int,
                            topics: dict[str, list[tuple[int, bytes]]]) -> list[bytes]:
     """A Produce v3-v12 request body as a list of parts (records are not copied)."""
     flex = version >= 9
-    out: list[bytes] = []
-
-    def string(s: str | None) -> None:
-        if s is None:
-            out.append(b"\x00" if flex else b"\xff\xff")
-        else:
-            raw = s.encode()
-            out.append((_uvarint(len(raw) + 1) if flex else _I16.pack(len(raw))) + raw)
-
-    def count(n: int) -> None:
-        out.append(_uvarint(n + 1) if flex else _I32.pack(n))
-
-    string(transactional_id)
-    out.append(_I16.pack(acks) + _I32.pack(timeout_ms))
-    count(len(topics))
+    out = [string(transactional_id, flex), _I16.pack(acks) + _I32.pack(timeout_ms), array_len(len(topics), flex)]
     for name, parts in topics.items():
-        string(name)
-        count(len(parts))
+        out.append(string(name, flex))
+        out.append(array_len(len(parts), flex))
         for index, records in parts:
             out.append(_I32.pack(index))
-            out.append(_uvarint(len(records) + 1) if flex else _I32.pack(len(records)))
+            out.append(uvarint(len(records) + 1) if flex else _I32.pack(len(records)))
             out.append(records)
             if flex:
                 out.append(b"\x00")
