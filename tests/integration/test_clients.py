@@ -1,5 +1,5 @@
 """Round trips with real third-party clients: confluent-kafka, kafka-python, aiokafka
-(and oncelog's own producer, ``oncelog.client.Producer``, read by all three).
+and oncelog's own producer and consumer (``oncelog.client``), each against all the others.
 
 Each client produces 20,000 records (5,000 per compression codec: gzip,
 snappy, lz4, zstd) with unique keys, ids in the values, headers and explicit
@@ -242,7 +242,7 @@ PRODUCERS: dict[str, Callable[[str, str], Produced]] = {
     "aiokafka": produce_aiokafka,
     "oncelog": produce_oncelog,
 }
-PRODUCER_CLIENTS = (*CLIENTS, "oncelog")  # oncelog's consumer is not built yet
+PRODUCER_CLIENTS = (*CLIENTS, "oncelog")
 
 
 # -- consumers (manual assignment from offset 0, read_uncommitted) ---------------
@@ -320,11 +320,31 @@ def consume_aiokafka(_kit: Any, bootstrap: str, topic: str, ends: dict[int, int]
     return asyncio.run(run())
 
 
+def consume_oncelog(_kit: Any, bootstrap: str, topic: str, ends: dict[int, int]) -> list[Rec]:
+    """oncelog's own blocking consumer (``oncelog.client.Consumer``), manual assignment."""
+    from oncelog.client import Consumer, TopicPartition
+
+    out = []
+    with Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "none"}) as c:
+        c.assign([TopicPartition(topic, p, 0) for p in ends])
+        pos = {p: 0 for p in ends}
+        deadline = time.monotonic() + CONSUME_TIMEOUT
+        while any(pos[p] < ends[p] for p in ends):
+            assert time.monotonic() < deadline, f"oncelog consume timed out at {pos}, want {ends}"
+            for m in c.consume(5000, 0.5):
+                out.append(Rec(m.partition, m.offset, m.key, m.value, tuple(m.headers), m.timestamp))
+                pos[m.partition] = m.offset + 1
+        assert c.position((topic, 0)) == ends[0]
+    return out
+
+
 CONSUMERS: dict[str, Callable[[Any, str, str, dict[int, int]], list[Rec]]] = {
     "confluent": consume_confluent,
     "kafkapython": consume_kafkapython,
     "aiokafka": consume_aiokafka,
+    "oncelog": consume_oncelog,
 }
+CONSUMER_CLIENTS = (*CLIENTS, "oncelog")
 
 
 # -- fixtures ----------------------------------------------------------------------
@@ -392,7 +412,7 @@ def test_produce_acks(client: str, produced: Callable[[str], Produced], shared_b
     assert 0 <= counts.get("none", 0) <= 50 * len(codecs), counts
 
 
-@pytest.mark.parametrize("consumer", CLIENTS)
+@pytest.mark.parametrize("consumer", CONSUMER_CLIENTS)
 @pytest.mark.parametrize("producer", PRODUCER_CLIENTS)
 def test_round_trip(producer: str, consumer: str, produced: Callable[[str], Produced],
                     shared_broker: EmbeddedBroker, kit: Any) -> None:

@@ -7,9 +7,12 @@ Kafka's property names (:mod:`oncelog.client.config`) and raise typed
 ``admin``, ``groups``, ``txns``, ``reader``) live here too.
 """
 
+from oncelog.client.aio.consumer import Message, TopicPartition
 from oncelog.client.aio.producer import RecordMetadata
 from oncelog.client.config import ConfigError
+from oncelog.client.consumer import Consumer
 from oncelog.client.errors import KafkaError
 from oncelog.client.producer import DeliveryFuture, Producer
 
-__all__ = ["ConfigError", "DeliveryFuture", "KafkaError", "Producer", "RecordMetadata"]
+__all__ = ["ConfigError", "Consumer", "DeliveryFuture", "KafkaError", "Message", "Producer", "RecordMetadata",
+           "TopicPartition"]
