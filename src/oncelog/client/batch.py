@@ -223,14 +223,34 @@ class BatchBuilder:
         self.extra: Any = None  # owner's per-batch data (the producer's delivery bookkeeping)
 
     def append(self, timestamp: int, key: bytes | None, value: bytes | None, headers: Any = None) -> bool:
-        if self.count == 0:
+        count = self.count
+        if count == 0:
             self.base_timestamp = self.max_timestamp = timestamp
-        rec = encode_record(self.count, timestamp - self.base_timestamp, key, value, headers)
-        if self.count and self.size + len(rec) > self.max_bytes:
+        # the record's pieces go into ``parts`` as they are (no copy of key or value until close())
+        td = timestamp - self.base_timestamp
+        tdv = _VARINT[td] if 0 <= td < 16384 else _zz_bytes(td)
+        odv = _VARINT[count] if count < 16384 else _zz_bytes(count)
+        if key is None:
+            kh, key, klen = _NULL, b"", 1
+        else:
+            n = len(key)
+            kh = _VARINT[n] if n < 16384 else _zz_bytes(n)
+            klen = len(kh) + n
+        if value is None:
+            vh, value, vlen = _NULL, b"", 1
+        else:
+            n = len(value)
+            vh = _VARINT[n] if n < 16384 else _zz_bytes(n)
+            vlen = len(vh) + n
+        hb = b"\x00" if not headers else _headers(headers)
+        body = 1 + len(tdv) + len(odv) + klen + vlen + len(hb)
+        prefix = _VARINT[body] if body < 16384 else _zz_bytes(body)
+        total = len(prefix) + body
+        if count and self.size + total > self.max_bytes:
             return False
-        self.parts.append(rec)
-        self.count += 1
-        self.size += len(rec)
+        self.parts += (prefix, b"\x00", tdv, odv, kh, key, vh, value, hb)
+        self.count = count + 1
+        self.size += total
         if timestamp > self.max_timestamp:
             self.max_timestamp = timestamp
         return True

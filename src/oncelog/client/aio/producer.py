@@ -290,7 +290,7 @@ class ProducerCore:
 
     def _place(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None,
                headers: Any, timestamp: int, future: Any) -> None:
-        info = self.cluster.topic(topic)
+        info = self.cluster.topics.get(topic)
         if info is None or not info.leaders or topic in self._waiting:
             self._wait_for_topic(topic, (topic, value, key, partition, headers, timestamp, future))
             return
@@ -302,10 +302,11 @@ class ProducerCore:
                               UnknownTopicOrPartitionError(f"partition {partition} of {topic} does not exist "
                                                            f"(it has {n})"))
             return
-        size = HEADER_SIZE + RECORD_OVERHEAD_MAX + (len(value) if value else 0) + (len(key) if key else 0)
-        if size > self.max_request:
+        nbytes = (len(value) if value else 0) + (len(key) if key else 0)
+        if nbytes + HEADER_SIZE + RECORD_OVERHEAD_MAX > self.max_request:
             self._fail_record(future, value, key, MessageTooLargeError(
-                f"the record is {size} bytes, more than max.request.size={self.max_request}"))
+                f"the record is {nbytes + HEADER_SIZE + RECORD_OVERHEAD_MAX} bytes, more than "
+                f"max.request.size={self.max_request}"))
             return
         p = self.partitions.get((topic, partition))
         if p is None:
@@ -317,7 +318,7 @@ class ProducerCore:
             b = p.open = _Batch(topic, partition, BatchBuilder(self.batch_size, self.codec))
             b.builder.append(timestamp, key, value, headers)
             self._kick()  # the sender learns the new batch's linger deadline
-        b.nbytes += (len(value) if value else 0) + (len(key) if key else 0)
+        b.nbytes += nbytes
         b.futures.append(future)
         b.timestamps.append(timestamp)
         if b.builder.size >= self.batch_size:
