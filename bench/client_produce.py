@@ -36,12 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import OncelogBroker, run_metadata  # noqa: E402
 
 PARTITIONS = 8
+ONCELOG_CONFIG: dict[str, object] = {"linger.ms": 5}  # --batch-size adds batch.size (and max.request.size)
 
 
 def run_oncelog(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
     from oncelog.client import Producer
 
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    p = Producer({"bootstrap.servers": bootstrap, **ONCELOG_CONFIG})
     try:
         produce = p.produce
         for i in range(n):
@@ -54,7 +55,7 @@ def run_oncelog(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
 def run_oncelog_batch(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
     from oncelog.client import Producer
 
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    p = Producer({"bootstrap.servers": bootstrap, **ONCELOG_CONFIG})
     try:
         per = n // PARTITIONS
         futs = []
@@ -113,8 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=50_000)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--clients", default=",".join(CLIENTS))
+    ap.add_argument("--batch-size", type=int, help="batch.size for oncelog's producer (default: Kafka's 16384); "
+                    "max.request.size becomes 8 x that when larger than 1 MiB")
     ap.add_argument("--profile", choices=list(CLIENTS), help="run one client once under pyinstrument")
     args = ap.parse_args(argv)
+    if args.batch_size:
+        ONCELOG_CONFIG["batch.size"] = args.batch_size
+        ONCELOG_CONFIG["max.request.size"] = max(1 << 20, PARTITIONS * args.batch_size)
     payload = os.urandom(args.size)
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
     with tempfile.TemporaryDirectory() as tmp, OncelogBroker(Path(tmp) / "data") as broker:
@@ -144,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = run_metadata()
     ref = statistics.median(rates["confluent"]) if "confluent" in rates else None
     print(f"Produce {args.records:,} x {args.size} B records, 8 partitions, acks=all, linger.ms=5, idempotent "
-          f"(each client's default), {args.rounds} rounds A B C D; {meta.get('cpu', '')} "
-          f"python {meta.get('python', '')}, commit {meta.get('git', '')}\n")
+          f"(each client's default), {args.rounds} rounds A B C D; oncelog config {ONCELOG_CONFIG}; "
+          f"python {meta['python']}, {meta['cpu_count']} CPUs, oncelog {meta['oncelog_git']}, "
+          f"librdkafka {meta['librdkafka']}\n`{meta['command']}`\n")
     print("| client | median records/s | runs | vs confluent-kafka |")
     print("|---|---:|---|---:|")
     for c, rs in rates.items():
