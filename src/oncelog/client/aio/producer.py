@@ -195,6 +195,7 @@ class ProducerCore:
         self.retries = config["retries"]
         self.backoff = config["retry.backoff.ms"] / 1000
         self.max_block = config["max.block.ms"] / 1000
+        self.metadata_max_age = config["metadata.max.age.ms"] / 1000
         self.producer_id = -1
         self.producer_epoch = -1
         self.partitions: dict[tuple[str, int], _Partition] = {}
@@ -566,6 +567,8 @@ class ProducerCore:
             by_node.setdefault(node, []).append((p, b))
         if self._bump_wanted and not bumping:
             self._maybe_bump()
+        if now - self.cluster.last_refresh > self.metadata_max_age and self.partitions:
+            refresh.update(t for t, _ in self.partitions)  # metadata.max.age.ms
         for topic in refresh - self._refreshing:
             self._refreshing.add(topic)
             asyncio.ensure_future(self._refresh(topic))
