@@ -72,3 +72,33 @@ def test_produce_and_consume_against_librdkafka_mock(mock: Any, codec: str) -> N
     for q, ids in sent.items():
         assert [(m.offset, m.key, m.value) for m in got if m.partition == q] == \
             [(k, keys[i], b"v%06d" % i) for k, i in enumerate(ids)]
+
+
+def test_leader_move_refreshes_metadata_and_keeps_order(mock: Any) -> None:
+    """The mock moves the partition's leader mid-stream: the producer gets NOT_LEADER_OR_FOLLOWER,
+    refreshes metadata, resends to the new leader, and every record lands once, in order."""
+    import ctypes
+
+    set_leader = mock.lib.rd_kafka_mock_partition_set_leader
+    set_leader.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32]
+    set_leader.restype = ctypes.c_int
+    mock.create_topic("moving", 1)
+    with Producer({"bootstrap.servers": mock.bootstrap, "delivery.timeout.ms": 40000}) as p:
+        first = [p.produce("moving", b"a%d" % i, partition=0) for i in range(1000)]
+        assert p.flush(20) == 0
+        old = p._core.cluster.leader("moving", 0)
+        new = 1 + (old % 3)
+        assert set_leader(mock.mcluster, b"moving", 0, new) == 0
+        second = [p.produce("moving", b"b%d" % i, partition=0) for i in range(1000)]
+        assert p.flush(30) == 0
+        assert p._core.cluster.leader("moving", 0) == new
+        assert p._core.stats["retries"] >= 1  # the first send went to the old leader and was refused
+        assert [f.result().offset for f in first + second] == list(range(2000))
+    with Consumer({"bootstrap.servers": mock.bootstrap, "auto.offset.reset": "earliest"}) as c:
+        c.assign([TopicPartition("moving", 0)])
+        got: list[Any] = []
+        while c.position(("moving", 0)) < 2000:
+            batch = c.consume(2000, 5)
+            assert batch, f"no progress after {len(got)} records"
+            got.extend(batch)
+    assert [m.value for m in got] == [b"a%d" % i for i in range(1000)] + [b"b%d" % i for i in range(1000)]
