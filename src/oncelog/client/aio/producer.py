@@ -36,10 +36,13 @@ Internal design (for the transactions work that builds on it):
   epoch (or id) and every partition's sequences restart at 0.
 * ``delivery.timeout.ms``: a batch not in flight whose first record is older
   fails with :class:`~oncelog.client.errors.DeliveryTimeoutError`.
-* A transactional layer would set ``transactional_id``, call
-  ``add_partition_hook`` before a partition's first send in a transaction,
-  and use ``flush()`` plus the producer id/epoch in ``core.producer_id`` /
-  ``core.producer_epoch``.
+* Not built yet, for the transactions work: ``transactional.id`` is passed
+  to InitProducerId and sets the transactional bit on batches, but nothing
+  sends AddPartitionsToTxn/EndTxn. That layer needs a hook in
+  :meth:`ProducerCore._send` before a partition's first batch of a
+  transaction goes out (v1: AddPartitionsToTxn; v2/KIP-890: implicit), the
+  fatal/abortable error split in :meth:`ProducerCore._batch_failed`, and
+  ``flush()`` plus ``producer_id``/``producer_epoch`` for EndTxn.
 """
 
 from __future__ import annotations
