@@ -51,12 +51,17 @@ def test_read_committed_hides_aborted_transactions(broker: EmbeddedBroker, kit: 
         else:
             assert p.flush(30) == 0  # written, then aborted (librdkafka drops unsent records on abort)
             p.abort_transaction(30)
-    ends = {q: hw for q, (_, hw) in kit.confluent_watermarks(broker.bootstrap, "txn", 2).items()}
     with Consumer({"bootstrap.servers": broker.bootstrap, "isolation.level": "read_committed",
                    "auto.offset.reset": "earliest"}) as c:
         c.assign([TopicPartition("txn", 0), TopicPartition("txn", 1)])
-        low, high = c.get_watermark_offsets(("txn", 0))
-        assert low == 0 and high == ends[0]  # the last transaction is committed: LSO = high watermark
+        # under read_committed the high watermark reported is the LSO: it reaches the end once the
+        # coordinator has written the last (abort) markers, which EndTxn does not wait for
+
+        def settled() -> dict[int, int] | None:
+            hws = {q: hw for q, (_, hw) in kit.confluent_watermarks(broker.bootstrap, "txn", 2).items()}
+            return hws if all(c.get_watermark_offsets(("txn", q)) == (0, hws[q]) for q in hws) else None
+
+        ends = kit.wait_until(settled, timeout=20, message="LSO at the high watermark")
         got = [m.value for m in _read_all(c, "txn", 2, ends)]
     assert sorted(got) == sorted(committed)
     assert len(got) == len(set(got)) == 600
