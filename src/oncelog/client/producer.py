@@ -60,9 +60,10 @@ class DeliveryFuture:
         self._finish()
 
     def _finish(self) -> None:
-        with _lock:
-            self._done = True
-            ev = self._event
+        # no lock: _done is set before _event is read, and a waiter re-checks _done after creating
+        # its event, so one of the two always sees the other
+        self._done = True
+        ev = self._event
         if ev is not None:
             ev.set()
         if self._on_delivery is not None and self._owner is not None:
@@ -72,10 +73,10 @@ class DeliveryFuture:
         if self._done:
             return
         with _lock:
-            if not self._done and self._event is None:
+            if self._event is None:
                 self._event = threading.Event()
             ev = self._event
-        if ev is not None and not ev.wait(timeout):
+        if not self._done and not ev.wait(timeout):
             raise TimeoutError("record not delivered yet")
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
