@@ -188,6 +188,47 @@ def filter_read_committed(batches: list[Batch], aborted: list[tuple[int, int]]) 
     return kept, skipped
 
 
+def fetched_records(data: bytes, partition: int, position: int, isolation_level: int,
+                    aborted: list[tuple[int, int]], check_crc: bool = True) -> tuple[list[ReadRecord], list[Batch], int, int]:
+    """What one partition of a Fetch response yields to a consumer at ``position``.
+
+    Returns ``(records at or after position, batches decoded, skipped aborted
+    batches, next position)``; the next position is past the last whole batch
+    (control and aborted batches included), or ``position`` if none.
+    Shared by :class:`PartitionReader` and the consumer.
+    """
+    batches = [b for b in decode_batches(data, partition, check_crc) if b.header.last_offset >= position]
+    if not batches:
+        return [], [], 0, position
+    if isolation_level == READ_COMMITTED:
+        kept, skipped = filter_read_committed(batches, aborted)
+    else:
+        kept, skipped = [b for b in batches if not b.header.is_control], 0
+    records = [r for b in kept for r in b.records if r.offset >= position]
+    return records, batches, skipped, batches[-1].header.next_offset
+
+
+def fetch_request(partitions: dict[str, list[tuple[int, int]]], isolation_level: int, *, max_wait_ms: int = 100,
+                  min_bytes: int = 0, max_bytes: int = 4 << 20, partition_max_bytes: int = 4 << 20) -> dict[str, Any]:
+    """A Fetch v4-v12 request body: ``partitions`` is ``{topic: [(partition, fetch offset)]}``."""
+    return {
+        "cluster_id": None, "replica_id": -1, "replica_state": None, "max_wait": max_wait_ms,
+        "min_bytes": min_bytes, "max_bytes": max_bytes, "isolation_level": isolation_level, "session_id": 0,
+        "session_epoch": -1,
+        "topics": [{"topic": t, "topic_id": None, "partitions": [{
+            "partition": p, "current_leader_epoch": -1, "fetch_offset": off, "last_fetched_epoch": -1,
+            "log_start_offset": -1, "partition_max_bytes": partition_max_bytes, "replica_directory_id": None}
+            for p, off in parts]} for t, parts in partitions.items()],
+        "forgotten_topics_data": [], "rack_id": ""}
+
+
+def list_offsets_request(partitions: dict[str, list[tuple[int, int]]], isolation_level: int) -> dict[str, Any]:
+    """A ListOffsets v1+ request body: ``partitions`` is ``{topic: [(partition, timestamp)]}``."""
+    return {"replica_id": -1, "isolation_level": isolation_level,
+            "topics": [{"name": t, "partitions": [{"partition_index": p, "current_leader_epoch": -1, "timestamp": ts}
+                                                  for p, ts in parts]} for t, parts in partitions.items()]}
+
+
 # -- the IO shell ----------------------------------------------------------------------
 
 
@@ -271,10 +312,8 @@ class PartitionReader:
         def call() -> tuple[int, int]:
             conn = self.leader(topic, partition)
             v = conn.best_version(LIST_OFFSETS, LIST_OFFSETS_VERSIONS)
-            resp = conn.request(LIST_OFFSETS, v, {
-                "replica_id": -1, "isolation_level": isolation_level,
-                "topics": [{"name": topic, "partitions": [
-                    {"partition_index": partition, "current_leader_epoch": -1, "timestamp": timestamp}]}]})
+            resp = conn.request(LIST_OFFSETS, v, list_offsets_request({topic: [(partition, timestamp)]},
+                                                                      isolation_level))
             p = resp.topics[0].partitions[0]
             return int(p.error_code), int(p.offset)
 
@@ -289,15 +328,8 @@ class PartitionReader:
         def call() -> tuple[int, Any]:
             conn = self.leader(topic, partition)
             v = conn.best_version(FETCH, FETCH_VERSIONS)
-            resp = conn.request(FETCH, v, {
-                "cluster_id": None, "replica_id": -1, "replica_state": None, "max_wait": 100, "min_bytes": 0,
-                "max_bytes": max_bytes, "isolation_level": isolation_level, "session_id": 0,
-                "session_epoch": -1,
-                "topics": [{"topic": topic, "topic_id": None, "partitions": [{
-                    "partition": partition, "current_leader_epoch": -1, "fetch_offset": offset,
-                    "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": max_bytes,
-                    "replica_directory_id": None}]}],
-                "forgotten_topics_data": [], "rack_id": ""})
+            resp = conn.request(FETCH, v, fetch_request({topic: [(partition, offset)]}, isolation_level,
+                                                        max_bytes=max_bytes, partition_max_bytes=max_bytes))
             if resp.error_code:
                 return int(resp.error_code), None
             p = resp.responses[0].partitions[0]
@@ -321,8 +353,9 @@ class PartitionReader:
         empty = 0
         while pos < end:
             p = self.fetch(topic, partition, pos, isolation_level)
-            batches = decode_batches(bytes(p.records or b""), partition)
-            batches = [b for b in batches if b.header.last_offset >= pos]
+            aborted = [(int(a.producer_id), int(a.first_offset)) for a in (p.aborted_transactions or ())]
+            records, batches, skipped, next_pos = fetched_records(bytes(p.records or b""), partition, pos,
+                                                                  isolation_level, aborted)
             if not batches:
                 empty += 1
                 if empty > 50:
@@ -332,15 +365,9 @@ class PartitionReader:
             empty = 0
             out.batches += len(batches)
             out.markers.extend(b.marker for b in batches if b.marker is not None)
-            if isolation_level == READ_COMMITTED:
-                aborted = [(int(a.producer_id), int(a.first_offset)) for a in (p.aborted_transactions or ())]
-                kept, skipped = filter_read_committed(batches, aborted)
-                out.skipped_aborted_batches += skipped
-            else:
-                kept = [b for b in batches if not b.header.is_control]
-            for b in kept:
-                out.records.extend(r for r in b.records if pos <= r.offset < end)
-            pos = batches[-1].header.next_offset
+            out.skipped_aborted_batches += skipped
+            out.records.extend(r for r in records if r.offset < end)
+            pos = next_pos
         return out
 
     def read_topic(self, topic: str, isolation_level: int = READ_COMMITTED) -> list[PartitionData]:
