@@ -209,3 +209,141 @@ def test_three_members_with_churn_never_share_a_partition(gbroker: EmbeddedBroke
             assert all(len(ps) < PARTITIONS for _, w, k, ps in own.events if k == "revoke" and w != "A")
 
     asyncio.run(main())
+
+
+# -- mixed groups --------------------------------------------------------------------------------------
+
+
+class OurRunner(threading.Thread):
+    """Our GroupMember on its own event loop thread, with the interface of test_groups_clients.Runner."""
+
+    def __init__(self, name: str, bootstrap: str, group: str, topic: str, assignor: str, log: Any) -> None:
+        super().__init__(name=f"member-{name}", daemon=True)
+        self.cname, self.log = name, log
+        self.conf = member_config(bootstrap, group, assignor, **{"client.id": name})
+        self.topic = topic
+        self.owned: set[int] = set()
+        self.error: BaseException | None = None
+        self.started_ok = threading.Event()
+        self.subscriptions: list[tuple[str, Any]] = []
+        self._halt = threading.Event()
+
+    def _assign(self, parts: list[tuple[str, int]]) -> None:
+        self.owned |= {p for _, p in parts}
+        self.log.assign(self.cname, [p for _, p in parts])
+
+    def _revoke(self, parts: list[tuple[str, int]]) -> None:
+        self.owned -= {p for _, p in parts}
+        self.log.revoke(self.cname, [p for _, p in parts])
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+
+    async def _main(self) -> None:
+        cluster = Cluster(self.conf)
+        await cluster.start()
+        member = GroupMember(cluster, self.conf, [self.topic], on_assign=self._assign, on_revoke=self._revoke,
+                             on_lost=self._revoke)
+        # record what the other members sent when ours leads (their subscriptions, decoded by us)
+        orig = member._assign
+
+        async def spy(protocol: str, members: Any) -> Any:
+            from oncelog.client.assignors import decode_subscription
+            self.subscriptions.extend((m.member_id, decode_subscription(m.metadata)) for m in members)
+            return await orig(protocol, members)
+
+        member._assign = spy  # type: ignore[method-assign]
+        await member.start()
+        self.member = member
+        self.started_ok.set()
+        while not self._halt.is_set():
+            member.poll_happened()
+            if member.error is not None:
+                raise member.error
+            await asyncio.sleep(0.05)
+        self.log.release_all(self.cname)
+        await member.close()
+        await cluster.close()
+
+    def stop(self, timeout: float = 30) -> None:
+        self._halt.set()
+        self.join(timeout)
+        assert not self.is_alive(), f"{self.cname} did not stop"
+        if self.error is not None:
+            raise AssertionError(f"{self.cname} failed: {self.error!r}") from self.error
+
+
+def kafka_python_assignor(name: str) -> Any:
+    from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+    from kafka.coordinator.assignors.range import RangePartitionAssignor
+    from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+
+    return {"range": RangePartitionAssignor, "roundrobin": RoundRobinPartitionAssignor,
+            "cooperative-sticky": CooperativeStickyAssignor}[name]
+
+
+@pytest.mark.parametrize("first", ["ours", "theirs"])
+@pytest.mark.parametrize("assignor", ["range", "roundrobin", "cooperative-sticky"])
+def test_mixed_group_with_confluent_and_kafka_python(gbroker: EmbeddedBroker, assignor: str, first: str) -> None:
+    from test_groups_clients import OwnershipLog, Runner
+
+    topic, group = fresh("mixed"), fresh("g-mixed")
+    create_topic(gbroker.bootstrap, topic, PARTITIONS)
+    log = OwnershipLog()
+    ours = OurRunner("ours", gbroker.bootstrap, group, topic, assignor, log)
+    conf_extra = {"partition.assignment.strategy": assignor}
+    confluent = Runner("confluent", "librdkafka", gbroker.bootstrap, group, topic, log, extra=conf_extra)
+    kp = Runner("kafkapython", "kafka-python", gbroker.bootstrap, group, topic, log,
+                extra={"partition_assignment_strategy": [kafka_python_assignor(assignor)]})
+    order = [ours, confluent, kp] if first == "ours" else [confluent, kp, ours]
+    started: list[Any] = []
+    try:
+        for r in order:
+            r.start()
+            assert r.started_ok.wait(30), f"{r.cname} did not start"
+            started.append(r)
+            if r is order[0]:
+                time.sleep(1.0)  # let the first member become the leader
+
+        def complete() -> Any:
+            for r in started:
+                if r.error is not None:
+                    raise AssertionError(f"{r.cname} failed: {r.error!r}")
+            with GroupAdmin(gbroker.bootstrap) as admin:
+                info = admin.describe(group)
+            if info.state != "Stable" or len(info.members) != 3:
+                return None
+            views = {m.client_id: set(m.assignment.get(topic, [])) for m in info.members}
+            every = [p for v in views.values() for p in v]
+            if sorted(every) != list(range(PARTITIONS)):
+                return None
+            # each member's own view (its callbacks) equals the broker's
+            if any(r.owned != views.get(r.cname) for r in started):
+                return None
+            return info
+
+        info = wait_until(complete, 90, interval=0.2, message=f"a complete disjoint {assignor} assignment")
+        assert info.protocol == assignor
+        if assignor in ("range", "roundrobin"):
+            # whoever led, the assignment is the one Kafka's algorithm gives for these member ids
+            from oncelog.client.assignors import ASSIGNORS, MemberSubscription, Subscription
+
+            expected = ASSIGNORS[assignor].assign({topic: PARTITIONS}, [
+                MemberSubscription(m.member_id, Subscription([topic])) for m in info.members])
+            assert {m.member_id: sorted(m.assignment.get(topic, [])) for m in info.members} == \
+                {mid: [p for _, p in parts] for mid, parts in expected.items()}
+        assert all(len(r.owned) == 2 for r in started), {r.cname: r.owned for r in started}
+        assert not log.violations, log.violations
+        leader_is_ours = ours.member.leader_id == ours.member.member_id
+        assert leader_is_ours == (first == "ours")
+        if leader_is_ours:
+            # we decoded librdkafka's and kafka-python's subscriptions
+            assert len({mid for mid, _ in ours.subscriptions}) >= 3
+            assert all(sub.topics == [topic] for _, sub in ours.subscriptions)
+    finally:
+        for r in reversed(started):
+            r.stop()
+    assert not log.violations, log.violations
