@@ -347,3 +347,78 @@ def test_mixed_group_with_confluent_and_kafka_python(gbroker: EmbeddedBroker, as
         for r in reversed(started):
             r.stop()
     assert not log.violations, log.violations
+
+
+# -- heartbeat before commit ---------------------------------------------------------------------------
+
+
+def test_heartbeat_now_raises_after_the_member_was_kicked(tmp_path: Any) -> None:
+    from oncelog.testing.embedded import free_port
+    from oncelog.testing.fault_proxy import FaultProxy
+
+    HEARTBEAT = 12
+    port = free_port()
+    proxy = FaultProxy(("127.0.0.1", port), seed=1)
+    broker = EmbeddedBroker(data_dir=tmp_path / "data", port=port, log_path=tmp_path / "broker.log",
+                            config={**BROKER_CONFIG, "advertised.listeners": f"PLAINTEXT://127.0.0.1:{proxy.port}"})
+    proxy.start()
+    try:
+        broker.start()
+        topic, group = fresh("hb"), fresh("g-hb")
+        create_topic(proxy.bootstrap, topic, 2)
+
+        async def main() -> None:
+            own = Ownership()
+            conf = member_config(proxy.bootstrap, group, "range",
+                                 **{"request.timeout.ms": 2000, "heartbeat.interval.ms": 3000})
+            m = await start_member("A", own, conf, topic)
+            await m.wait_assigned(30)
+            assert m.assignment == [(topic, 0), (topic, 1)]
+            await m.heartbeat_now()  # in the group: succeeds
+            first_generation = m.generation_id
+            proxy.hold(HEARTBEAT, 10**6)  # heartbeats hang in the network from now on
+
+            def expired() -> bool:
+                with GroupAdmin(proxy.bootstrap) as admin:
+                    return not admin.describe(group).members
+
+            deadline = time.monotonic() + SESSION_MS / 1000 + 30
+            while not await asyncio.to_thread(expired):
+                assert time.monotonic() < deadline, "the coordinator never expired the member"
+                m.poll_happened()
+                await asyncio.sleep(0.2)
+            proxy.release_held()  # later heartbeats reach the broker again
+            # the connection that carried a held heartbeat closes at its request timeout: until then
+            # heartbeat_now fails with a connection error; it must never succeed
+            kicked: KafkaError | None = None
+            for _ in range(50):
+                assert m.generation_id == first_generation, "the member rejoined before heartbeat_now ran"
+                try:
+                    await m.heartbeat_now()
+                except KafkaError as exc:
+                    if exc.name in ("UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION"):
+                        kicked = exc
+                        break
+                    assert exc.retriable, exc
+                else:
+                    raise AssertionError("heartbeat_now succeeded for a member the coordinator removed")
+                await asyncio.sleep(0.1)
+            assert kicked is not None
+            assert not m.in_group
+            # the partitions were lost, not revoked in order; the member rejoins and gets them back
+            for _ in range(100):
+                if any(k == "lost" and set(ps) == {(topic, 0), (topic, 1)} for _, w, k, ps in own.events):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError(f"on_lost was not called: {own.events}")
+            assert not any(k == "revoke" for _, w, k, ps in own.events)
+            await m.wait_assigned(30)
+            assert m.generation_id > first_generation and m.assignment == [(topic, 0), (topic, 1)]
+            await m.heartbeat_now()
+            await stop_member(m)
+
+        asyncio.run(main())
+    finally:
+        broker.close()
+        proxy.stop()
