@@ -422,3 +422,55 @@ def test_heartbeat_now_raises_after_the_member_was_kicked(tmp_path: Any) -> None
     finally:
         broker.close()
         proxy.stop()
+
+
+# -- require_stable (KIP-447) ----------------------------------------------------------------------------
+
+
+def test_require_stable_waits_for_a_pending_transactional_offset(gbroker: EmbeddedBroker) -> None:
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import TopicPartition as CTP
+
+    topic, group = fresh("stable"), fresh("g-stable")
+    create_topic(gbroker.bootstrap, topic, 2)
+    p = Producer({"bootstrap.servers": gbroker.bootstrap, "transactional.id": fresh("txn"), "linger.ms": 0})
+    p.init_transactions(30)
+    meta_consumer = Consumer({"bootstrap.servers": gbroker.bootstrap, "group.id": group})
+
+    async def main() -> None:
+        conf = member_config(gbroker.bootstrap, group, "range")
+        cluster = Cluster(conf)
+        await cluster.start()
+        tps = [(topic, 0), (topic, 1)]
+        try:
+            from oncelog.client.aio.offsets import commit_offsets
+
+            await commit_offsets(cluster, group, {(topic, 0): 3})  # a plain commit first
+            p.begin_transaction()
+            p.produce(topic, b"x", partition=1)
+            p.send_offsets_to_transaction([CTP(topic, 0, 5), CTP(topic, 1, 7)],
+                                          meta_consumer.consumer_group_metadata(), 30)
+            p.flush(10)
+            # without require_stable: the last committed offsets, the pending ones invisible
+            plain = await fetch_offsets(cluster, group, tps)
+            assert plain[(topic, 0)] is not None and plain[(topic, 0)].offset == 3 and plain[(topic, 1)] is None
+            # with require_stable and a short timeout: UNSTABLE_OFFSET_COMMIT, retried, then raised
+            with pytest.raises(KafkaError) as info:
+                await fetch_offsets(cluster, group, tps, require_stable=True, timeout=1.0)
+            assert info.value.name == "UNSTABLE_OFFSET_COMMIT"
+            # a waiting fetch completes only after the transaction commits, with the committed offsets
+            waiting = asyncio.ensure_future(fetch_offsets(cluster, group, tps, require_stable=True, timeout=30))
+            await asyncio.sleep(1.5)
+            assert not waiting.done(), waiting
+            t0 = time.monotonic()
+            await asyncio.to_thread(p.commit_transaction, 30)
+            got = await asyncio.wait_for(waiting, 30)
+            assert {tp: om.offset for tp, om in got.items()} == {(topic, 0): 5, (topic, 1): 7}
+            assert time.monotonic() - t0 < 10
+        finally:
+            await cluster.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        meta_consumer.close()
