@@ -136,15 +136,19 @@ async def kill_member(m: GroupMember, own: Ownership) -> None:
     await m.cluster.close()
 
 
-async def settled(members: list[GroupMember], own: Ownership, topic: str, timeout: float = 45.0) -> None:
+async def settled(members: list[GroupMember], own: Ownership, topic: str, timeout: float = 45.0,
+                  partitions: int = PARTITIONS) -> None:
     """Wait until the live members own every partition between them, each in a stable generation."""
-    want = {(topic, p) for p in range(PARTITIONS)}
+    want = {(topic, p) for p in range(partitions)}
     deadline = time.monotonic() + timeout
     while True:
         owned = {tp: w for tp, w in own.owner.items() if w not in own.dead}
         views = [set(m.assignment) for m in members]
-        if (set(owned) == want and all(m.in_group and not m._rejoin_needed for m in members)
-                and sum(len(v) for v in views) == PARTITIONS and set().union(*views) == want):
+        balanced = max(map(len, views)) - min(map(len, views)) <= 1  # one topic, equal subscriptions
+        consistent = all(v == {tp for tp, w in owned.items() if w == m.name}  # type: ignore[attr-defined]
+                         for m, v in zip(members, views))
+        if (set(owned) == want and all(m.in_group and not m._rejoin_needed for m in members) and balanced
+                and consistent and sum(len(v) for v in views) == partitions and set().union(*views) == want):
             gens = {m.generation_id for m in members}
             if len(gens) == 1:
                 return
@@ -474,3 +478,145 @@ def test_require_stable_waits_for_a_pending_transactional_offset(gbroker: Embedd
         asyncio.run(main())
     finally:
         meta_consumer.close()
+
+
+# -- callbacks that block, poll interval, static membership -------------------------------------------------
+
+
+@pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])
+def test_a_blocking_revoke_holds_the_rebalance_and_keeps_the_member_alive(gbroker: EmbeddedBroker,
+                                                                           assignor: str) -> None:
+    """A revoke that blocks longer than the session timeout (an EndTxn in flight): heartbeats go on, the
+    member is not kicked, and nobody gets its partitions before the revoke returns."""
+    topic, group = fresh("block"), fresh("g-block")
+    create_topic(gbroker.bootstrap, topic, 2)
+
+    async def main() -> None:
+        own = Ownership()
+        gate = asyncio.Event()
+        revoke_done: list[float] = []
+        conf = member_config(gbroker.bootstrap, group, assignor)
+        a_cluster = Cluster(conf)
+        await a_cluster.start()
+        cbs = own.callbacks("A")
+
+        blocked_in: list[int] = []
+
+        async def blocking_revoke(parts: list[tuple[str, int]]) -> None:
+            blocked_in.append(a.generation_id)
+            await gate.wait()
+            revoke_done.append(time.monotonic())
+            await cbs["on_revoke"](parts)
+
+        a = GroupMember(a_cluster, conf, [topic], on_assign=cbs["on_assign"], on_revoke=blocking_revoke,
+                        on_lost=cbs["on_lost"])
+        a.name = "A"  # type: ignore[attr-defined]
+        await a.start()
+        await a.wait_assigned(30)
+        b = await start_member("B", own, conf, topic)
+        await asyncio.sleep(SESSION_MS / 1000 + 2)  # longer than the session timeout
+        # eager: blocked before JoinGroup; cooperative: after SyncGroup, in the new generation
+        assert blocked_in and a.in_group and a.generation_id == blocked_in[0], "the blocked member lost its generation"
+        assert a.assignment and not b.assignment
+        assert not any(k == "lost" for _, _, k, _ in own.events)
+        gate.set()
+        await settled([a, b], own, topic, partitions=2)
+        first_b_assign = min(t for t, w, k, ps in own.events if w == "B" and k == "assign" and ps)
+        assert first_b_assign > revoke_done[0]
+        assert not own.violations, own.violations
+        await stop_member(b)
+        await stop_member(a)
+
+    asyncio.run(main())
+
+
+def test_max_poll_interval_expiry_leaves_the_group_and_rejoins_on_poll(gbroker: EmbeddedBroker) -> None:
+    topic, group = fresh("poll"), fresh("g-poll")
+    create_topic(gbroker.bootstrap, topic, 2)
+
+    async def main() -> None:
+        own = Ownership()
+        conf = member_config(gbroker.bootstrap, group, "range", **{"max.poll.interval.ms": 2000})
+        a = await start_member("A", own, conf, topic)
+        b = await start_member("B", own, conf, topic)
+        stop = asyncio.Event()
+
+        async def poll_b() -> None:  # B polls; A does not
+            while not stop.is_set():
+                b.poll_happened()
+                await asyncio.sleep(0.1)
+
+        poller = asyncio.ensure_future(poll_b())
+        deadline = time.monotonic() + 30
+        while not any(w == "A" and k == "lost" for _, w, k, _ in own.events):
+            assert time.monotonic() < deadline, f"A never left after max.poll.interval.ms: {own.events}"
+            await asyncio.sleep(0.1)
+        await settled([b], own, topic, partitions=2)  # B took everything, A is out of the group
+        with GroupAdmin(gbroker.bootstrap) as admin:
+            assert len(admin.describe(group).members) == 1
+        assert not a.in_group and a.assignment == []
+        await asyncio.sleep(1.0)
+        assert not a.in_group, "rejoined without a poll"
+        a.poll_happened()
+        a.poll_happened()
+        stop2 = asyncio.Event()
+
+        async def poll_a() -> None:
+            while not stop2.is_set():
+                a.poll_happened()
+                await asyncio.sleep(0.1)
+
+        poller_a = asyncio.ensure_future(poll_a())
+        await settled([a, b], own, topic, partitions=2)
+        assert not own.violations, own.violations
+        stop.set()
+        stop2.set()
+        await poller
+        await poller_a
+        await stop_member(a)
+        await stop_member(b)
+
+    asyncio.run(main())
+
+
+def test_static_member_restarts_without_rebalance_and_a_duplicate_instance_is_fenced(
+        gbroker: EmbeddedBroker) -> None:
+    topic, group = fresh("static"), fresh("g-static")
+    create_topic(gbroker.bootstrap, topic, 4)
+
+    async def main() -> None:
+        own = Ownership()
+        conf_a = member_config(gbroker.bootstrap, group, "range", **{"group.instance.id": "inst-a"})
+        conf_b = member_config(gbroker.bootstrap, group, "range", **{"group.instance.id": "inst-b"})
+        a = await start_member("A", own, conf_a, topic)
+        b = await start_member("B", own, conf_b, topic)
+        for _ in range(300):
+            if a.in_group and b.in_group and len(a.assignment) == 2 and len(b.assignment) == 2 \
+                    and a.generation_id == b.generation_id:
+                break
+            await asyncio.sleep(0.05)
+        gen, a_parts = a.generation_id, a.assignment
+        # a static member closes without LeaveGroup and comes back within its session: no rebalance
+        await stop_member(a)
+        a2 = await start_member("A2", own, conf_a, topic)
+        await a2.wait_assigned(30)
+        assert a2.assignment == a_parts
+        assert b.generation_id == gen and b.in_group
+        with GroupAdmin(gbroker.bootstrap) as admin:
+            info = admin.describe(group)
+        assert sorted(m.group_instance_id for m in info.members) == ["inst-a", "inst-b"]
+        # a second member with the same instance id fences the first: FENCED_INSTANCE_ID is fatal
+        a3 = await start_member("A3", own, conf_a, topic)
+        await a3.wait_assigned(30)
+        deadline = time.monotonic() + 20
+        while a2.error is None:
+            assert time.monotonic() < deadline, "the duplicate static member was not fenced"
+            await asyncio.sleep(0.1)
+        assert a2.error.name == "FENCED_INSTANCE_ID"
+        with pytest.raises(KafkaError):
+            await a2.heartbeat_now()
+        await a2.cluster.close()
+        await stop_member(a3)
+        await stop_member(b)
+
+    asyncio.run(main())
