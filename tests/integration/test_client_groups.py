@@ -620,3 +620,25 @@ def test_static_member_restarts_without_rebalance_and_a_duplicate_instance_is_fe
         await stop_member(b)
 
     asyncio.run(main())
+
+
+def test_the_leader_rebalances_when_partitions_are_added(gbroker: EmbeddedBroker) -> None:
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    topic, group = fresh("grow"), fresh("g-grow")
+    create_topic(gbroker.bootstrap, topic, 2)
+
+    async def main() -> None:
+        own = Ownership()
+        conf = member_config(gbroker.bootstrap, group, "roundrobin", **{"metadata.max.age.ms": 500})
+        a = await start_member("A", own, conf, topic)
+        b = await start_member("B", own, conf, topic)
+        await settled([a, b], own, topic, partitions=2)
+        admin = AdminClient({"bootstrap.servers": gbroker.bootstrap})
+        admin.create_partitions([NewPartitions(topic, 4)])[topic].result(20)
+        await settled([a, b], own, topic, partitions=4)
+        assert not own.violations, own.violations
+        await stop_member(a)
+        await stop_member(b)
+
+    asyncio.run(main())

@@ -182,6 +182,9 @@ class GroupMember:
         self._last_heartbeat_ok = time.monotonic()
         self._group_metadata_topics: dict[str, int] = {}
         self.rebalances = 0
+        self._join_epoch = 0
+        self._metadata_checked = time.monotonic()
+        self._metadata_task: asyncio.Task[None] | None = None
 
     # -- public state -------------------------------------------------------------------
 
@@ -265,10 +268,10 @@ class GroupMember:
         if self._state == "closed":
             return
         self._closing = True
-        for t in (self._task, self._hb_task):
+        for t in (self._task, self._hb_task, self._metadata_task):
             if t is not None and not t.done():
                 t.cancel()
-        for t in (self._task, self._hb_task):
+        for t in (self._task, self._hb_task, self._metadata_task):
             if t is not None:
                 try:
                     await t
@@ -310,7 +313,7 @@ class GroupMember:
 
     async def _send_heartbeat(self) -> int:
         """One Heartbeat; handles its error (rejoin, lost, fatal) and returns the error code (0: ok)."""
-        gen, mid = self.generation_id, self.member_id
+        gen, mid, epoch = self.generation_id, self.member_id, self._join_epoch
         try:
             conn = await self._coordinator_conn()
             v = conn.version(HEARTBEAT, HEARTBEAT_VERSIONS)
@@ -324,8 +327,8 @@ class GroupMember:
             return exc.code
         if code == 0:
             self._last_heartbeat_ok = time.monotonic()
-        elif (gen, mid) != (self.generation_id, self.member_id):
-            pass  # answer to an older generation; a rejoin already happened
+        elif (gen, mid, epoch) != (self.generation_id, self.member_id, self._join_epoch):
+            pass  # sent before the current join round began: its news is already acted on
         elif code == REBALANCE_IN_PROGRESS:
             self.request_rejoin("the coordinator started a rebalance")
         elif code in GENERATION_LOST:
@@ -358,6 +361,11 @@ class GroupMember:
                         log.info("LeaveGroup failed: %s", exc)
                 self._generation_lost(0, "poll timeout", reset_member=True)
                 continue
+            if (self.in_group and self.leader_id == self.member_id and self._group_metadata_topics
+                    and now - self._metadata_checked > self.config["metadata.max.age.ms"] / 1000
+                    and (self._metadata_task is None or self._metadata_task.done())):
+                self._metadata_checked = now
+                self._metadata_task = asyncio.ensure_future(self._check_metadata())
             if self.in_group:
                 try:
                     await self._send_heartbeat()
@@ -366,6 +374,21 @@ class GroupMember:
                 if now - self._last_heartbeat_ok > self.session_timeout_ms / 1000:
                     # the coordinator has probably expired us; find it again (Kafka marks it unknown)
                     self.cluster.forget_coordinator(GROUP_KEY, self.group_id)
+
+    async def _check_metadata(self) -> None:
+        """The leader's watch (as Kafka's): partitions added to a subscribed topic start a rebalance."""
+        topics = sorted(self._group_metadata_topics)
+        try:
+            for t in topics:
+                self.cluster.invalidate(t)
+            await self.cluster.refresh(topics)
+        except KafkaError as exc:
+            log.info("group %s: metadata refresh failed: %s", self.group_id, exc)
+            return
+        now_counts = {t: (info.partitions if (info := self.cluster.topic(t)) is not None else 0) for t in topics}
+        if self.in_group and now_counts != self._group_metadata_topics:
+            self.request_rejoin(f"the partitions of subscribed topics changed: {self._group_metadata_topics} -> "
+                                f"{now_counts}")
 
     # -- errors and state ---------------------------------------------------------------------------
 
@@ -466,6 +489,7 @@ class GroupMember:
         if self._closing:
             return
         self._state = "joining"
+        self._join_epoch += 1
         self._rejoin_needed = False
         self._assigned.clear()
         conn = await self._coordinator_conn()
@@ -572,7 +596,8 @@ class GroupMember:
             info_t = self.cluster.topic(t)
             if info_t is not None and info_t.partitions:
                 ppt[t] = info_t.partitions
-        self._group_metadata_topics = dict(ppt)
+        self._group_metadata_topics = {t: ppt.get(t, 0) for t in topics}
+        self._metadata_checked = time.monotonic()
         result = info.assign(ppt, subs)
         log.info("group %s: leader %s assigned generation %d with %s: %s", self.group_id, self.member_id,
                  self.generation_id, protocol_name, {m: len(p) for m, p in result.items()})
