@@ -390,20 +390,27 @@ def sticky_assign(partitions_per_topic: Mapping[str, int],
         m = min(eligible[tp], key=lambda x: (len(have[x]), rank[x]))
         owner[tp] = m
         have[m].add(tp)
-    # balance: move partitions from a member to an eligible one with at least two fewer
+    # balance: move partitions from a member to an eligible one with at least two fewer; members
+    # subscribed to a topic are the same for all its partitions, so candidates are found per topic
+    topic_members = {t: [m for m in subs if t in subs[m]] for t in {tp[0] for tp in all_parts}}
     moved = True
     while moved:
         moved = False
         for src in sorted(subs, key=lambda x: (-len(have[x]), rank[x])):
-            best: tuple[int, int, TopicPartition, str] | None = None
-            for tp in sorted(have[src]):
-                for dst in eligible[tp]:
-                    if len(have[dst]) + 1 < len(have[src]):
-                        cand = (len(have[dst]), rank[dst], tp, dst)
-                        if best is None or cand < best:
-                            best = cand
+            by_topic: dict[str, list[TopicPartition]] = defaultdict(list)
+            for tp in have[src]:
+                by_topic[tp[0]].append(tp)
+            best: tuple[int, int, str, str] | None = None
+            for t in sorted(by_topic):
+                dst = min(topic_members[t], key=lambda x: (len(have[x]), rank[x]))
+                if len(have[dst]) + 1 < len(have[src]):
+                    cand = (len(have[dst]), rank[dst], t, dst)
+                    if best is None or cand < best:
+                        best = cand
             if best is not None:
-                _, _, tp, dst = best
+                _, _, t, dst = best
+                # prefer moving a partition src did not own before (fewer revocations)
+                tp = min(by_topic[t], key=lambda x: (prev.get(x) == src, x))
                 have[src].discard(tp)
                 have[dst].add(tp)
                 owner[tp] = dst
