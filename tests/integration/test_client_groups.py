@@ -160,59 +160,101 @@ async def settled(members: list[GroupMember], own: Ownership, topic: str, timeou
 
 @pytest.mark.parametrize("assignor", ["range", "roundrobin", "cooperative-sticky"])
 def test_three_members_with_churn_never_share_a_partition(gbroker: EmbeddedBroker, assignor: str) -> None:
-    topic, group = fresh("churn"), fresh("g-churn")
+    topic = fresh("churn")
     create_topic(gbroker.bootstrap, topic, PARTITIONS)
+    asyncio.run(churn(gbroker.bootstrap, topic, assignor))
 
-    async def main() -> None:
-        own = Ownership()
-        conf = member_config(gbroker.bootstrap, group, assignor)
-        committed: dict[tuple[str, int], int] = {}
 
-        async def commit_round(members: list[GroupMember]) -> None:
-            for m in members:
-                offs = {tp: committed.get(tp, 0) + 10 for tp in m.assignment}
-                await m.commit(offs)
-                committed.update(offs)
+async def churn(bootstrap: str, topic: str, assignor: str) -> None:
+    """A, B, C join; A leaves; D joins; B is killed; E joins. Checked after every step."""
+    group = fresh("g-churn")
+    own = Ownership()
+    conf = member_config(bootstrap, group, assignor)
+    committed: dict[tuple[str, int], int] = {}
 
-        a = await start_member("A", own, conf, topic, slow_revoke=0.3)
-        b = await start_member("B", own, conf, topic, slow_revoke=0.3)
-        c = await start_member("C", own, conf, topic)
-        live = [a, b, c]
-        await settled(live, own, topic)
-        await commit_round(live)
-        # A leaves (LeaveGroup, revoke first)
-        await stop_member(a)
-        live = [b, c]
-        await settled(live, own, topic)
-        await commit_round(live)
-        # D joins
-        d = await start_member("D", own, conf, topic)
-        live = [b, c, d]
-        await settled(live, own, topic)
-        await commit_round(live)
-        # B is killed: no leave; its session expires and its partitions move
-        await kill_member(b, own)
-        live = [c, d]
-        await settled(live, own, topic, timeout=SESSION_MS / 1000 + 30)
-        await commit_round(live)
-        # E joins
-        e = await start_member("E", own, conf, topic)
-        live = [c, d, e]
-        await settled(live, own, topic)
-        # offsets committed before the rebalances are still there, for every partition
-        got = await e.committed([(topic, p) for p in range(PARTITIONS)])
-        assert {tp: om.offset for tp, om in got.items() if om is not None} == committed
-        assert len(committed) == PARTITIONS
-        for m in live:
-            await stop_member(m)
-        assert not own.violations, own.violations
-        kinds = {k for _, _, k, _ in own.events}
-        assert {"assign", "revoke", "killed"} <= kinds
-        if assignor == "cooperative-sticky":
-            # incremental: the members that stayed never gave up everything at a rebalance
-            assert all(len(ps) < PARTITIONS for _, w, k, ps in own.events if k == "revoke" and w != "A")
+    async def commit_round(members: list[GroupMember]) -> None:
+        for m in members:
+            offs = {tp: committed.get(tp, 0) + 10 for tp in m.assignment}
+            await m.commit(offs)
+            committed.update(offs)
 
-    asyncio.run(main())
+    a = await start_member("A", own, conf, topic, slow_revoke=0.3)
+    b = await start_member("B", own, conf, topic, slow_revoke=0.3)
+    c = await start_member("C", own, conf, topic)
+    live = [a, b, c]
+    await settled(live, own, topic)
+    await commit_round(live)
+    # A leaves (LeaveGroup, revoke first)
+    await stop_member(a)
+    live = [b, c]
+    await settled(live, own, topic)
+    await commit_round(live)
+    # D joins
+    d = await start_member("D", own, conf, topic)
+    live = [b, c, d]
+    await settled(live, own, topic)
+    await commit_round(live)
+    # B is killed: no leave; its session expires and its partitions move
+    await kill_member(b, own)
+    live = [c, d]
+    await settled(live, own, topic, timeout=SESSION_MS / 1000 + 30)
+    await commit_round(live)
+    # E joins
+    e = await start_member("E", own, conf, topic)
+    live = [c, d, e]
+    await settled(live, own, topic)
+    # offsets committed before the rebalances are still there, for every partition
+    got = await e.committed([(topic, p) for p in range(PARTITIONS)])
+    assert {tp: om.offset for tp, om in got.items() if om is not None} == committed
+    assert len(committed) == PARTITIONS
+    for m in live:
+        await stop_member(m)
+    assert not own.violations, own.violations
+    kinds = {k for _, _, k, _ in own.events}
+    assert {"assign", "revoke", "killed"} <= kinds
+    if assignor == "cooperative-sticky":
+        # incremental: the members that stayed never gave up everything at a rebalance
+        assert all(len(ps) < PARTITIONS for _, w, k, ps in own.events if k == "revoke" and w != "A")
+
+
+# -- a second, independent broker: librdkafka's mock cluster ----------------------------------------------
+
+
+@pytest.fixture
+def mock_cluster():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "common.py"
+    spec = importlib.util.spec_from_file_location("oncelog_bench_common", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with mod.MockCluster(1) as mc:
+        yield mc
+
+
+@pytest.mark.parametrize("assignor", ["range", "roundrobin", "cooperative-sticky"])
+def test_churn_against_librdkafkas_mock_cluster(mock_cluster: Any, assignor: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same churn against another Kafka implementation, so nothing depends on oncelog's quirks.
+
+    The mock advertises flexible versions of the group APIs that librdkafka's own
+    client never sends, and misreads them (SyncGroup v4: "Protocol read buffer
+    underflow"; JoinGroup v6 closes the connection). Here the member is held to
+    the versions librdkafka's client uses, as a broker advertising only those would.
+    """
+    from oncelog.client.aio import group as group_mod
+    from oncelog.client.aio import offsets as offsets_mod
+
+    for mod, name, versions in ((group_mod, "JOIN_GROUP_VERSIONS", (2, 5)), (group_mod, "SYNC_GROUP_VERSIONS", (1, 3)),
+                                (group_mod, "HEARTBEAT_VERSIONS", (1, 3)), (group_mod, "LEAVE_GROUP_VERSIONS", (1, 3)),
+                                (offsets_mod, "OFFSET_COMMIT_VERSIONS", (2, 7)),
+                                (offsets_mod, "OFFSET_FETCH_VERSIONS", (1, 5))):
+        monkeypatch.setattr(mod, name, versions)
+    topic = fresh("mock-churn")
+    mock_cluster.create_topic(topic, PARTITIONS)
+    asyncio.run(churn(mock_cluster.bootstrap, topic, assignor))
 
 
 # -- mixed groups --------------------------------------------------------------------------------------
