@@ -684,3 +684,44 @@ def test_the_leader_rebalances_when_partitions_are_added(gbroker: EmbeddedBroker
         await stop_member(b)
 
     asyncio.run(main())
+
+
+def test_commit_errors_are_typed_and_a_stale_generation_loses_the_partitions(gbroker: EmbeddedBroker) -> None:
+    from oncelog.client.aio.offsets import commit_offsets
+    from oncelog.client.errors import IllegalGenerationError, UnknownMemberIdError
+
+    topic, group = fresh("commit"), fresh("g-commit")
+    create_topic(gbroker.bootstrap, topic, 2)
+
+    async def main() -> None:
+        own = Ownership()
+        conf = member_config(gbroker.bootstrap, group, "range")
+        a = await start_member("A", own, conf, topic)
+        await a.wait_assigned(30)
+        old = a.group_metadata()
+        b = await start_member("B", own, conf, topic)
+        await settled([a, b], own, topic, partitions=2)
+        assert a.generation_id > old.generation_id
+        with pytest.raises(IllegalGenerationError):
+            await commit_offsets(a.cluster, group, {(topic, 0): 1}, generation_id=old.generation_id,
+                                 member_id=a.member_id)
+        with pytest.raises(UnknownMemberIdError):
+            await commit_offsets(a.cluster, group, {(topic, 0): 1}, generation_id=a.generation_id,
+                                 member_id="not-a-member")
+        # the member's own commit with a generation the coordinator no longer has: typed error, partitions lost
+        a.generation_id = old.generation_id  # as if A had missed the last rebalance (a zombie)
+        with pytest.raises(IllegalGenerationError):
+            await a.commit({tp: 1 for tp in a.assignment})
+        for _ in range(100):
+            if any(w == "A" and k == "lost" for _, w, k, _ in own.events):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"no on_lost after ILLEGAL_GENERATION: {own.events}")
+        await settled([a, b], own, topic, partitions=2)
+        await a.commit({tp: 2 for tp in a.assignment})  # back in the group: commits work
+        assert not own.violations, own.violations
+        await stop_member(a)
+        await stop_member(b)
+
+    asyncio.run(main())
