@@ -696,7 +696,9 @@ def test_commit_errors_are_typed_and_a_stale_generation_loses_the_partitions(gbr
     async def main() -> None:
         own = Ownership()
         conf = member_config(gbroker.bootstrap, group, "range")
-        a = await start_member("A", own, conf, topic)
+        # A heartbeats rarely, so that it is its commit, not a heartbeat, that finds the stale generation
+        a = await start_member("A", own, member_config(gbroker.bootstrap, group, "range",
+                                                       **{"heartbeat.interval.ms": 3000}), topic)
         await a.wait_assigned(30)
         old = a.group_metadata()
         b = await start_member("B", own, conf, topic)
@@ -712,6 +714,7 @@ def test_commit_errors_are_typed_and_a_stale_generation_loses_the_partitions(gbr
         a.generation_id = old.generation_id  # as if A had missed the last rebalance (a zombie)
         with pytest.raises(IllegalGenerationError):
             await a.commit({tp: 1 for tp in a.assignment})
+        assert not a.in_group and a.generation_id == -1  # the commit itself ended the generation
         for _ in range(100):
             if any(w == "A" and k == "lost" for _, w, k, _ in own.events):
                 break
