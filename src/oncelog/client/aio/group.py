@@ -200,6 +200,7 @@ class GroupMember:
 
     @property
     def subscription(self) -> list[str]:
+        """The topics this member subscribes to (sorted)."""
         return list(self._topics)
 
     def group_metadata(self) -> ConsumerGroupMetadata:
@@ -226,16 +227,12 @@ class GroupMember:
             self._check()
             if self._assigned.is_set() and self._state == "stable" and not self._rejoin_needed:
                 return
-            waiter = asyncio.ensure_future(self._assigned.wait())
-            done, _ = await asyncio.wait([waiter, *( [self._task] if self._task else [])],
-                                         return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
             if self._task is not None and self._task.done():
-                self._check()
                 raise ClientClosedError("group member stopped")
-            if self._assigned.is_set() and self._state == "stable" and not self._rejoin_needed:
-                return
-            await asyncio.sleep(0.01)
+            try:
+                await asyncio.wait_for(self._assigned.wait(), 0.1)
+            except asyncio.TimeoutError:
+                pass
 
     def subscribe(self, topics: Iterable[str]) -> None:
         """Change the subscription; rejoins when it differs."""
