@@ -31,10 +31,13 @@ on the assignor's name and the encodings, so both follow Apache Kafka:
     claim in the same generation is treated as unowned), then balances: with
     equal subscriptions no member has two more partitions than another, and
     in general no partition can move to a member with at least two fewer
-    that is subscribed to it. Then the cooperative rule: a partition whose
-    owner changes is *not* assigned in this rebalance; its owner revokes it
-    and rejoins, and the next rebalance gives it to the new owner. So a
-    partition never goes from one owner straight to another.
+    that is subscribed to it. Then the cooperative rule: a partition added to
+    a member while another member still lists it as owned (in any
+    generation) is *not* assigned in this rebalance; its owner revokes it and
+    rejoins, and the next rebalance gives it to the new owner. So a partition
+    never goes from one owner straight to another. (kafka-python's members
+    send v1 subscriptions without a generation: their claims lose conflicts
+    but still hold partitions back.)
 
   Member order is Kafka's: members with a ``group.instance.id`` first, by
   that id, then the others by member id.
@@ -423,8 +426,15 @@ def cooperative_sticky_assign(partitions_per_topic: Mapping[str, int],
                               members: Sequence[MemberSubscription]) -> dict[str, list[TopicPartition]]:
     """Kafka's CooperativeStickyAssignor: sticky and balanced, moved partitions held back one round."""
     target = sticky_assign(partitions_per_topic, members)
-    prev = _previous_owners(partitions_per_topic, members)
-    return {m: [tp for tp in parts if prev.get(tp, m) == m] for m, parts in target.items()}
+    # Kafka's "partitions transferring ownership": a partition added to a member that another member
+    # still lists as owned (whatever its generation) waits one round, until that member revoked it
+    claims: dict[TopicPartition, set[str]] = defaultdict(set)
+    for m in members:
+        for tp in m.subscription.owned_partitions:
+            claims[tp].add(m.member_id)
+    owned = {m.member_id: set(m.subscription.owned_partitions) for m in members}
+    return {m: [tp for tp in parts if tp in owned.get(m, ()) or not (claims.get(tp, set()) - {m})]
+            for m, parts in target.items()}
 
 
 @dataclass(frozen=True)
