@@ -728,3 +728,33 @@ def test_commit_errors_are_typed_and_a_stale_generation_loses_the_partitions(gbr
         await stop_member(b)
 
     asyncio.run(main())
+
+
+def test_members_survive_a_broker_kill_and_restart(broker_factory: Any) -> None:
+    """kill -9 of the broker: the members find the coordinator again, rejoin, keep their commits, and
+    no partition is owned twice at any moment."""
+    b = broker_factory(config=BROKER_CONFIG)
+    port = int(b.bootstrap.rsplit(":", 1)[1])
+    topic, group = fresh("bounce"), fresh("g-bounce")
+    create_topic(b.bootstrap, topic, 4)
+
+    async def main() -> None:
+        own = Ownership()
+        conf = member_config(b.bootstrap, group, "cooperative-sticky")
+        a = await start_member("A", own, conf, topic)
+        c = await start_member("C", own, conf, topic)
+        await settled([a, c], own, topic, partitions=4)
+        await a.commit({tp: 11 for tp in a.assignment})
+        await c.commit({tp: 22 for tp in c.assignment})
+        expected = {**{tp: 11 for tp in a.assignment}, **{tp: 22 for tp in c.assignment}}
+        await asyncio.to_thread(b.restart, True)
+        assert int(b.bootstrap.rsplit(":", 1)[1]) == port
+        d = await start_member("D", own, conf, topic)  # a join right after the restart
+        await settled([a, c, d], own, topic, partitions=4, timeout=SESSION_MS / 1000 + 45)
+        got = await d.committed([(topic, p) for p in range(4)])
+        assert {tp: om.offset for tp, om in got.items() if om is not None} == expected
+        assert not own.violations, own.violations
+        for m in (a, c, d):
+            await stop_member(m)
+
+    asyncio.run(main())
