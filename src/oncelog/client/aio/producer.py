@@ -72,6 +72,7 @@ from oncelog.client.errors import (
     KafkaError,
     MessageTooLargeError,
     UnknownTopicOrPartitionError,
+    error_class,
     error_for,
 )
 from oncelog.client.partitioner import StickyPartitioner, partition_for_key
@@ -712,8 +713,6 @@ class ProducerCore:
             sent.append(b)
         if not sent:
             return
-        if txn is not None:
-            txn.sending()
         body = b"".join(encode_produce_request(version, self.transactional_id, self.acks, self.request_timeout_ms,
                                                topics))
         fut = conn.send(PRODUCE, version, body, expect_response=self.acks != 0)
@@ -757,6 +756,12 @@ class ProducerCore:
             network_error: KafkaError | None = None
         else:
             network_error = exc if isinstance(exc, KafkaError) else KafkaError(str(exc))
+        txn = self.txn
+        if txn is not None and txn.tv2 and not txn.started:
+            # KIP-890: a Produce v12 adds its partitions implicitly, unless it was refused (retriable)
+            txn.started = network_error is not None or any(
+                results.get((b.topic, b.partition), (-2,))[0] in (0, DUPLICATE_SEQUENCE_NUMBER, -2)
+                or not error_class(results[(b.topic, b.partition)][0]).retriable for b in sent)
         for b in sent:
             p = self.partitions[(b.topic, b.partition)]
             p.inflight -= 1

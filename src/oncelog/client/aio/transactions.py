@@ -248,7 +248,10 @@ class TransactionManager:
         self.partitions: set[tuple[str, int]] = set()  # in the transaction (v1: added)
         self.new_partitions: set[tuple[str, int]] = set()  # v1: waiting for AddPartitionsToTxn
         self.pending_partitions: set[tuple[str, int]] = set()  # v1: AddPartitionsToTxn in flight
-        self.started = False  # something was added to the transaction: EndTxn must be sent
+        # something was (or may have been) added to the transaction, so EndTxn must be sent. v2: set by
+        # the sender when a Produce was not refused: an EndTxn with the bumped epoch that reaches the
+        # coordinator while the previous transaction is still PrepareCommit is answered PRODUCER_FENCED
+        self.started = False
         self.bump_required = False  # v1: InitProducerId bumps the epoch after the abort
         self.prepared: PreparedTxnState | None = None
         self._add_task: asyncio.Task[None] | None = None
@@ -306,11 +309,6 @@ class TransactionManager:
         if tp not in self.pending_partitions:
             self.new_partitions.add(tp)
         return True
-
-    def sending(self) -> None:
-        """A transactional batch is being sent (v2: that adds its partition)."""
-        if self.tv2:
-            self.started = True
 
     def sweep_error(self) -> KafkaError | None:
         """The error to fail unsent batches with, or None while they may be sent."""
