@@ -182,6 +182,37 @@ def test_asyncio_transactions(broker_factory: Callable[..., EmbeddedBroker], kit
     assert sorted(read_ours(b.bootstrap, "avis", ends)) == sorted(b"c%d" % i for i in range(100))
 
 
+@pytest.mark.parametrize("tv", TV)
+def test_failed_record_makes_the_transaction_abortable(broker_factory: Callable[..., EmbeddedBroker], kit: Any,
+                                                       tv: int) -> None:
+    """A record refused in a transaction (MESSAGE_TOO_LARGE) is an abortable error: commit raises it,
+    abort clears it, and the next transaction starts on a new epoch (the refused batch left a
+    sequence gap) and commits normally."""
+    b = _broker(broker_factory, tv)
+    kit.create_topic(b.bootstrap, "big", 1, {"max.message.bytes": "3000"})
+    with Producer({"bootstrap.servers": b.bootstrap, "transactional.id": f"big-{tv}", "linger.ms": 0}) as p:
+        p.init_transactions()
+        p.begin_transaction()
+        small = p.produce("big", b"ok-before")
+        assert p.flush() == 0 and small.result(0).offset == 0
+        big = p.produce("big", b"x" * 5000)
+        with pytest.raises(KafkaError) as info:
+            p.commit_transaction()
+        assert info.value.name == "MESSAGE_TOO_LARGE" and info.value.txn_requires_abort and not info.value.fatal
+        assert big.exception(0) is not None
+        with pytest.raises(KafkaError):
+            p.produce("big", b"refused while abortable")
+        epoch = p.producer_id[1]
+        p.abort_transaction()
+        assert p.producer_id[1] == epoch + 1  # v1: InitProducerId bump; v2: EndTxn's bump
+        p.begin_transaction()
+        for i in range(20):
+            p.produce("big", b"ok-%d" % i)
+        p.commit_transaction()
+    ends = _settled_ends(b.bootstrap, "big", 1, kit)
+    assert read_ours(b.bootstrap, "big", ends) == [b"ok-%d" % i for i in range(20)]
+
+
 # -- zombie fencing -------------------------------------------------------------------------------
 
 
@@ -212,6 +243,23 @@ def test_zombie_is_fenced(broker_factory: Callable[..., EmbeddedBroker], kit: An
             for i in range(30):
                 fresh.produce("zombie", b"fresh-%d" % i, partition=i % 2)
             fresh.commit_transaction()
+        # a zombie that only produces after it was fenced: its records fail (v1: AddPartitionsToTxn is
+        # fenced, fatal; v2: the Produce is refused, abortable) and ending the transaction is fenced
+        late = Producer(conf)
+        try:
+            late.init_transactions()
+            late.begin_transaction()
+            with Producer(conf) as fresh2:
+                fresh2.init_transactions()
+                fut = late.produce("zombie", b"late-zombie", partition=0)
+                late.flush()
+                assert isinstance(fut.exception(0), KafkaError)
+                with pytest.raises(ProducerFencedError):
+                    late.abort_transaction()
+                with pytest.raises(ProducerFencedError):
+                    late.begin_transaction()
+        finally:
+            late.close()
     finally:
         zombie.close()
     ends = _settled_ends(b.bootstrap, "zombie", 2, kit)

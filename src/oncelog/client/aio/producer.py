@@ -424,6 +424,8 @@ class ProducerCore:
     # -- completion -----------------------------------------------------------------
 
     def _fail_record(self, fut: Any, value: Any, key: Any, exc: KafkaError) -> None:
+        if self.txn is not None and not isinstance(exc, ClientClosedError):
+            self.txn.batch_failed(exc, False)  # a record of the transaction is lost: abortable (Java's doSend)
         _set_error(fut, exc)
         self._complete_n(1, (len(value) if value else 0) + (len(key) if key else 0))
 
