@@ -690,6 +690,14 @@ class TransactionManager:
     async def _end(self, commit: bool, deadline: float) -> None:
         core = self.core
         what = "EndTxn(commit)" if commit else "EndTxn(abort)"
+        add = self._add_task
+        if add is not None and not add.done():
+            # one transactional request at a time, EndTxn last (Java's priorities): an
+            # AddPartitionsToTxn landing after the EndTxn would open the next transaction
+            await asyncio.wait([add], timeout=max(0.0, deadline - time.monotonic()))
+            if not add.done():
+                raise KafkaTimeoutError(f"{what}: AddPartitionsToTxn still unanswered after max.block.ms")
+        self._raise_if_error(allow_abortable=not commit)
         last = self.last_error
         # after INVALID_PRODUCER_ID_MAPPING the coordinator refuses EndTxn: go straight to the epoch bump (Java)
         if self.started and not (last is not None and last.code == INVALID_PRODUCER_ID_MAPPING):
