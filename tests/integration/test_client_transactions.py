@@ -475,3 +475,53 @@ def test_two_phase_commit_errors(broker_factory: Callable[..., EmbeddedBroker], 
         with pytest.raises(ValueError):
             PreparedTxnState.from_string(bad)
     assert str(PreparedTxnState.from_string("")) == "" and not PreparedTxnState().has_transaction()
+
+
+# -- lost answers ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tv", TV)
+def test_transactions_survive_lost_answers(tmp_path: Any, kit: Any, tv: int) -> None:
+    """Answers to Produce, FindCoordinator, InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn and
+    TxnOffsetCommit are dropped and the connection closed (the broker applied the request): the producer
+    looks the coordinator up again and retries, and every committed record is there once, no aborted one."""
+    from oncelog.testing import free_port
+    from oncelog.testing.fault_proxy import FaultProxy
+
+    port = free_port()
+    proxy = FaultProxy(("127.0.0.1", port), seed=939 + tv, connect_timeout=2.0)
+    proxy.pause()
+    config = {"advertised.listeners": f"PLAINTEXT://127.0.0.1:{proxy.port}", "oncelog.transaction.version": str(tv)}
+    broker = EmbeddedBroker(data_dir=tmp_path / "data", port=port, log_path=tmp_path / "broker.log", config=config)
+    proxy.start()
+    committed: list[bytes] = []
+    try:
+        broker.start()
+        kit.create_topic(proxy.bootstrap, "lossy", 3)
+        proxy.set_faults(drop_response_rate=0.15, drop_mode="close", api_keys={0, 10, 22, 24, 25, 26, 28})
+        proxy.resume()
+        with Producer({"bootstrap.servers": proxy.bootstrap, "transactional.id": f"lossy-{tv}",
+                       "linger.ms": 1, "request.timeout.ms": 5000}) as p:
+            p.init_transactions()
+            for t in range(24):
+                p.begin_transaction()
+                vals = [b"%d-%d" % (t, i) for i in range(60)]
+                for i, v in enumerate(vals):
+                    p.produce("lossy", v, partition=i % 3)
+                p.send_offsets_to_transaction({("lossy", 0): t + 1}, f"lossy-group-{tv}")
+                if t % 3 == 2:
+                    p.abort_transaction()
+                else:
+                    p.commit_transaction()
+                    committed += vals
+        faults = proxy.stats.faults
+        proxy.pause()
+        assert faults >= 3, proxy.stats  # the faults really happened
+        ends = _settled_ends(broker.bootstrap, "lossy", 3, kit)
+        got = read_ours(broker.bootstrap, "lossy", ends)
+        assert len(got) == len(set(got)) == len(committed) == 16 * 60
+        assert set(got) == set(committed)
+        assert stable_committed(broker.bootstrap, f"lossy-group-{tv}", "lossy", 1) == {("lossy", 0): 23}
+    finally:
+        broker.close()
+        proxy.stop()
