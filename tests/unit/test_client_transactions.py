@@ -40,7 +40,7 @@ def test_group_metadata_shapes() -> None:
     assert group_metadata_of(Other("g", 3, "m", None)) == ConsumerGroupMetadata("g", 3, "m", None)
     assert group_metadata_of({"group_id": "g", "generation_id": 2, "member_id": "x"}) == \
         ConsumerGroupMetadata("g", 2, "x", None)
-    for bad in ("", {"generation_id": 1}, object()):
+    for bad in ("", {"generation_id": 1}, object(), ConsumerGroupMetadata("g", 3, "")):
         with pytest.raises(ValueError):
             group_metadata_of(bad)
 

@@ -175,6 +175,8 @@ class ConsumerGroupMetadata:
 def group_metadata_of(value: Any) -> ConsumerGroupMetadata:
     """A :class:`ConsumerGroupMetadata` from a group id, a mapping or any object with the same attributes."""
     if isinstance(value, ConsumerGroupMetadata):
+        if value.generation_id > 0 and not value.member_id:
+            raise ValueError(f"group metadata {value} has a generation but no member id")
         return value
     if isinstance(value, str):
         if not value:
@@ -188,8 +190,12 @@ def group_metadata_of(value: Any) -> ConsumerGroupMetadata:
     gid = get("group_id")
     if not isinstance(gid, str) or not gid:
         raise ValueError(f"group metadata without a group id: {value!r}")
-    return ConsumerGroupMetadata(gid, int(get("generation_id", -1)), get("member_id", "") or "",
+    meta = ConsumerGroupMetadata(gid, int(get("generation_id", -1)), get("member_id", "") or "",
                                  get("group_instance_id", None))
+    if meta.generation_id > 0 and not meta.member_id:
+        # Java's throwIfInvalidGroupMetadata: a generation belongs to a member
+        raise ValueError(f"group metadata {meta} has a generation but no member id")
+    return meta
 
 
 def offsets_of(offsets: Any) -> dict[tuple[str, int], tuple[int, str | None, int]]:
@@ -580,6 +586,10 @@ class TransactionManager:
             pending = dict(offs)
 
             def build_commit(v: int) -> dict[str, Any]:
+                if v < 3 and (meta.generation_id != -1 or meta.member_id or meta.group_instance_id is not None):
+                    # KIP-447 fencing needs v3+; silently dropping the generation would lose it (as Java refuses)
+                    raise UnsupportedApiError(f"the group coordinator speaks TxnOffsetCommit v{v}, which cannot "
+                                              "carry the group generation and member id (v3+)")
                 topics: dict[str, list[dict[str, Any]]] = {}
                 for (t, p), (off, md, le) in sorted(pending.items()):
                     topics.setdefault(t, []).append({"partition_index": p, "committed_offset": off,
