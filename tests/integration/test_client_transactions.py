@@ -37,6 +37,7 @@ from oncelog.client.errors import (
     IllegalStateError,
     InvalidTxnStateError,
     KafkaError,
+    KafkaTimeoutError,
     ProducerFencedError,
     TransactionAbortedError,
 )
@@ -212,6 +213,36 @@ def test_failed_record_makes_the_transaction_abortable(broker_factory: Callable[
         p.commit_transaction()
     ends = _settled_ends(b.bootstrap, "big", 1, kit)
     assert read_ours(b.bootstrap, "big", ends) == [b"ok-%d" % i for i in range(20)]
+
+
+@pytest.mark.parametrize("tv", TV)
+def test_commit_times_out_then_resumes(broker_factory: Callable[..., EmbeddedBroker], kit: Any, tv: int) -> None:
+    """The coordinator is unreachable (the broker was killed -9): commit retries until its timeout
+    and raises KafkaTimeoutError (retriable); called again once the broker is back, it finishes the
+    same transaction. Also: confluent-kafka's positional timeouts are accepted."""
+    b = _broker(broker_factory, tv)
+    kit.create_topic(b.bootstrap, "resume", 2)
+    with Producer({"bootstrap.servers": b.bootstrap, "transactional.id": f"resume-{tv}",
+                   "request.timeout.ms": 2000}) as p:
+        p.init_transactions(20)  # a timeout in seconds, as in confluent-kafka (not keep_prepared_txn)
+        p.begin_transaction()
+        for i in range(50):
+            p.produce("resume", b"r%d" % i, partition=i % 2)
+        assert p.flush(20) == 0
+        b.kill()
+        t0 = time.monotonic()
+        with pytest.raises(KafkaTimeoutError) as info:
+            p.commit_transaction(2)
+        assert info.value.retriable and 1.5 < time.monotonic() - t0 < 15
+        with pytest.raises(IllegalStateError):
+            p.begin_transaction()  # still committing
+        b.start()
+        p.commit_transaction(30)
+        p.begin_transaction()
+        p.produce("resume", b"next", partition=0)
+        p.commit_transaction(30)
+    ends = _settled_ends(b.bootstrap, "resume", 2, kit)
+    assert sorted(read_ours(b.bootstrap, "resume", ends)) == sorted([b"r%d" % i for i in range(50)] + [b"next"])
 
 
 # -- zombie fencing -------------------------------------------------------------------------------

@@ -214,7 +214,7 @@ class Producer:
             raise IllegalStateError("transactions need a transactional.id in the producer's configuration")
         return self._core.txn
 
-    def init_transactions(self, keep_prepared_txn: bool = False) -> None:
+    def init_transactions(self, timeout: float | None = None, *, keep_prepared_txn: bool = False) -> None:
         """Get the producer id and epoch of ``transactional.id``, fencing older producers with the same id.
 
         Their open transaction is aborted, unless ``keep_prepared_txn=True``
@@ -222,17 +222,18 @@ class Producer:
         transaction is then kept and this producer is left in the prepared
         state, for :meth:`complete_transaction`. Waits up to ``max.block.ms``.
         """
-        self._lt.run(self._txn().init_transactions(keep_prepared_txn))
+        self._lt.run(self._txn().init_transactions(keep_prepared_txn, timeout))
 
     def begin_transaction(self) -> None:
         """Start a transaction: records produced from now on belong to it."""
         self._lt.run(self._txn().begin_transaction())
 
-    def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any) -> None:
+    def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any,
+                                    timeout: float | None = None) -> None:
         """Commit a consumer group's ``offsets`` (``{(topic, partition): next offset}``, or a list of
         TopicPartition with ``offset``) in the transaction; ``group_metadata`` is the consumer's
         ``group_metadata()`` (KIP-447 fencing) or the group id."""
-        self._lt.run(self._txn().send_offsets_to_transaction(offsets, group_metadata))
+        self._lt.run(self._txn().send_offsets_to_transaction(offsets, group_metadata, timeout))
 
     def _run_flushing(self, coro: Any) -> Any:
         self._lt.call(self._drain)  # records handed over before this call belong to the transaction
@@ -246,21 +247,21 @@ class Producer:
         self.poll(0)
         return result
 
-    def commit_transaction(self) -> None:
+    def commit_transaction(self, timeout: float | None = None) -> None:
         """Flush, then commit. Raises the abortable error if a record failed (then call abort_transaction())."""
-        self._run_flushing(self._txn().commit_transaction())
+        self._run_flushing(self._txn().commit_transaction(timeout))
 
-    def abort_transaction(self) -> None:
+    def abort_transaction(self, timeout: float | None = None) -> None:
         """Drop unsent records, wait for those in flight, then abort."""
-        self._run_flushing(self._txn().abort_transaction())
+        self._run_flushing(self._txn().abort_transaction(timeout))
 
-    def prepare_transaction(self) -> PreparedTxnState:
+    def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
         """KIP-939: flush and return the transaction's :class:`PreparedTxnState` (needs 2PC enabled)."""
-        return self._run_flushing(self._txn().prepare_transaction())
+        return self._run_flushing(self._txn().prepare_transaction(timeout))
 
-    def complete_transaction(self, prepared_state: PreparedTxnState) -> None:
+    def complete_transaction(self, prepared_state: PreparedTxnState, timeout: float | None = None) -> None:
         """KIP-939: commit the prepared transaction if ``prepared_state`` is its state, else abort it."""
-        self._run_flushing(self._txn().complete_transaction(prepared_state))
+        self._run_flushing(self._txn().complete_transaction(prepared_state, timeout))
 
     def close(self, timeout: float | None = None) -> None:
         """Flush (up to ``timeout`` s), then close connections and the loop thread."""

@@ -970,7 +970,7 @@ class Producer:
             raise IllegalStateError("transactions need a transactional.id in the producer's configuration")
         return self._core.txn
 
-    async def init_transactions(self, keep_prepared_txn: bool = False) -> None:
+    async def init_transactions(self, timeout: float | None = None, *, keep_prepared_txn: bool = False) -> None:
         """Get the producer id and epoch of ``transactional.id``, fencing older producers with the same id.
 
         Their open transaction is aborted, unless ``keep_prepared_txn=True``
@@ -980,13 +980,14 @@ class Producer:
         :class:`~oncelog.client.errors.KafkaTimeoutError` after ``max.block.ms``
         (call again to resume).
         """
-        await self._txn().init_transactions(keep_prepared_txn)
+        await self._txn().init_transactions(keep_prepared_txn, timeout)
 
     async def begin_transaction(self) -> None:
         """Start a transaction: records produced from now on belong to it."""
         await self._txn().begin_transaction()
 
-    async def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any) -> None:
+    async def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any,
+                                    timeout: float | None = None) -> None:
         """Commit a consumer group's ``offsets`` as part of the transaction (consume-transform-produce).
 
         ``offsets``: ``{(topic, partition): next offset}`` (or a list of
@@ -994,23 +995,23 @@ class Producer:
         ``group_metadata()`` (a :class:`ConsumerGroupMetadata`, for KIP-447
         generation fencing) or just the group id.
         """
-        await self._txn().send_offsets_to_transaction(offsets, group_metadata)
+        await self._txn().send_offsets_to_transaction(offsets, group_metadata, timeout)
 
-    async def commit_transaction(self) -> None:
+    async def commit_transaction(self, timeout: float | None = None) -> None:
         """Flush, then commit. Raises the abortable error if a record failed (then call abort)."""
-        await self._txn().commit_transaction()
+        await self._txn().commit_transaction(timeout)
 
-    async def abort_transaction(self) -> None:
+    async def abort_transaction(self, timeout: float | None = None) -> None:
         """Drop unsent records, wait for those in flight, then abort."""
-        await self._txn().abort_transaction()
+        await self._txn().abort_transaction(timeout)
 
-    async def prepare_transaction(self) -> PreparedTxnState:
+    async def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
         """KIP-939: flush and return the transaction's :class:`PreparedTxnState` (needs 2PC enabled)."""
-        return await self._txn().prepare_transaction()
+        return await self._txn().prepare_transaction(timeout)
 
-    async def complete_transaction(self, prepared_state: PreparedTxnState) -> None:
+    async def complete_transaction(self, prepared_state: PreparedTxnState, timeout: float | None = None) -> None:
         """KIP-939: commit the prepared transaction if ``prepared_state`` is its state, else abort it."""
-        await self._txn().complete_transaction(prepared_state)
+        await self._txn().complete_transaction(prepared_state, timeout)
 
     async def close(self, timeout: float | None = None) -> None:
         """Flush (up to ``timeout``), then close connections; unsent records fail with ClientClosedError."""

@@ -68,6 +68,7 @@ INIT_PRODUCER_ID_VERSIONS = (0, 6)
 ADD_PARTITIONS_VERSIONS = (0, 3)  # v4+ is the brokers' batched form
 ADD_OFFSETS_VERSIONS = (0, 4)
 GROUP_KEY, TXN_KEY = 0, 1
+ADD_PARTITIONS_RETRY_BACKOFF = 0.02
 
 
 def _c(name: str) -> int:
@@ -265,6 +266,10 @@ class TransactionManager:
 
     # -- state ---------------------------------------------------------------------
 
+    def _deadline(self, timeout: float | None) -> float:
+        """When a call gives up: ``timeout`` seconds (confluent-kafka's argument), else ``max.block.ms``."""
+        return time.monotonic() + (self.max_block if timeout is None or timeout < 0 else timeout)
+
     def _raise_if_error(self, allow_abortable: bool = False) -> None:
         if self.state is S.FATAL_ERROR:
             assert self.last_error is not None
@@ -384,9 +389,12 @@ class TransactionManager:
                 if action == "refind":
                     cluster.forget_coordinator(key_type, key)
                 last = value
+                if action == "retry_fast" and time.monotonic() + ADD_PARTITIONS_RETRY_BACKOFF < deadline:
+                    await asyncio.sleep(ADD_PARTITIONS_RETRY_BACKOFF)
+                    continue
             if time.monotonic() + backoff > deadline:
-                raise KafkaTimeoutError(f"{what} did not complete within max.block.ms "
-                                        f"({self.max_block * 1000:.0f} ms); last error: {last}")
+                raise KafkaTimeoutError(f"{what} did not complete in time (max.block.ms or the call's timeout); "
+                                        f"last error: {last}")
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.backoff_max)
 
@@ -416,7 +424,7 @@ class TransactionManager:
         conn = await self.cluster.connection(node)
         return conn.features
 
-    async def init_transactions(self, keep_prepared_txn: bool = False) -> None:
+    async def init_transactions(self, keep_prepared_txn: bool = False, timeout: float | None = None) -> None:
         async with self._lock:
             self._raise_if_error()
             if self.state is S.PREPARED:
@@ -425,7 +433,7 @@ class TransactionManager:
                 raise IllegalStateError(f"init_transactions() was already called (state {self.state.value})")
             self.state = S.INITIALIZING
             core = self.core
-            deadline = time.monotonic() + self.max_block
+            deadline = self._deadline(timeout)
 
             def build(v: int) -> dict[str, Any]:
                 if v < 6 and (self.enable_2pc or keep_prepared_txn):
@@ -511,6 +519,9 @@ class TransactionManager:
                     continue
                 if code in REFIND:
                     return "refind", error_for(code, "AddPartitionsToTxn")
+                if code == CONCURRENT_TRANSACTIONS and not self.partitions:
+                    # the previous transaction is still completing: retry soon (Java's 20 ms for the first add)
+                    return "retry_fast", error_for(code, "AddPartitionsToTxn")
                 if code in RETRY or code == UNKNOWN_TOPIC_OR_PARTITION:
                     return "retry", error_for(code, "AddPartitionsToTxn")
                 if code in (INVALID_PRODUCER_EPOCH, PRODUCER_FENCED):
@@ -552,7 +563,8 @@ class TransactionManager:
 
     # -- offsets -----------------------------------------------------------------------------
 
-    async def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any) -> None:
+    async def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any,
+                                          timeout: float | None = None) -> None:
         meta = group_metadata_of(group_metadata)
         offs = offsets_of(offsets)
         async with self._lock:
@@ -563,7 +575,7 @@ class TransactionManager:
                 raise IllegalStateError(f"cannot send offsets in state {self.state.value}: no transaction")
             if not offs:
                 return
-            deadline = time.monotonic() + self.max_block
+            deadline = self._deadline(timeout)
             core = self.core
             if not self.tv2:
                 def build_add(v: int) -> dict[str, Any]:
@@ -642,7 +654,7 @@ class TransactionManager:
         if left:
             raise KafkaTimeoutError(f"{what}: {left} record(s) still not acknowledged after max.block.ms")
 
-    async def prepare_transaction(self) -> PreparedTxnState:
+    async def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
         async with self._lock:
             self._raise_if_error()
             if self.state is S.PREPARED:
@@ -652,13 +664,13 @@ class TransactionManager:
                                            "is false")
             if self.state is not S.IN_TRANSACTION:
                 raise IllegalStateError(f"cannot prepare in state {self.state.value}: no transaction")
-            await self._flush(time.monotonic() + self.max_block, "prepare_transaction()")
+            await self._flush(self._deadline(timeout), "prepare_transaction()")
             self._raise_if_error()  # a record failed meanwhile: the transaction must be aborted
             self.prepared = PreparedTxnState(self.core.producer_id, self.core.producer_epoch)
             self.state = S.PREPARED
             return self.prepared
 
-    async def complete_transaction(self, state: PreparedTxnState) -> None:
+    async def complete_transaction(self, state: PreparedTxnState, timeout: float | None = None) -> None:
         self._raise_if_error()
         if self.state is not S.PREPARED or self.prepared is None:
             raise InvalidTxnStateError("cannot complete a transaction: none has been prepared (call "
@@ -666,28 +678,28 @@ class TransactionManager:
         if not isinstance(state, PreparedTxnState):
             state = PreparedTxnState.from_string(str(state))
         if state == self.prepared:
-            await self.commit_transaction()
+            await self.commit_transaction(timeout)
         else:
-            await self.abort_transaction()
+            await self.abort_transaction(timeout)
 
-    async def commit_transaction(self) -> None:
+    async def commit_transaction(self, timeout: float | None = None) -> None:
         async with self._lock:
             self._raise_if_error()
             if self.state not in (S.IN_TRANSACTION, S.PREPARED, S.COMMITTING):
                 raise IllegalStateError(f"cannot commit in state {self.state.value}: no transaction")
-            deadline = time.monotonic() + self.max_block
+            deadline = self._deadline(timeout)
             self.state = S.COMMITTING
             await self._flush(deadline, "commit_transaction()")
             self._raise_if_error()  # a record failed: abortable (or fatal)
             await self._end(True, deadline)
 
-    async def abort_transaction(self) -> None:
+    async def abort_transaction(self, timeout: float | None = None) -> None:
         async with self._lock:
             if self.state is S.FATAL_ERROR:
                 self._raise_if_error()
             if self.state not in (S.IN_TRANSACTION, S.PREPARED, S.ABORTABLE_ERROR, S.ABORTING):
                 raise IllegalStateError(f"cannot abort in state {self.state.value}: no transaction")
-            deadline = time.monotonic() + self.max_block
+            deadline = self._deadline(timeout)
             self.last_error = self.last_error if self.state is S.ABORTABLE_ERROR else None
             self.state = S.ABORTING
             self.new_partitions = set()
