@@ -588,6 +588,8 @@ class ProducerCore:
             if not p.has_data():
                 continue
             self._expire(p, now)
+            # transactions v1: a partition with records is added at once (AddPartitionsToTxn overlaps linger)
+            adding = txn is not None and p.has_data() and txn.needs_add((p.topic, p.partition))
             o = p.open
             if o is not None:
                 due = o.created + self.linger
@@ -617,7 +619,7 @@ class ProducerCore:
                 if not p.ready or (bumping and self.idempotent):
                     continue
                 b = p.ready[0]
-            if txn is not None and txn.needs_add((p.topic, p.partition)):
+            if adding:
                 continue  # transactions v1: AddPartitionsToTxn first
             node = self.cluster.leader(p.topic, p.partition)
             if node is None or self.cluster.stale(p.topic):
