@@ -61,9 +61,12 @@ def test_offsets_shapes() -> None:
         offsets_of([TopicPartition("t", 0)])  # no offset (-1001)
 
 
-def test_two_phase_commit_needs_a_transactional_id() -> None:
+def test_two_phase_commit_config_rules() -> None:
     with pytest.raises(ConfigError, match="transactional.id"):
         parse_config({"bootstrap.servers": "h:1", "transaction.two.phase.commit.enable": True}, "producer")
     cfg = parse_config({"bootstrap.servers": "h:1", "transaction.two.phase.commit.enable": "true",
                         "transactional.id": "t"}, "producer")
     assert cfg["transaction.two.phase.commit.enable"] is True
+    with pytest.raises(ConfigError, match="transaction.timeout.ms"):  # Kafka 4.1: 2PC transactions never expire
+        parse_config({"bootstrap.servers": "h:1", "transaction.two.phase.commit.enable": True,
+                      "transactional.id": "t", "transaction.timeout.ms": 60000}, "producer")
