@@ -226,7 +226,12 @@ class Producer:
 
     def begin_transaction(self) -> None:
         """Start a transaction: records produced from now on belong to it."""
-        self._lt.run(self._txn().begin_transaction())
+        txn = self._txn()
+
+        async def begin() -> None:
+            txn.begin_transaction()
+
+        self._lt.run(begin())
 
     def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any,
                                     timeout: float | None = None) -> None:

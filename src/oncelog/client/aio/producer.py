@@ -986,7 +986,7 @@ class Producer:
 
     async def begin_transaction(self) -> None:
         """Start a transaction: records produced from now on belong to it."""
-        await self._txn().begin_transaction()
+        self._txn().begin_transaction()
 
     async def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any,
                                     timeout: float | None = None) -> None:

@@ -419,6 +419,13 @@ class TransactionManager:
     def _tv2_now(self, conn_features: dict[str, int]) -> bool:
         return conn_features.get("transaction.version", 0) >= 2
 
+    def _cached_features(self) -> dict[str, int] | None:
+        """The finalized features of the open connection to the known coordinator, if there is one."""
+        node_id = self.cluster._coordinators.get((TXN_KEY, self.transactional_id))
+        node = self.cluster.nodes.get(node_id) if node_id is not None else None
+        conn = node.conn if node is not None else None
+        return conn.features if conn is not None and not conn.closed else None
+
     async def _coordinator_features(self) -> dict[str, int]:
         node = await self.cluster.coordinator(TXN_KEY, self.transactional_id, self.max_block)
         conn = await self.cluster.connection(node)
@@ -481,15 +488,14 @@ class TransactionManager:
 
     # -- begin -----------------------------------------------------------------------------
 
-    async def begin_transaction(self) -> None:
+    def begin_transaction(self) -> None:
         self._raise_if_error()
         if self.state is not S.READY:
             raise IllegalStateError(f"cannot begin a transaction in state {self.state.value}"
                                     + (" (call init_transactions() first)" if self.state is S.UNINITIALIZED else ""))
-        try:
-            self.tv2 = self._tv2_now(await self._coordinator_features())
-        except KafkaError:
-            pass  # keep the version seen at init; the next request will retry the coordinator
+        features = self._cached_features()  # never blocks, as Java's beginTransaction
+        if features is not None:
+            self.tv2 = self._tv2_now(features)
         self._reset_txn()
         self.state = S.IN_TRANSACTION
 
