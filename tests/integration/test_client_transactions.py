@@ -245,6 +245,28 @@ def test_commit_times_out_then_resumes(broker_factory: Callable[..., EmbeddedBro
     assert sorted(read_ours(b.bootstrap, "resume", ends)) == sorted([b"r%d" % i for i in range(50)] + [b"next"])
 
 
+def test_abort_right_after_a_commit_is_not_fenced(broker_factory: Callable[..., EmbeddedBroker], kit: Any) -> None:
+    """Transactions v2: right after a commit the coordinator still writes its markers (PrepareCommit,
+    already at the bumped epoch), so the next transaction's first Produce is refused (retriable) and
+    adds nothing. Aborting then must not send EndTxn: Kafka answers an EndTxn at that epoch in
+    PrepareCommit with PRODUCER_FENCED (fatal)."""
+    b = _broker(broker_factory, 2)
+    kit.create_topic(b.bootstrap, "race", 24)
+    with Producer({"bootstrap.servers": b.bootstrap, "transactional.id": "race", "linger.ms": 0}) as p:
+        p.init_transactions()
+        for t in range(30):
+            p.begin_transaction()
+            for q in range(24):
+                p.produce("race", b"%d-%d" % (t, q), partition=q)
+            if t % 2:
+                p.abort_transaction()
+            else:
+                p.commit_transaction()
+    ends = _settled_ends(b.bootstrap, "race", 24, kit)
+    assert sorted(read_ours(b.bootstrap, "race", ends)) == sorted(
+        b"%d-%d" % (t, q) for t in range(0, 30, 2) for q in range(24))
+
+
 # -- zombie fencing -------------------------------------------------------------------------------
 
 
