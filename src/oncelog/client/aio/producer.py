@@ -896,6 +896,11 @@ class Producer:
     producer.start()`` (or ``async with Producer(conf) as producer``);
     ``fut = producer.produce(topic, value, ...)``; ``md = await fut``;
     ``await producer.flush()``; ``await producer.close()``.
+
+    With ``transactional.id``: ``await producer.init_transactions()``, then
+    ``begin_transaction()`` / ``produce()`` / ``send_offsets_to_transaction()``
+    / ``commit_transaction()`` or ``abort_transaction()``; KIP-939:
+    ``prepare_transaction()`` and ``complete_transaction()`` (docs/client.md).
     """
 
     def __init__(self, config: dict[str, Any]) -> None:
