@@ -70,6 +70,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from oncelog.client.aio.transactions import ConsumerGroupMetadata
 from oncelog.client.aio.cluster import COORDINATOR_ERRORS, Cluster
 from oncelog.client.aio.offsets import (
     OffsetAndMetadata,
@@ -120,16 +121,6 @@ UNKNOWN_MEMBER_ID = _code("unknown_member_id")
 MEMBER_ID_REQUIRED = _code("member_id_required")
 FENCED_INSTANCE_ID = _code("fenced_instance_id")
 GENERATION_LOST = frozenset({ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID})
-
-
-@dataclass(frozen=True)
-class ConsumerGroupMetadata:
-    """What a transactional producer needs to commit offsets for a group (KIP-447)."""
-
-    group_id: str
-    generation_id: int = -1
-    member_id: str = ""
-    group_instance_id: str | None = None
 
 
 class _Rejoin(Exception):
