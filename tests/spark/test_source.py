@@ -90,6 +90,7 @@ def test_read_committed_hides_aborted_and_waits_for_open(spark: Any, spark_broke
     stream = source(spark, b, stream=True, subscribe=topic_name, startingOffsets="earliest")
     q = (stream.writeStream.format("memory").queryName(name).option("checkpointLocation", str(tmp_path / "ck"))
          .trigger(processingTime="200 milliseconds").start())
+    committed = False
     try:
         q.processAllAvailable()
         values = sorted(r.value.decode() for r in spark.table(name).collect())
@@ -100,6 +101,7 @@ def test_read_committed_hides_aborted_and_waits_for_open(spark: Any, spark_broke
         assert len([r for r in uncommitted.collect() if r.value.startswith(b"aborted")]) == 10
 
         open_txn.commit_transaction(30)
+        committed = True
         deadline = time.monotonic() + 60
         while True:
             q.processAllAvailable()
@@ -109,6 +111,8 @@ def test_read_committed_hides_aborted_and_waits_for_open(spark: Any, spark_broke
             time.sleep(0.3)
     finally:
         q.stop()
+        if not committed:
+            open_txn.abort_transaction(10)
     want = sorted([f"before{i}" for i in range(10)] + [f"open{i}" for i in range(6)]
                   + [f"after{i}" for i in range(10, 20)])
     assert values == want
