@@ -88,3 +88,14 @@ def test_split_ranges_for_min_partitions() -> None:
 def test_time_strings() -> None:
     assert [time_string_ms(v, "x") for v in ("15m", "30s", "500ms", "250", "1h")] == [900_000, 30_000, 500, 250,
                                                                                     3_600_000]
+
+
+def test_spark_uses_the_client_layer_only() -> None:
+    """oncelog.spark must work against Apache Kafka: importing it loads neither the broker nor storage."""
+    import subprocess
+    import sys
+
+    code = ("import sys, oncelog.spark, oncelog.spark._kafka, oncelog.spark.source; "
+            "print(sorted(m for m in sys.modules if m.startswith(('oncelog.broker', 'oncelog.storage'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
