@@ -234,3 +234,65 @@ def test_specific_offsets_must_name_every_partition(spark: Any, spark_broker: An
     with pytest.raises(Exception, match=r"you must specify all TopicPartitions.*Specified: Set\(.*-0\) "
                                         r"Assigned: Set\(.*-0, .*-1\)"):
         source(spark, b, subscribe=topic_name, startingOffsets=json.dumps({topic_name: {"0": 0}})).collect()
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_deleted_topic_follows_fail_on_data_loss(spark: Any, spark_broker: Any, tmp_path: Path, fail: bool) -> None:
+    from oncelog.client.admin import Admin
+
+    b = spark_broker.bootstrap
+    keep, gone = f"keep-{uuid.uuid4().hex[:6]}", f"gone-{uuid.uuid4().hex[:6]}"
+    make_topic(b, keep, 1)
+    make_topic(b, gone, 2)
+    produce(b, keep, 5, 1, prefix="k")
+    produce(b, gone, 6, 2, prefix="g")
+    name = f"q_{uuid.uuid4().hex[:8]}"
+    df = source(spark, b, stream=True, subscribe=f"{keep},{gone}", startingOffsets="earliest",
+                failOnDataLoss=str(fail).lower())
+    q = (df.writeStream.format("memory").queryName(name).option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(processingTime="200 milliseconds").start())
+    try:
+        q.processAllAvailable()
+        assert len(spark.table(name).collect()) == 11
+        with Admin(b) as admin:
+            assert admin.delete_topic(gone) is None
+        produce(b, keep, 5, 1, prefix="k", start=5)
+        if fail:
+            with pytest.raises(Exception, match=r"KAFKA_DATA_LOSS.PARTITIONS_DELETED.*Partitions \{gone-\w+-0, "
+                                                r"gone-\w+-1\} have been deleted"):
+                q.awaitTermination(60)
+                q.processAllAvailable()
+            return
+        deadline = time.monotonic() + 60
+        while len(spark.table(name).collect()) < 16 and time.monotonic() < deadline:
+            q.processAllAvailable()
+            time.sleep(0.3)
+        assert q.isActive and q.exception() is None
+        assert sorted(r.value for r in spark.table(name).collect() if r.topic == keep) == sorted(
+            f"k{i}".encode() for i in range(10))
+    finally:
+        q.stop()
+
+
+def test_starting_offsets_by_timestamp(spark: Any, spark_broker: Any, topic_name: str) -> None:
+    from confluent_kafka import Producer
+
+    b = spark_broker.bootstrap
+    make_topic(b, topic_name, 2)
+    p = Producer({"bootstrap.servers": b})
+    base = 1_700_000_000_000
+    for i in range(20):
+        p.produce(topic_name, value=f"v{i}".encode(), partition=i % 2, timestamp=base + i * 1000)
+    assert p.flush(30) == 0
+    by_ts = json.dumps({topic_name: {"0": base + 10_000, "1": base + 15_000}})
+    rows = source(spark, b, subscribe=topic_name, startingOffsetsByTimestamp=by_ts).collect()
+    assert sorted((r.partition, r.offset) for r in rows) == [(0, o) for o in range(5, 10)] + [(1, o) for o in range(7, 10)]
+    assert all(r.timestamp >= datetime.datetime.fromtimestamp((base + 10_000) / 1000, datetime.timezone.utc)
+               .replace(tzinfo=None) for r in rows)
+    rows = source(spark, b, subscribe=topic_name, startingTimestamp=str(base + 18_000)).collect()
+    assert sorted(r.value for r in rows) == [b"v18", b"v19"]
+    with pytest.raises(Exception, match=r"No offset matched from request of topic-partition .*-0 and timestamp"):
+        source(spark, b, subscribe=topic_name, startingTimestamp=str(base + 99_000)).collect()
+    late = source(spark, b, subscribe=topic_name, startingTimestamp=str(base + 99_000),
+                  startingOffsetsByTimestampStrategy="latest").collect()
+    assert late == []
