@@ -97,6 +97,7 @@ class Batch:
     header: BatchHeader
     records: list[ReadRecord] = field(default_factory=list)
     marker: Marker | None = None  # control batches with a COMMIT/ABORT marker
+    raw: bytes | None = None  # the uncompressed batch, when decoded with records=False
 
 
 @dataclass
@@ -128,8 +129,12 @@ def decompress(codec: int, data: bytes) -> bytes:
 # -- pure decoding and filtering ---------------------------------------------------------
 
 
-def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True) -> list[Batch]:
-    """Decode every complete v2 batch in a Fetch ``records`` blob (a partial tail is ignored)."""
+def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True, records: bool = True) -> list[Batch]:
+    """Decode every complete v2 batch in a Fetch ``records`` blob (a partial tail is ignored).
+
+    ``records=False`` leaves data batches' ``records`` empty and keeps the
+    uncompressed batch in ``raw`` instead (for :func:`~oncelog.protocol.records.decode_columns`).
+    """
     data = bytes(data)
     out: list[Batch] = []
     for hdr, start, end in iter_batch_headers(data):
@@ -148,6 +153,8 @@ def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True) -> l
                     m = read_control_marker(compression.decompressed_batch(data, start, end))
                 batch.marker = Marker(partition, hdr.base_offset, hdr.producer_id, hdr.producer_epoch,
                                       m.commit, m.coordinator_epoch)
+            elif not records:
+                batch.raw = compression.decompressed_batch(data, start, end)
             else:
                 raw = compression.decompressed_batch(data, start, end)
                 batch.records = [
@@ -407,7 +414,7 @@ class PartitionReader:
 
     def iter_range(self, topic: str, partition: int, start: int, end: int,
                    isolation_level: int = READ_COMMITTED, max_bytes: int = 4 << 20,
-                   poll_timeout: float = 120.0) -> Any:
+                   poll_timeout: float = 120.0, records: bool = True) -> Any:
         """Read offsets ``[start, end)``: yields, per Fetch, the data batches a consumer returns.
 
         Each yielded item is ``(batches, next position)``: the :class:`Batch`
@@ -418,12 +425,14 @@ class PartitionReader:
         position reaches it. An offset below the log start raises
         :class:`ReaderError` with ``error_code`` 1 (OFFSET_OUT_OF_RANGE); no
         data at the position for ``poll_timeout`` seconds raises ReaderError.
+        With ``records=False`` the batches carry ``raw`` (uncompressed) instead
+        of records and are not cut: the caller cuts its columns to ``[start, end)``.
         """
         pos = start
         waited_since: float | None = None
         while pos < end:
             p = self.fetch(topic, partition, pos, isolation_level, max_bytes)
-            batches = [b for b in decode_batches(bytes(p.records or b""), partition)
+            batches = [b for b in decode_batches(bytes(p.records or b""), partition, records=records)
                        if b.header.last_offset >= pos]
             if not batches:
                 now = time.monotonic()
@@ -443,6 +452,9 @@ class PartitionReader:
             out = []
             for b in kept:
                 h = b.header
+                if not records:
+                    out.append(b)
+                    continue
                 if h.base_offset < pos or h.last_offset >= end:
                     b = Batch(h, [r for r in b.records if pos <= r.offset < end], b.marker)
                 if b.records:

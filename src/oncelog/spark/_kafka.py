@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import re
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from oncelog.client.reader import EARLIEST, LATEST, PartitionReader, ReaderError
+from oncelog.protocol.records import decode_columns
 from oncelog.spark.options import (
     DATA_LOSS_WARNING,
     OffsetMap,
@@ -97,8 +99,14 @@ class KafkaAccess:
         return out
 
 
-def _arrow_batch(topic: str, partition: int, batches: list[Any], include_headers: bool) -> Any:
-    """One ``pyarrow.RecordBatch`` in the Kafka source's row schema, built column by column."""
+def _arrow_batch(topic: str, partition: int, batches: list[Any], start: int, end: int,
+                 include_headers: bool) -> Any:
+    """One ``pyarrow.RecordBatch`` in the Kafka source's row schema, built column by column.
+
+    ``batches`` carry their uncompressed bytes (``raw``); their records are
+    decoded straight into lists (no per-record objects) and cut to offsets
+    ``[start, end)``. None when nothing is left.
+    """
     import pyarrow as pa
 
     keys: list[bytes | None] = []
@@ -108,17 +116,26 @@ def _arrow_batch(topic: str, partition: int, batches: list[Any], include_headers
     types: list[int] = []
     headers: list[list[dict[str, Any]]] = []
     for b in batches:
-        recs = b.records
-        ts_type = b.header.timestamp_type
-        keys.extend(r.key for r in recs)
-        values.extend(r.value for r in recs)
-        offsets.extend(r.offset for r in recs)
-        stamps.extend(r.timestamp for r in recs)
-        types.extend([ts_type] * len(recs))
-        if include_headers:
-            headers.extend([{"key": k, "value": v} for k, v in r.headers] for r in recs)
+        cols = decode_columns(b.raw, 0, include_headers)
+        lo, hi = 0, len(cols.offsets)
+        if b.header.base_offset < start:
+            lo = bisect_left(cols.offsets, start)
+        if b.header.last_offset >= end:
+            hi = bisect_left(cols.offsets, end)
+        if lo >= hi:
+            continue
+        whole = lo == 0 and hi == len(cols.offsets)
+        keys.extend(cols.keys if whole else cols.keys[lo:hi])
+        values.extend(cols.values if whole else cols.values[lo:hi])
+        offsets.extend(cols.offsets if whole else cols.offsets[lo:hi])
+        stamps.extend(cols.timestamps if whole else cols.timestamps[lo:hi])
+        types.extend([b.header.timestamp_type] * (hi - lo))
+        if include_headers and cols.headers is not None:
+            headers.extend([{"key": k, "value": v} for k, v in hs] for hs in cols.headers[lo:hi])
     n = len(offsets)
-    cols = [
+    if not n:
+        return None
+    arrays = [
         pa.array(keys, pa.binary()),
         pa.array(values, pa.binary()),
         pa.repeat(pa.scalar(topic, pa.string()), n),
@@ -129,9 +146,9 @@ def _arrow_batch(topic: str, partition: int, batches: list[Any], include_headers
     ]
     names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
     if include_headers:
-        cols.append(pa.array(headers, HEADERS_ARROW_TYPE()))
+        arrays.append(pa.array(headers, HEADERS_ARROW_TYPE()))
         names.append("headers")
-    return pa.RecordBatch.from_arrays(cols, names=names)
+    return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
 def HEADERS_ARROW_TYPE() -> Any:  # noqa: N802 - a type constant, built lazily (pyarrow is optional)
@@ -152,10 +169,13 @@ def read_arrow(opts: SourceOptions, topic: str, partition: int, start: int, end:
     with PartitionReader(opts.bootstrap, timeout=30.0, client_id=opts.client_id) as reader:
         while pos < end:
             try:
-                for batches, pos in reader.iter_range(topic, partition, pos, end, opts.isolation_level,
-                                                      opts.fetch_max_bytes, opts.poll_timeout_s):
-                    if batches:
-                        yield _arrow_batch(topic, partition, batches, opts.include_headers)
+                for batches, next_pos in reader.iter_range(topic, partition, pos, end, opts.isolation_level,
+                                                           opts.fetch_max_bytes, opts.poll_timeout_s, records=False):
+                    # cut at this fetch's position: after a data-loss skip it is above ``start``
+                    arrow = _arrow_batch(topic, partition, batches, pos, end, opts.include_headers)
+                    pos = next_pos
+                    if arrow is not None:
+                        yield arrow
             except ReaderError as exc:
                 if exc.error_code == OFFSET_OUT_OF_RANGE:
                     earliest = reader.list_offset(topic, partition, EARLIEST)
