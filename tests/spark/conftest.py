@@ -69,10 +69,3 @@ def spark_broker() -> Iterator[EmbeddedBroker]:
 def topic_name() -> str:
     return f"t-{uuid.uuid4().hex[:10]}"
 
-
-def make_topic(bootstrap: str, name: str, partitions: int) -> None:
-    from oncelog.client.admin import Admin
-
-    with Admin(bootstrap) as admin:
-        err = admin.create_topic(name, partitions)
-    assert err is None, err

@@ -79,3 +79,11 @@ def offsets(bootstrap: str, topic: str, partitions: int, isolation: str = "read_
 
 def rows_of(df_rows: list[Any]) -> list[Row]:
     return sorted((r.topic, r.partition, r.offset, r.key, r.value) for r in df_rows)
+
+
+def make_topic(bootstrap: str, name: str, partitions: int) -> None:
+    from oncelog.client.admin import Admin
+
+    with Admin(bootstrap) as admin:
+        err = admin.create_topic(name, partitions)
+    assert err is None, err

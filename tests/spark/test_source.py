@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.spark.conftest import make_topic
-from tests.spark.helpers import direct_read, offsets, produce, produce_txn, rows_of, txn_producer
+from .helpers import direct_read, make_topic, offsets, produce, produce_txn, rows_of, txn_producer
 
 
 def source(spark: Any, bootstrap: str, stream: bool = False, **opts: str) -> Any:
