@@ -99,3 +99,24 @@ def test_spark_uses_the_client_layer_only() -> None:
             "print(sorted(m for m in sys.modules if m.startswith(('oncelog.broker', 'oncelog.storage'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_bootstrap_servers_are_tried_in_order() -> None:
+    """A dead first bootstrap server is skipped, as a Kafka client skips it."""
+    import socket
+
+    from oncelog.spark._kafka import connect
+
+    with socket.socket() as dead, socket.socket() as live:
+        dead.bind(("127.0.0.1", 0))  # bound, not listening: connection refused
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        d, lv = dead.getsockname()[1], live.getsockname()[1]
+        o = parse_options(BASE | {"kafka.bootstrap.servers": f" 127.0.0.1:{d}, 127.0.0.1:{lv} ,", "subscribe": "t"},
+                          streaming=False)
+        assert o.bootstrap == f"127.0.0.1:{d},127.0.0.1:{lv}"
+        with connect(o) as reader:
+            assert reader.bootstrap == f"127.0.0.1:{lv}"
+        only_dead = parse_options(BASE | {"kafka.bootstrap.servers": f"127.0.0.1:{d}", "subscribe": "t"}, streaming=False)
+        with pytest.raises(OSError):
+            connect(only_dead)

@@ -33,6 +33,18 @@ OFFSET_OUT_OF_RANGE = 1
 UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
+def connect(opts: SourceOptions) -> PartitionReader:
+    """A reader connected to the first bootstrap server that answers (tried in the given order)."""
+    servers = opts.bootstrap.split(",")
+    for i, server in enumerate(servers):
+        try:
+            return PartitionReader(server, timeout=30.0, client_id=opts.client_id)
+        except OSError:
+            if i == len(servers) - 1:
+                raise
+    raise AssertionError("no bootstrap server")  # parse_options never gives an empty list
+
+
 class KafkaAccess:
     """Driver-side questions: which partitions the options name, and their offsets."""
 
@@ -43,7 +55,7 @@ class KafkaAccess:
     @property
     def reader(self) -> PartitionReader:
         if self._reader is None:
-            self._reader = PartitionReader(self.opts.bootstrap, timeout=30.0, client_id=self.opts.client_id)
+            self._reader = connect(self.opts)
         return self._reader
 
     def close(self) -> None:
@@ -166,7 +178,7 @@ def read_arrow(opts: SourceOptions, topic: str, partition: int, start: int, end:
     """
     tp = (topic, partition)
     pos = start
-    with PartitionReader(opts.bootstrap, timeout=30.0, client_id=opts.client_id) as reader:
+    with connect(opts) as reader:
         while pos < end:
             try:
                 for batches, next_pos in reader.iter_range(topic, partition, pos, end, opts.isolation_level,

@@ -122,7 +122,7 @@ class OffsetSpec:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    bootstrap: str
+    bootstrap: str  # "host:port[,host:port...]"
     strategy: str  # subscribe | subscribepattern | assign
     topics: tuple[str, ...] = ()
     pattern: str = ""
@@ -296,7 +296,7 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
     poll_ms = _int(params, "kafkaconsumer.polltimeoutms", "kafkaConsumer.pollTimeoutMs")
     fetch_max = _int(params, "kafka.max.partition.fetch.bytes", "kafka.max.partition.fetch.bytes")
     return SourceOptions(
-        bootstrap=bootstrap.split(",")[0].strip(),
+        bootstrap=",".join(b.strip() for b in bootstrap.split(",") if b.strip()),
         strategy=strategy,
         topics=topics,
         pattern=pattern,
