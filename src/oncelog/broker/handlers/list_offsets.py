@@ -4,13 +4,15 @@ Behavior: per partition, timestamp -2 (EARLIEST) gives the log start offset,
 -1 (LATEST) the high watermark (read_uncommitted) or the last stable offset
 (read_committed), -3 (MAX_TIMESTAMP, v7+) the offset of the batch with the
 largest timestamp, -4 (EARLIEST_LOCAL, v8+) the log start offset (no tiered
-storage), -5 (LATEST_TIERED, v9+) and -6 (EARLIEST_PENDING_UPLOAD, v11+)
-offset -1 with timestamp -1 and leader epoch -1 (nothing is tiered: Kafka's
-answer for a topic without remote storage); any other timestamp the first offset whose batch max timestamp is
+storage); any other timestamp the first offset whose batch max timestamp is
 >= it, or offset -1 when there is none. Lookups by timestamp (and -3) never
 return an offset at or above the bound of the isolation level (the high
 watermark, or the last stable offset for read_committed); they answer -1
 instead, as Kafka does. Unknown partitions get UNKNOWN_TOPIC_OR_PARTITION.
+
+-5 (LATEST_TIERED, v9+) and -6 (EARLIEST_PENDING_UPLOAD, v11+) get offset -1
+with timestamp -1 and leader epoch -1: nothing is tiered (Kafka's answer for
+a topic without remote storage).
 
 Per partition, as Kafka's ReplicaManager: a partition named twice gets
 INVALID_REQUEST; a negative timestamp that is no sentinel, or a sentinel
