@@ -360,3 +360,44 @@ def test_topic_segment_bytes_config_described_and_applied(tmp_path: Path, kit: A
         check(describe())
     finally:
         b.close()
+
+
+# -- ListOffsets by timestamp inside a compressed batch -------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_offsets_for_times_finds_the_record_inside_a_compressed_batch(tmp_path: Path, kit: Any, codec: str) -> None:
+    """librdkafka packs many records (distinct CreateTime timestamps) into one compressed batch;
+    offsets_for_times must return the exact record's offset (Kafka's FileRecords.searchForTimestamp),
+    not the batch's base offset."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    b = kit.start_broker(tmp_path)
+    try:
+        topic = f"ts-{codec}"
+        kit.create_topic(b.bootstrap, topic, 1)
+        n, base_ts = 60, int(time.time() * 1000) - 60_000
+        p = Producer({"bootstrap.servers": b.bootstrap, "compression.type": codec, "linger.ms": 500,
+                      "batch.num.messages": 1000, "enable.idempotence": True})
+        offsets: dict[int, int] = {}
+        for i in range(n):
+            p.produce(topic, value=value_of(i), partition=0, timestamp=base_ts + i * 10,
+                      on_delivery=lambda err, msg, i=i: offsets.__setitem__(i, msg.offset()) if err is None else None)
+        assert p.flush(30) == 0 and len(offsets) == n
+        batches = [bt for f in kit.segment_files(b.data_dir, topic, 0) for bt in kit.scan_batches(f)]
+        assert max(count for _base, count, _codec in batches) >= 10, batches  # records share batches
+        assert {kit.CODEC_NAMES[c] for _b, _n, c in batches} == {codec}
+
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "unused", "enable.auto.commit": False})
+        try:
+            for i in (1, 7, n // 2, n - 1):
+                (res,) = c.offsets_for_times([TopicPartition(topic, 0, base_ts + i * 10)], timeout=10)
+                assert (res.error, res.offset) == (None, offsets[i]), (i, res)
+                (res,) = c.offsets_for_times([TopicPartition(topic, 0, base_ts + i * 10 - 5)], timeout=10)
+                assert (res.error, res.offset) == (None, offsets[i]), (i, "between two timestamps", res)
+            (res,) = c.offsets_for_times([TopicPartition(topic, 0, base_ts + n * 10)], timeout=10)
+            assert res.offset == -1  # nothing that late: end of log
+        finally:
+            c.close()
+    finally:
+        b.close()

@@ -333,3 +333,151 @@ def test_snapshot_keeps_open_txns_and_reads_version_1_without_txn_fields() -> No
     legacy = ProducerStateTable.from_bytes(old.encode())
     assert legacy.get(5) == ProducerEntry(5, 1, (BatchMeta(0, 0, 0, 0, 3),), 3)
     assert legacy.open_transactions() == []
+
+
+# --- snapshots across rolls, retention and the log start offset -------------------------------
+
+
+def _snapshot_offsets(d: Path) -> list[int]:
+    return sorted(int(p.name.split(".")[0]) for p in d.glob("*.snapshot"))
+
+
+class _Writer:
+    """A partition in ``root/t-0`` written by one transactional and one idempotent producer."""
+
+    def __init__(self, root: Path, cfg: LogConfig) -> None:
+        self.root, self.cfg = root, cfg
+        self.ids = ProducerIdManager(root / "meta")
+        self.part = Partition("t", 0, None, PartitionLog.open(root / "t-0", cfg, 0))
+        self.txn_pid, self.idem_pid = self.ids.generate(), self.ids.generate()
+        self.seq = {self.txn_pid: 0, self.idem_pid: 0}
+
+    def send(self, pid: int, now: int, txn: bool = False) -> int:
+        raw = encode_record_batch([Record(key=None, value=b"x" * 40)], producer_id=pid, producer_epoch=0,
+                                  base_sequence=self.seq[pid], is_transactional=txn, base_timestamp=now)
+        base, _ = self.part.append_batch(raw, parse_batch_header(raw), now, self.ids)
+        self.seq[pid] += 1
+        return base
+
+    def durable(self) -> None:
+        self.part.log.sync()
+        self.part.advance_high_watermark(self.part.log.log_end_offset)
+
+    def crash_and_reopen(self) -> Partition:
+        for seg in self.part.log.segments:
+            seg.close()
+        self.part = Partition("t", 0, None, PartitionLog.open(self.root / "t-0", self.cfg, 0))
+        return self.part
+
+
+def _stale_setup(tmp_path: Path, cfg: LogConfig) -> tuple[_Writer, int]:
+    """A transaction opens at 0 and stays open across an append roll (its snapshot), then
+    commits; the idempotent producer writes after the last snapshot. Returns (writer, log end)."""
+    w = _Writer(tmp_path, cfg)
+    w.send(w.txn_pid, 1000, txn=True)
+    while not _snapshot_offsets(tmp_path / "t-0"):
+        w.send(w.idem_pid, 1000)
+    w.part.write_marker(w.txn_pid, 0, 0, True, 1000)
+    w.send(w.idem_pid, 1000)
+    w.durable()
+    assert w.part.open_transactions() == [] and w.part.last_stable_offset == w.part.log.log_end_offset
+    assert max(_snapshot_offsets(tmp_path / "t-0")) < w.part.log.log_end_offset - 2  # before the marker
+    return w, w.part.log.log_end_offset
+
+
+def test_retention_roll_snapshots_producer_state_and_drops_deleted_segments_snapshots(tmp_path: Path) -> None:
+    d = tmp_path / "t-0"
+    w, end = _stale_setup(tmp_path, LogConfig(segment_bytes=300, retention_ms=1000))
+    before = _snapshot_offsets(d)
+    bases = [s.base_offset for s in w.part.log.segments]
+    assert set(before) <= set(bases)
+    assert w.part.log.apply_retention(10_000) == len(bases)  # every segment expired: roll, then delete
+    assert [s.base_offset for s in w.part.log.segments] == [end] == [w.part.log_start_offset]
+    # the retention roll wrote a snapshot at the new segment; those of the deleted segments are gone
+    assert _snapshot_offsets(d) == [end]
+    snap = ProducerStateTable.from_bytes((d / f"{end:020d}.snapshot").read_bytes())
+    assert snap.get(w.txn_pid).current_txn_first_offset == -1
+    assert snap.get(w.idem_pid).last_seq == w.seq[w.idem_pid] - 1
+
+
+def test_segment_ms_roll_snapshots_producer_state(tmp_path: Path) -> None:
+    d = tmp_path / "t-0"
+    w = _Writer(tmp_path, LogConfig(segment_ms=1000))
+    w.send(w.idem_pid, 0)
+    w.send(w.idem_pid, 0)
+    assert _snapshot_offsets(d) == []
+    assert w.part.log.maybe_roll(5000)
+    assert _snapshot_offsets(d) == [2]
+    assert ProducerStateTable.from_bytes((d / f"{2:020d}.snapshot").read_bytes()).get(w.idem_pid).last_seq == 1
+
+
+def test_delete_records_drops_the_snapshots_of_deleted_segments(tmp_path: Path) -> None:
+    d = tmp_path / "t-0"
+    w = _Writer(tmp_path, LogConfig(segment_bytes=300))
+    for _ in range(12):
+        w.send(w.idem_pid, 1000)
+    snaps = _snapshot_offsets(d)
+    assert len(snaps) == 2  # the newest two are kept
+    w.part.log.delete_records_before(snaps[1])  # deletes the segment starting at snaps[0]
+    assert _snapshot_offsets(d) == [snaps[1]]
+
+
+@pytest.mark.parametrize("at", ["below", "at"])
+def test_snapshot_at_or_below_log_start_is_ignored_on_load(tmp_path: Path, at: str) -> None:
+    """A stale snapshot (open transaction, old sequence) left at or below the log start is not
+    loaded: the finished transaction does not come back and the sequence goes on."""
+    d = tmp_path / "t-0"
+    w, end = _stale_setup(tmp_path, LogConfig(segment_bytes=300, retention_ms=1000))
+    stale_offset = min(_snapshot_offsets(d))
+    stale = (d / f"{stale_offset:020d}.snapshot").read_bytes()
+    assert ProducerStateTable.from_bytes(stale).get(w.txn_pid).current_txn_first_offset == 0
+    w.part.log.apply_retention(10_000)
+    # what an older version left behind: the stale snapshot, below or exactly at the log start
+    target = stale_offset if at == "below" else end
+    (d / f"{target:020d}.snapshot").write_bytes(stale)
+    part = w.crash_and_reopen()
+    assert part.open_transactions() == []
+    assert part.last_stable_offset == part.high_watermark == end
+    assert [o for o in _snapshot_offsets(d) if o <= end] == []
+    w.part = part
+    assert w.send(w.txn_pid, 20_000, txn=True) == end  # a new transaction ...
+    part.write_marker(w.txn_pid, 0, 0, True, 20_000)
+    assert w.send(w.idem_pid, 20_000) == end + 2  # ... and the idempotent producer's next sequence
+    w.durable()
+    assert part.last_stable_offset == part.high_watermark == end + 3
+
+
+def test_recovery_cutting_a_middle_segment_keeps_producer_state_consistent(tmp_path: Path) -> None:
+    """Recovery cuts a middle segment and deletes those after it: the snapshots and the aborted
+    transactions beyond the new end go too, and the producer state is the one at the cut."""
+    d = tmp_path / "t-0"
+    w = _Writer(tmp_path, LogConfig(segment_bytes=300))
+    w.send(w.txn_pid, 1000, txn=True)  # offset 0: a transaction opens
+    for _ in range(8):
+        w.send(w.idem_pid, 1000)
+    abort_at = w.part.write_marker(w.txn_pid, 0, 0, False, 1000)
+    for _ in range(8):
+        w.send(w.idem_pid, 1000)
+    w.durable()
+    assert w.part.aborted_transactions(0, 1 << 60) == [(w.txn_pid, 0)]
+    segs = w.part.log.segments
+    assert len(segs) >= 4 and segs[1].base_offset < abort_at
+    middle = segs[1]
+    assert _snapshot_offsets(d) and min(_snapshot_offsets(d)) > middle.base_offset
+    first_size = parse_batch_header(middle.read_batch(0, 61)).size
+    for seg in segs:
+        seg.close()
+    with open(middle.log_path, "r+b") as f:  # corrupt its second batch
+        f.seek(first_size + 70)
+        f.write(b"\xff\xff\xff\xff")
+    part = Partition("t", 0, None, PartitionLog.open(d, w.cfg, 0))
+    cut = middle.base_offset + 1
+    assert [s.base_offset for s in part.log.segments] == [0, middle.base_offset]
+    assert part.log.log_end_offset == cut
+    assert [o for o in _snapshot_offsets(d) if o > cut] == []
+    assert part.aborted_transactions(0, 1 << 60) == []  # the ABORT marker was cut off
+    assert part.open_transactions() == [(w.txn_pid, 0)]  # so the transaction is open again
+    assert part.producers.get(w.idem_pid).last_seq == cut - 2  # offsets 1..cut-1 are its batches 0..
+    w.part = part
+    w.seq[w.idem_pid] = cut - 1
+    assert w.send(w.idem_pid, 2000) == cut  # the next sequence after the cut is accepted there

@@ -335,3 +335,20 @@ def test_validate_producer_fields() -> None:
     assert code_of(sample_batch(is_transactional=True)) == R.INVALID_RECORD
     ok = sample_batch(producer_id=5, producer_epoch=0, base_sequence=0, is_transactional=True)
     assert validate_produce_records(ok, MAX)[0].producer_id == 5
+
+
+def test_decompress_errors_are_kafka_errors() -> None:
+    import gzip
+
+    from oncelog.protocol.compression import decompress, decompressed_batch
+    from oncelog.protocol.records import CORRUPT_MESSAGE, UNSUPPORTED_COMPRESSION_TYPE, InvalidRecordError
+
+    assert decompress(1, gzip.compress(b"abc")) == b"abc"
+    with pytest.raises(InvalidRecordError) as exc:
+        decompress(1, b"not gzip")
+    assert exc.value.error_code == CORRUPT_MESSAGE
+    with pytest.raises(InvalidRecordError) as exc:
+        decompress(6, b"")
+    assert exc.value.error_code == UNSUPPORTED_COMPRESSION_TYPE
+    raw = encode_record_batch([Record(b"k", b"v")])
+    assert decompressed_batch(raw) == raw  # uncompressed: as is

@@ -342,26 +342,89 @@ def test_recovery_truncates_bad_tail(tmp_path: Path, damage: str, clean: bool) -
     assert values_of(log.read(0, 1 << 20).data) == expected + [b"after"]
 
 
-def test_recovery_of_unsynced_sealed_segment(tmp_path: Path) -> None:
-    """A rolled segment that was never synced is fully checked after a crash."""
+def test_recovery_of_unsynced_sealed_segment(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A rolled segment that was never synced is fully checked after a crash; cutting it
+    short deletes every segment after it (Kafka's LogLoader), with a warning naming them."""
     d = tmp_path / "t-0"
     log = PartitionLog.open(d, small_cfg(), T0)
     fill(log, 10)
     first = log.segments[0]
+    later = [s.log_path.name for s in log.segments[1:]]
+    assert later
     batch_size = len(log.read(0, 1).data)
     assert first._idx_pos[-1] >= 2 * batch_size  # damage lies before the last index entry
     crash(log)
     with open(first.log_path, "r+b") as f:  # corrupt a record inside the second batch
         f.seek(batch_size + 70)
         f.write(b"\xff\xff\xff\xff")
-    log = PartitionLog.open(d, small_cfg(), T0)
+    with caplog.at_level("WARNING", logger="oncelog.storage.log"):
+        log = PartitionLog.open(d, small_cfg(), T0)
+    assert len(log.segments) == 1
     seg = log.segments[0]
-    assert (seg.size, seg.next_offset) == (batch_size, 2)
+    assert (seg.size, seg.next_offset) == (batch_size, 2) and log.log_end_offset == 2
+    assert seg_files(d, ".log") == [first.log_path.name]
+    assert seg_files(d, ".index") == [first.index_path.name]
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and all(name in warnings[0].getMessage() for name in later)
     data = log.read(0, 1 << 20).data
-    offs = [o for b, l in offsets_of(data) for o in range(b, l + 1)]
-    assert offs == list(range(seg.next_offset)) + list(range(log.segments[1].base_offset, 20))
-    r = log.read(seg.next_offset, 1 << 20)  # an offset lost in the gap: next batch after it
-    assert r.first_offset == log.segments[1].base_offset
+    assert [o for b, l in offsets_of(data) for o in range(b, l + 1)] == [0, 1]
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(5, 100)
+    assert log.append(mk([b"next"]), T0).base_offset == 2  # the log goes on from the cut, contiguous
+    log.sync()
+    crash(log)
+    log = PartitionLog.open(d, small_cfg(), T0)
+    assert values_of(log.read(0, 1 << 20).data)[-1] == b"next" and log.log_end_offset == 3
+
+
+def test_recovery_deletes_segments_after_a_middle_segment_cut_short(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Corrupt a middle segment: after an unclean reopen the segments after it are gone, the
+    log ends at the truncation point, offsets are contiguous, and one warning names them."""
+    d = tmp_path / "t-0"
+    log = PartitionLog.open(d, small_cfg(), T0)
+    fill(log, 20)
+    assert len(log.segments) >= 4
+    middle = log.segments[1]
+    after = [s.base_offset for s in log.segments[2:]]
+    cut_at = middle.base_offset + 2  # keep its first batch (2 records)
+    crash(log)
+    batch_size = len(mk([b"b000-r0", b"b000-r1"]))
+    with open(middle.log_path, "r+b") as f:  # flip a byte inside its second batch
+        f.seek(batch_size + 70)
+        f.write(b"\x00\x01\x02\x03")
+    with caplog.at_level("WARNING", logger="oncelog.storage.log"):
+        log = PartitionLog.open(d, small_cfg(), T0)
+    assert [s.base_offset for s in log.segments] == [0, middle.base_offset]
+    assert log.log_end_offset == cut_at
+    for base in after:
+        assert not any(d.glob(f"{base:020d}.*")), f"segment {base} was kept"
+    data = log.read(0, 1 << 20).data
+    assert [o for b, l in offsets_of(data) for o in range(b, l + 1)] == list(range(cut_at))
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert all(f"{base:020d}.log" in warning.getMessage() for base in after)
+    # a crash again before anything new: the same log, no second warning
+    crash(log)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="oncelog.storage.log"):
+        log = PartitionLog.open(d, small_cfg(), T0)
+    assert log.log_end_offset == cut_at and not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_recovery_removes_a_hole_left_by_an_interrupted_recovery(tmp_path: Path) -> None:
+    """A segment that does not start where the previous one ends (an earlier recovery cut the
+    previous one and crashed before deleting the rest) is deleted with those after it."""
+    d = tmp_path / "t-0"
+    log = PartitionLog.open(d, small_cfg(), T0)
+    fill(log, 20)
+    log.sync()
+    first = log.segments[0]
+    assert int((d / "recovery-point").read_text()) == log.segments[-1].base_offset > 0
+    crash(log)
+    os.truncate(first.log_path, len(mk([b"b000-r0", b"b000-r1"])))  # cut cleanly after one batch
+    log = PartitionLog.open(d, small_cfg(), T0)
+    assert [s.base_offset for s in log.segments] == [0] and log.log_end_offset == 2
+    # the recovery point comes back down: segment 0 is being written again
+    assert int((d / "recovery-point").read_text()) == 0
 
 
 def test_synced_sealed_segments_skip_full_scan(tmp_path: Path) -> None:
@@ -442,6 +505,38 @@ def test_offset_for_timestamp(tmp_path: Path) -> None:
             o for o in range(60) if T0 + 10 * (o // 3) + o % 3 >= ts
         )
     assert (log.earliest_offset(), log.latest_offset()) == (0, 60)
+
+
+def _gzip_batch(raw: bytes) -> bytes:
+    """``raw`` (an uncompressed batch) with its records gzip-compressed, as a producer sends it."""
+    import gzip
+    import struct
+
+    from oncelog.protocol.records import ATTRIBUTES_OFFSET, BATCH_LENGTH_OFFSET, HEADER_SIZE, LOG_OVERHEAD, update_crc
+
+    body = gzip.compress(raw[HEADER_SIZE:])
+    buf = bytearray(raw[:HEADER_SIZE] + body)
+    (attrs,) = struct.unpack_from(">h", buf, ATTRIBUTES_OFFSET)
+    struct.pack_into(">h", buf, ATTRIBUTES_OFFSET, attrs | 1)
+    struct.pack_into(">i", buf, BATCH_LENGTH_OFFSET, HEADER_SIZE - LOG_OVERHEAD + len(body))
+    update_crc(buf)
+    return bytes(buf)
+
+
+def test_offset_for_timestamp_inside_compressed_batch(tmp_path: Path) -> None:
+    """Kafka's FileRecords.searchForTimestamp: the exact record inside a compressed batch."""
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(), T0)
+    for i in range(3):  # batch i: offsets 10i..10i+9 with timestamps T0+100i+2j
+        log.append(_gzip_batch(mk([b"v%d" % j for j in range(10)], ts=T0 + 100 * i, deltas=[2 * j for j in range(10)])), T0)
+    assert parse_batch_header(log.read(0, 1).data).compression == 1
+    assert log.offset_for_timestamp(T0) == (0, T0)
+    assert log.offset_for_timestamp(T0 + 7) == (4, T0 + 8)
+    assert log.offset_for_timestamp(T0 + 118) == (19, T0 + 118)
+    assert log.offset_for_timestamp(T0 + 119) == (20, T0 + 200)
+    assert log.offset_for_timestamp(T0 + 219) is None
+    assert log.max_timestamp_offset() == (29, T0 + 218)
+    log.delete_records_before(25)
+    assert log.offset_for_timestamp(T0 + 201) == (25, T0 + 210)  # not below the log start
 
 
 def test_offset_for_timestamp_non_monotonic(tmp_path: Path) -> None:
@@ -724,7 +819,7 @@ def test_append_with_parsed_header_and_fd_usage(tmp_path: Path) -> None:
     assert len(os.listdir("/proc/self/fd")) == before
 
 
-def test_retention_skips_past_segment_emptied_by_recovery(tmp_path: Path) -> None:
+def test_recovery_emptying_the_first_segment_empties_the_log(tmp_path: Path) -> None:
     d = tmp_path / "t-0"
     log = PartitionLog.open(d, small_cfg(retention_ms=1000), T0)
     fill(log, 10)
@@ -734,12 +829,10 @@ def test_retention_skips_past_segment_emptied_by_recovery(tmp_path: Path) -> Non
         f.seek(30)
         f.write(b"\xff" * 8)
     log = PartitionLog.open(d, small_cfg(retention_ms=1000), T0 + 10)
-    assert log.segments[0].size == 0 and len(log.segments) > 2
-    n_before = len(log.segments)
-    newest = max(s.max_timestamp for s in log.segments)
-    assert log.apply_retention(newest + 500) == 1  # only the empty one goes
-    assert len(log.segments) == n_before - 1
-    assert log.log_start_offset == log.segments[0].base_offset > 0
+    assert [(s.base_offset, s.size) for s in log.segments] == [(0, 0)]
+    assert (log.log_start_offset, log.log_end_offset) == (0, 0)
+    assert log.apply_retention(T0 + 100_000) == 0  # an empty active segment stays
+    assert log.append(mk([b"x"]), T0 + 10).base_offset == 0
 
 
 def test_concurrent_syncs_do_not_report_early(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -772,3 +865,54 @@ def test_max_timestamp_offset(tmp_path: Path) -> None:
         log.append(mk([b"a", b"b"], ts=ts, deltas=[0, 5]), T0)
     assert len(log.segments) > 1
     assert log.max_timestamp_offset() == (3, 905)
+
+
+def test_every_roll_and_segment_deletion_is_reported(tmp_path: Path) -> None:
+    """The partition snapshots producer state on every roll (append, segment.ms, retention,
+    forced) and deletes the snapshots of deleted segments (retention, DeleteRecords)."""
+    log = PartitionLog.open(tmp_path / "t-0", small_cfg(segment_ms=1000, retention_ms=1000), T0)
+    rolls: list[int] = []
+    deleted: list[list[int]] = []
+    log.on_roll = rolls.append
+    log.on_segments_deleted = deleted.append
+    fill(log, 10)  # size rolls
+    assert rolls == [s.base_offset for s in log.segments[1:]] and rolls
+    rolls.clear()
+    assert log.maybe_roll(T0 + 5000)
+    assert rolls == [20] == [log.active_segment.base_offset]
+    log.append(mk([b"a"], ts=T0 + 5000), T0 + 5000)
+    log.roll()
+    assert rolls == [20, 21]
+    log.append(mk([b"b"], ts=T0 + 5000), T0 + 5000)
+    bases = [s.base_offset for s in log.segments]
+    log.delete_records_before(bases[2])
+    assert deleted == [bases[:2]]
+    log.sync()
+    rolls.clear()
+    assert log.apply_retention(T0 + 100_000) == len(bases) - 2  # all expired: a roll first
+    assert rolls == [22] and deleted[-1] == bases[2:]
+
+
+def test_recovery_below_the_log_start_offset_restarts_the_log_there(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Kafka's deleteSegmentsIfLogStartGreaterThanLogEnd: when recovery leaves the log end
+    below the log start offset, every segment goes and the log goes on from the log start."""
+    d = tmp_path / "t-0"
+    log = PartitionLog.open(d, small_cfg(), T0)
+    fill(log, 20)
+    start = log.segments[2].base_offset + 1
+    log.delete_records_before(start)
+    first = log.segments[0]
+    crash(log)
+    with open(first.log_path, "r+b") as f:  # corrupt its first batch: the log would end below start
+        f.seek(30)
+        f.write(b"\xff" * 8)
+    with caplog.at_level("WARNING", logger="oncelog.storage.log"):
+        log = PartitionLog.open(d, small_cfg(), T0)
+    assert [(s.base_offset, s.size) for s in log.segments] == [(start, 0)]
+    assert (log.log_start_offset, log.log_end_offset) == (start, start)
+    assert any("below the log start offset" in r.getMessage() for r in caplog.records)
+    assert log.append(mk([b"x"]), T0).base_offset == start  # no offset below it is handed out again
+    log.sync()
+    crash(log)
+    log = PartitionLog.open(d, small_cfg(), T0)
+    assert (log.log_start_offset, log.log_end_offset) == (start, start + 1)

@@ -62,13 +62,20 @@ class Partition:
     high watermark advancing only once the ISR has the data).
 
     Producer state is snapshotted to ``<offset>.snapshot`` in the partition
-    directory at every segment roll and at clean shutdown; on open the newest
-    snapshot not beyond the log end is loaded and the batches after it are
-    replayed from their headers (and the one record of each control batch),
-    so duplicate detection, open transactions and the last stable offset
-    survive kill -9. The aborted-transaction index is rebuilt from the same
-    replay start: entries at or above it are dropped and re-added by the
-    replay; entries below it were fsynced before the snapshot was written.
+    directory at every segment roll (appends, ``segment.ms`` and retention
+    rolls alike: the log calls :meth:`_snapshot_quietly` through its
+    ``on_roll`` hook) and at clean shutdown; the snapshots of segments that
+    retention or DeleteRecords delete go with them. On open, snapshots beyond
+    the log end or at or below the log start offset are deleted (Kafka's
+    ``truncateAndReload``: a snapshot at or below the log start describes
+    producers whose batches may be gone, and would revive transactions and
+    sequences the deleted segments closed), the newest remaining one is
+    loaded, and the batches after it (or from the log start) are replayed
+    from their headers (and the one record of each control batch), so
+    duplicate detection, open transactions and the last stable offset survive
+    kill -9. The aborted-transaction index is rebuilt from the same replay
+    start: entries at or above it are dropped and re-added by the replay;
+    entries below it were fsynced before the snapshot was written.
     """
 
     __slots__ = (
@@ -88,6 +95,8 @@ class Partition:
         # this node becomes the partition's leader: a new leader epoch, as a KRaft
         # controller elects a restarted broker again with a bumped epoch
         self.leader_epoch = log.become_leader()
+        log.on_roll = self._snapshot_quietly
+        log.on_segments_deleted = self._delete_snapshots
 
     def __repr__(self) -> str:
         return f"Partition({self.topic}-{self.index})"
@@ -198,10 +207,8 @@ class Partition:
             _check_timestamps(records, hdr, now_ms, cfg)
         if cfg.compression_type != "producer" and cfg.target_codec != hdr.compression:
             records, hdr = _recompress(records, hdr, cfg)  # the topic's compression.type (Kafka's LogValidator)
+        # a roll by this append snapshots the state before the batch (the log's on_roll hook)
         info = self.log.append(records, now_ms, header=hdr)
-        if info.segment_base_offset == info.base_offset and info.base_offset > 0:
-            # this append rolled a new segment: snapshot the state before it
-            self._snapshot_quietly(info.base_offset)
         if decision is not None:
             self.producers.put(decision.entry_after(info.base_offset, info.last_offset, now_ms))
         return info.base_offset, info.log_append_time_ms
@@ -235,8 +242,6 @@ class Partition:
             raise KafkaError(decision.code, decision.message)
         batch = encode_control_batch(producer_id, producer_epoch, commit, coordinator_epoch, timestamp_ms=now_ms)
         info = self.log.append_control(batch, now_ms)
-        if info.segment_base_offset == info.base_offset and info.base_offset > 0:
-            self._snapshot_quietly(info.base_offset)
         completed = decision.completed(info.base_offset, commit)
         if completed is not None and completed.aborted:
             self._index_abort(completed)
@@ -260,13 +265,24 @@ class Partition:
     def _snapshots(self) -> list[tuple[int, Path]]:
         return offset_named_files(self.log.directory, SNAPSHOT_SUFFIX)
 
+    def _delete_snapshots(self, offsets: list[int]) -> None:
+        """Delete the snapshots taken at these offsets (the base offsets of deleted segments)."""
+        doomed = set(offsets)
+        for offset, path in self._snapshots():
+            if offset in doomed:
+                path.unlink(missing_ok=True)
+
     def _load_producer_state(self, max_producers: int) -> ProducerStateTable:
         end = self.log.log_end_offset
         table = ProducerStateTable(max_producers)
         start = self.log.log_start_offset
+        log_start = start
         for offset, path in reversed(self._snapshots()):
-            if offset > end:
-                path.unlink(missing_ok=True)  # the log was truncated below it
+            if offset > end or offset <= log_start:
+                # beyond the end: the log was truncated below it; at or below the log start:
+                # it may hold producers and open transactions whose later batches and markers
+                # were deleted with their segments (replay from the log start rebuilds the rest)
+                path.unlink(missing_ok=True)
                 continue
             try:
                 table = ProducerStateTable.from_bytes(path.read_bytes(), max_producers)

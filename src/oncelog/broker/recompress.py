@@ -9,9 +9,11 @@ base sequence, timestamps, the transactional flag, the record count and every
 record (offset and timestamp deltas, keys, values, headers) stay as sent, so
 idempotence and transactions see the same batch.
 
-This is the only place the broker decodes records, and it is off the path of
-``producer`` topics: the append path calls :func:`recompress` only when the
-codecs differ. The codec libraries (cramjam) are imported on first use.
+This is the only place the append path decodes records, and it is off the
+path of ``producer`` topics: the append path calls :func:`recompress` only
+when the codecs differ. Decompression is :mod:`oncelog.protocol.compression`'s
+(shared with ListOffsets by timestamp and the client reader); the codec
+library (cramjam) is imported on first use.
 
 Wire formats, as Kafka writes them: gzip (RFC 1952), snappy in the xerial
 framing of snappy-java (raw snappy is read too), lz4 frames with independent
@@ -23,6 +25,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from oncelog.protocol.compression import XERIAL_MAGIC, codec_library, decompress
 from oncelog.protocol.records import (
     ATTRIBUTES_OFFSET,
     BATCH_LENGTH_OFFSET,
@@ -50,53 +53,16 @@ _I32 = struct.Struct(">i")
 _BE32 = struct.Struct(">i")
 _LE32 = struct.Struct("<I")
 
-XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = XERIAL_MAGIC + _BE32.pack(1) + _BE32.pack(1)  # version 1, compatible with 1
 _XERIAL_BLOCK = 32 * 1024
 # LZ4 frame: magic, FLG (version 01, independent blocks), BD (64 KiB blocks), header checksum
 _LZ4_HEADER = b"\x04\x22\x4d\x18\x60\x40\x82"
 _LZ4_BLOCK = 64 * 1024
 
-_cramjam: Any = None
-
-
-def _lib() -> Any:
-    global _cramjam
-    if _cramjam is None:
-        import cramjam
-
-        _cramjam = cramjam
-    return _cramjam
+_lib = codec_library  # cramjam, imported on first use
 
 
 # --- codecs ---------------------------------------------------------------------------
-
-
-def decompress(codec: int, data: bytes | memoryview) -> bytes:
-    cj = _lib()
-    data = bytes(data)
-    if codec == COMPRESSION_NONE:
-        return data
-    if codec == COMPRESSION_GZIP:
-        return bytes(cj.gzip.decompress(data))
-    if codec == COMPRESSION_SNAPPY:
-        if data.startswith(XERIAL_MAGIC):
-            out = bytearray()
-            pos = len(_XERIAL_HEADER)
-            while pos < len(data):
-                (n,) = _BE32.unpack_from(data, pos)
-                pos += 4
-                if n < 0 or pos + n > len(data):
-                    raise ValueError("truncated xerial snappy block")
-                out += bytes(cj.snappy.decompress_raw(data[pos : pos + n]))
-                pos += n
-            return bytes(out)
-        return bytes(cj.snappy.decompress_raw(data))
-    if codec == COMPRESSION_LZ4:
-        return bytes(cj.lz4.decompress(data))
-    if codec == COMPRESSION_ZSTD:
-        return bytes(cj.zstd.decompress(data))
-    raise ValueError(f"unknown codec {codec}")
 
 
 def compress(codec: int, data: bytes, level: int | None = None) -> bytes:

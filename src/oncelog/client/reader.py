@@ -8,10 +8,8 @@ What it adds over a plain Fetch:
 
 * requests go to each partition's leader (Metadata), with versions from
   ApiVersions (Fetch v4..v12: the versions that name topics, not topic ids);
-* batch CRCs are checked and compressed batches are decompressed here
-  (gzip with the stdlib; snappy, lz4 and zstd with ``cramjam`` or the
-  ``python-snappy``/``lz4``/``zstandard`` packages when importable), since
-  :mod:`oncelog.protocol.records` decodes only uncompressed batches;
+* batch CRCs are checked and compressed batches are decompressed
+  (:mod:`oncelog.protocol.compression`, with ``cramjam``);
 * read_committed responses are filtered client-side exactly as the Java
   consumer does (``CompletedFetch.nextFetchedBatch``), see
   :func:`filter_read_committed`.
@@ -22,9 +20,7 @@ over bytes and lists, unit-tested without a broker.
 
 from __future__ import annotations
 
-import gzip
 import heapq
-import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,19 +28,11 @@ from typing import Any
 from crc32c import crc32c
 
 from oncelog.client.connection import Connection
+from oncelog.protocol import compression
 from oncelog.protocol.errors import code_name
 from oncelog.protocol.records import (
-    ATTRIBUTES_OFFSET,
-    BATCH_LENGTH_OFFSET,
-    COMPRESSION_GZIP,
-    COMPRESSION_LZ4,
-    COMPRESSION_MASK,
     COMPRESSION_NONE,
-    COMPRESSION_SNAPPY,
-    COMPRESSION_ZSTD,
     CRC_START,
-    HEADER_SIZE,
-    LOG_OVERHEAD,
     MAGIC_V2,
     BatchHeader,
     InvalidRecordError,
@@ -123,90 +111,14 @@ class PartitionData:
 
 # -- decompression ------------------------------------------------------------------
 
-_XERIAL_MAGIC = b"\x82SNAPPY\x00"
-
-
-def _snappy_raw(data: bytes) -> bytes:
-    try:
-        import cramjam
-
-        return bytes(cramjam.snappy.decompress_raw(data))
-    except ImportError:
-        pass
-    try:
-        import snappy
-    except ImportError:
-        raise ReaderError("snappy-compressed batch: install cramjam or python-snappy") from None
-    return bytes(snappy.uncompress(data))
-
-
-def _snappy(data: bytes) -> bytes:
-    # Java clients write xerial-framed snappy (magic, version, compat, then length-prefixed blocks);
-    # librdkafka writes raw snappy and reads both
-    if not data.startswith(_XERIAL_MAGIC):
-        return _snappy_raw(data)
-    pos, out = 16, []
-    while pos < len(data):
-        (n,) = struct.unpack_from(">i", data, pos)
-        pos += 4
-        out.append(_snappy_raw(data[pos : pos + n]))
-        pos += n
-    return b"".join(out)
-
-
-def _lz4(data: bytes) -> bytes:
-    try:
-        import lz4.frame
-
-        return bytes(lz4.frame.decompress(data))
-    except ImportError:
-        pass
-    try:
-        import cramjam
-    except ImportError:
-        raise ReaderError("lz4-compressed batch: install lz4 or cramjam") from None
-    return bytes(cramjam.lz4.decompress(data))
-
-
-def _zstd(data: bytes) -> bytes:
-    try:
-        import zstandard
-
-        # a streaming decompressor: frames written without a content size are legal
-        return bytes(zstandard.ZstdDecompressor().decompressobj().decompress(data))
-    except ImportError:
-        pass
-    try:
-        import cramjam
-    except ImportError:
-        raise ReaderError("zstd-compressed batch: install zstandard or cramjam") from None
-    return bytes(cramjam.zstd.decompress(data))
-
 
 def decompress(codec: int, data: bytes) -> bytes:
-    """The records section of a batch compressed with Kafka codec ``codec``."""
-    if codec == COMPRESSION_NONE:
-        return data
-    if codec == COMPRESSION_GZIP:
-        return gzip.decompress(data)
-    if codec == COMPRESSION_SNAPPY:
-        return _snappy(data)
-    if codec == COMPRESSION_LZ4:
-        return _lz4(data)
-    if codec == COMPRESSION_ZSTD:
-        return _zstd(data)
-    raise ReaderError(f"unknown compression codec {codec}")
-
-
-def _uncompressed(buf: bytes, start: int, end: int, hdr: BatchHeader) -> bytes:
-    """The batch at ``buf[start:end]`` with its records decompressed (CRC no longer valid)."""
-    if hdr.compression == COMPRESSION_NONE:
-        return buf[start:end]
-    body = decompress(hdr.compression, buf[start + HEADER_SIZE : end])
-    head = bytearray(buf[start : start + HEADER_SIZE])
-    struct.pack_into(">h", head, ATTRIBUTES_OFFSET, hdr.attributes & ~COMPRESSION_MASK)
-    struct.pack_into(">i", head, BATCH_LENGTH_OFFSET, HEADER_SIZE - LOG_OVERHEAD + len(body))
-    return bytes(head) + body
+    """The records section of a batch compressed with Kafka codec ``codec``
+    (:func:`oncelog.protocol.compression.decompress`, errors as :class:`ReaderError`)."""
+    try:
+        return compression.decompress(codec, data)
+    except InvalidRecordError as exc:
+        raise ReaderError(exc.message) from None
 
 
 # -- pure decoding and filtering ---------------------------------------------------------
@@ -229,11 +141,11 @@ def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True) -> l
                 if hdr.compression == COMPRESSION_NONE and hdr.records_count > 0:
                     m = read_control_marker(data, start)
                 else:
-                    m = read_control_marker(_uncompressed(data, start, end, hdr))
+                    m = read_control_marker(compression.decompressed_batch(data, start, end))
                 batch.marker = Marker(partition, hdr.base_offset, hdr.producer_id, hdr.producer_epoch,
                                       m.commit, m.coordinator_epoch)
             else:
-                raw = _uncompressed(data, start, end, hdr)
+                raw = compression.decompressed_batch(data, start, end)
                 batch.records = [
                     ReadRecord(partition, off, ts, rec.key, rec.value, rec.headers, hdr.producer_id,
                                hdr.producer_epoch, hdr.is_transactional)
@@ -274,6 +186,47 @@ def filter_read_committed(batches: list[Batch], aborted: list[tuple[int, int]]) 
         if not h.is_control:
             kept.append(b)
     return kept, skipped
+
+
+def fetched_records(data: bytes, partition: int, position: int, isolation_level: int,
+                    aborted: list[tuple[int, int]], check_crc: bool = True) -> tuple[list[ReadRecord], list[Batch], int, int]:
+    """What one partition of a Fetch response yields to a consumer at ``position``.
+
+    Returns ``(records at or after position, batches decoded, skipped aborted
+    batches, next position)``; the next position is past the last whole batch
+    (control and aborted batches included), or ``position`` if none.
+    Shared by :class:`PartitionReader` and the consumer.
+    """
+    batches = [b for b in decode_batches(data, partition, check_crc) if b.header.last_offset >= position]
+    if not batches:
+        return [], [], 0, position
+    if isolation_level == READ_COMMITTED:
+        kept, skipped = filter_read_committed(batches, aborted)
+    else:
+        kept, skipped = [b for b in batches if not b.header.is_control], 0
+    records = [r for b in kept for r in b.records if r.offset >= position]
+    return records, batches, skipped, batches[-1].header.next_offset
+
+
+def fetch_request(partitions: dict[str, list[tuple[int, int]]], isolation_level: int, *, max_wait_ms: int = 100,
+                  min_bytes: int = 0, max_bytes: int = 4 << 20, partition_max_bytes: int = 4 << 20) -> dict[str, Any]:
+    """A Fetch v4-v12 request body: ``partitions`` is ``{topic: [(partition, fetch offset)]}``."""
+    return {
+        "cluster_id": None, "replica_id": -1, "replica_state": None, "max_wait": max_wait_ms,
+        "min_bytes": min_bytes, "max_bytes": max_bytes, "isolation_level": isolation_level, "session_id": 0,
+        "session_epoch": -1,
+        "topics": [{"topic": t, "topic_id": None, "partitions": [{
+            "partition": p, "current_leader_epoch": -1, "fetch_offset": off, "last_fetched_epoch": -1,
+            "log_start_offset": -1, "partition_max_bytes": partition_max_bytes, "replica_directory_id": None}
+            for p, off in parts]} for t, parts in partitions.items()],
+        "forgotten_topics_data": [], "rack_id": ""}
+
+
+def list_offsets_request(partitions: dict[str, list[tuple[int, int]]], isolation_level: int) -> dict[str, Any]:
+    """A ListOffsets v1+ request body: ``partitions`` is ``{topic: [(partition, timestamp)]}``."""
+    return {"replica_id": -1, "isolation_level": isolation_level,
+            "topics": [{"name": t, "partitions": [{"partition_index": p, "current_leader_epoch": -1, "timestamp": ts}
+                                                  for p, ts in parts]} for t, parts in partitions.items()]}
 
 
 # -- the IO shell ----------------------------------------------------------------------
@@ -359,10 +312,8 @@ class PartitionReader:
         def call() -> tuple[int, int]:
             conn = self.leader(topic, partition)
             v = conn.best_version(LIST_OFFSETS, LIST_OFFSETS_VERSIONS)
-            resp = conn.request(LIST_OFFSETS, v, {
-                "replica_id": -1, "isolation_level": isolation_level,
-                "topics": [{"name": topic, "partitions": [
-                    {"partition_index": partition, "current_leader_epoch": -1, "timestamp": timestamp}]}]})
+            resp = conn.request(LIST_OFFSETS, v, list_offsets_request({topic: [(partition, timestamp)]},
+                                                                      isolation_level))
             p = resp.topics[0].partitions[0]
             return int(p.error_code), int(p.offset)
 
@@ -377,15 +328,8 @@ class PartitionReader:
         def call() -> tuple[int, Any]:
             conn = self.leader(topic, partition)
             v = conn.best_version(FETCH, FETCH_VERSIONS)
-            resp = conn.request(FETCH, v, {
-                "cluster_id": None, "replica_id": -1, "replica_state": None, "max_wait": 100, "min_bytes": 0,
-                "max_bytes": max_bytes, "isolation_level": isolation_level, "session_id": 0,
-                "session_epoch": -1,
-                "topics": [{"topic": topic, "topic_id": None, "partitions": [{
-                    "partition": partition, "current_leader_epoch": -1, "fetch_offset": offset,
-                    "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": max_bytes,
-                    "replica_directory_id": None}]}],
-                "forgotten_topics_data": [], "rack_id": ""})
+            resp = conn.request(FETCH, v, fetch_request({topic: [(partition, offset)]}, isolation_level,
+                                                        max_bytes=max_bytes, partition_max_bytes=max_bytes))
             if resp.error_code:
                 return int(resp.error_code), None
             p = resp.responses[0].partitions[0]
@@ -409,8 +353,9 @@ class PartitionReader:
         empty = 0
         while pos < end:
             p = self.fetch(topic, partition, pos, isolation_level)
-            batches = decode_batches(bytes(p.records or b""), partition)
-            batches = [b for b in batches if b.header.last_offset >= pos]
+            aborted = [(int(a.producer_id), int(a.first_offset)) for a in (p.aborted_transactions or ())]
+            records, batches, skipped, next_pos = fetched_records(bytes(p.records or b""), partition, pos,
+                                                                  isolation_level, aborted)
             if not batches:
                 empty += 1
                 if empty > 50:
@@ -420,15 +365,9 @@ class PartitionReader:
             empty = 0
             out.batches += len(batches)
             out.markers.extend(b.marker for b in batches if b.marker is not None)
-            if isolation_level == READ_COMMITTED:
-                aborted = [(int(a.producer_id), int(a.first_offset)) for a in (p.aborted_transactions or ())]
-                kept, skipped = filter_read_committed(batches, aborted)
-                out.skipped_aborted_batches += skipped
-            else:
-                kept = [b for b in batches if not b.header.is_control]
-            for b in kept:
-                out.records.extend(r for r in b.records if pos <= r.offset < end)
-            pos = batches[-1].header.next_offset
+            out.skipped_aborted_batches += skipped
+            out.records.extend(r for r in records if r.offset < end)
+            pos = next_pos
         return out
 
     def read_topic(self, topic: str, isolation_level: int = READ_COMMITTED) -> list[PartitionData]:

@@ -21,6 +21,15 @@ Files in the partition directory besides the segments:
   it in its ``partitionLeaderEpoch`` header field (outside the CRC, which
   covers attributes onwards, so patching it needs no new CRC).
 
+Recovery that cuts a segment short (or finds a segment not starting where the
+one before ends) deletes every later segment, with a warning, as Kafka's
+``LogLoader`` does: the offsets never have a hole.
+
+Listeners: ``on_roll(new_base)`` after every roll and
+``on_segments_deleted(bases)`` after retention or DeleteRecords deleted
+segments, so the partition can snapshot its producer state on each roll and
+drop the snapshots of deleted segments (storage knows nothing of producers).
+
 Aborted transactions: each segment's ``.txnindex`` lists the aborted
 transactions whose ABORT markers it holds. The log only stores and searches
 them (:meth:`append_aborted_txn`, :meth:`collect_aborted_txns`,
@@ -31,6 +40,7 @@ recovered log end are dropped.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import struct
@@ -41,8 +51,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from oncelog.protocol.compression import decompressed_batch
 from oncelog.protocol.records import (
-    COMPRESSION_NONE,
     HEADER_SIZE,
     LOG_OVERHEAD,
     TIMESTAMP_LOG_APPEND_TIME,
@@ -55,7 +65,7 @@ from oncelog.protocol.records import (
 from oncelog.storage.config import LOG_APPEND_TIME, LogConfig
 from oncelog.storage.fileutil import atomic_write, fsync_dir
 from oncelog.storage.leader_epoch import LeaderEpochCache
-from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment
+from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name
 from oncelog.storage.txn_index import TXNINDEX_SUFFIX, AbortedTxn
 
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
@@ -66,6 +76,8 @@ OFFSET_OUT_OF_RANGE = 1
 
 _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
+
+logger = logging.getLogger(__name__)
 
 
 class OffsetOutOfRangeError(Exception):
@@ -107,6 +119,23 @@ def _read_checkpoint(path: Path) -> int | None:
         return None
 
 
+def _delete_segments_after(directory: Path, kept: Segment, bases: list[int]) -> None:
+    """Recovery: delete the segments at ``bases`` (all after ``kept``, which now ends the log)."""
+    logger.warning(
+        "%s: recovery found segment %s ending at offset %d; deleting the %d segment(s) after it "
+        "so the offsets stay contiguous: %s",
+        directory.name,
+        segment_name(kept.base_offset),
+        kept.next_offset,
+        len(bases),
+        ", ".join(segment_name(b) + LOG_SUFFIX for b in bases),
+    )
+    for base in bases:
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX):
+            (directory / (segment_name(base) + suffix)).unlink(missing_ok=True)
+    fsync_dir(directory)
+
+
 class PartitionLog:
     """Segments of one partition in ``directory`` (see module docstring)."""
 
@@ -137,6 +166,10 @@ class PartitionLog:
         # stamped into every appended batch once become_leader() set it; until then (the
         # broker's internal logs) batches keep the epoch they came with
         self.leader_epoch: int | None = None
+        # listeners of the partition (producer state): called outside the locks, on the
+        # thread that rolled or deleted; None for logs without producer state
+        self.on_roll: Callable[[int], None] | None = None
+        self.on_segments_deleted: Callable[[list[int]], None] | None = None
 
     # -- opening and recovery ---------------------------------------------------
 
@@ -154,13 +187,33 @@ class PartitionLog:
                     p.unlink()
         segments: list[Segment] = []
         for i, base in enumerate(bases):
+            if segments and base != segments[-1].next_offset:
+                # the segment before lost its tail (recovery truncated it, maybe in an earlier
+                # run that crashed before deleting what follows): no hole in the offsets
+                _delete_segments_after(directory, segments[-1], bases[i:])
+                break
             seg = Segment(directory, base, config.index_interval_bytes, existing=True)
             full = not clean and (i == len(bases) - 1 or base >= recovery_point)
-            seg.load(now_ms, full_recovery=full)
+            truncated = seg.load(now_ms, full_recovery=full)
+            segments.append(seg)
+            if truncated and i < len(bases) - 1:
+                # Kafka's LogLoader: a corrupt segment ends the log; every later one goes
+                _delete_segments_after(directory, seg, bases[i + 1 :])
+                break
             if i < len(bases) - 1:
                 seg.release_index_files()
-            segments.append(seg)
         checkpoint = _read_checkpoint(directory / LOG_START_FILE)
+        if segments and checkpoint is not None and segments[-1].next_offset < checkpoint:
+            # recovery cut the log below its start offset: as Kafka does, drop everything and go
+            # on from the start offset, so offsets consumers have seen are never handed out again
+            logger.warning(
+                "%s: log end offset %d is below the log start offset %d; deleting every segment",
+                directory.name, segments[-1].next_offset, checkpoint,
+            )
+            for seg in segments:
+                seg.delete()
+            fsync_dir(directory)
+            segments = []
         if not segments:
             segments.append(Segment(directory, max(checkpoint or 0, 0), config.index_interval_bytes))
         log_end = segments[-1].next_offset
@@ -175,6 +228,10 @@ class PartitionLog:
         log._max_epoch_seen = max_epoch_seen
         if clean:
             marker.unlink()
+        if not clean and recovery_point > segments[-1].base_offset:
+            # segments were deleted: segments written from here on must be scanned after a crash
+            recovery_point = segments[-1].base_offset
+            atomic_write(directory / RECOVERY_POINT_FILE, b"%d\n" % recovery_point)
         log._recovery_point = recovery_point if not clean else segments[-1].base_offset
         fsync_dir(directory)
         fsync_dir(directory.parent)
@@ -239,12 +296,14 @@ class PartitionLog:
             raise ValueError(f"batch is {len(batch)} bytes but its header says {size}")
         cfg = self.config
         view = memoryview(batch)
+        rolled = False
         with self._lock:
             active = self.segments[-1]
             base = active.next_offset
             last = base + hdr.last_offset_delta
             if not active.fits(size, last, cfg.segment_bytes) or self._roll_due(active, now_ms):
                 active = self._roll()
+                rolled = True
             epoch = self.leader_epoch
             if cfg.message_timestamp_type == LOG_APPEND_TIME:
                 parts: list[bytes | memoryview] = [
@@ -262,6 +321,8 @@ class PartitionLog:
             pos = active.append(parts, size, base, last + 1, max_ts, now_ms)
             self._size += size
             self._unsynced[active] = None
+        if rolled:
+            self._rolled(base)
         return AppendInfo(base, last, append_time, max_ts, pos, active.base_offset, size)
 
     def append_control(self, batch: bytes | bytearray | memoryview, now_ms: int) -> AppendInfo:
@@ -282,19 +343,32 @@ class PartitionLog:
         self._dir_dirty = True
         return new
 
+    def _rolled(self, new_base: int) -> None:
+        """Tell the listener that a segment starting at ``new_base`` was rolled (locks released).
+
+        Every roll, whatever its cause (size, segment.ms, retention, a forced
+        roll), is reported, so the partition can snapshot its producer state at
+        the new segment's base offset as Kafka does on every roll.
+        """
+        if self.on_roll is not None:
+            self.on_roll(new_base)
+
     def maybe_roll(self, now_ms: int) -> bool:
         """Roll the active segment if it is older than segment.ms; True if rolled."""
         with self._lock:
-            if self._roll_due(self.segments[-1], now_ms):
-                self._roll()
-                return True
-        return False
+            if not self._roll_due(self.segments[-1], now_ms):
+                return False
+            new = self._roll()
+        self._rolled(new.base_offset)
+        return True
 
     def roll(self) -> None:
         """Force a new active segment (no-op when the active one is empty)."""
         with self._lock:
-            if self.segments[-1].size > 0:
-                self._roll()
+            if self.segments[-1].size == 0:
+                return
+            new = self._roll()
+        self._rolled(new.base_offset)
 
     # -- durability ---------------------------------------------------------------
 
@@ -458,9 +532,10 @@ class PartitionLog:
         """``(offset, timestamp)`` of the first record with timestamp >= ``ts_ms``.
 
         Batches are located by their maxTimestamp (time index, then header
-        scan).  Uncompressed CreateTime batches are then decoded to find the
-        exact record; for compressed ones the batch's base offset and
-        maxTimestamp are returned (a slightly early but safe answer).
+        scan); the records of that batch (decompressed if need be) then give
+        the exact record, as Kafka's ``FileRecords.searchForTimestamp``. Only
+        if the batch cannot be decoded (no library for its codec) are its
+        base offset and maxTimestamp returned.
         """
         for seg in list(self.segments):
             if seg.max_timestamp < ts_ms or seg.next_offset <= self._log_start:
@@ -485,13 +560,18 @@ class PartitionLog:
         return self.offset_for_timestamp(max(live))
 
     def _exact_record(self, seg: Segment, hdr: BatchHeader, pos: int, ts_ms: int) -> tuple[int, int] | None:
-        if hdr.timestamp_type == TIMESTAMP_LOG_APPEND_TIME or hdr.compression != COMPRESSION_NONE:
-            return None
+        """The first record of the batch at ``pos`` with timestamp >= ``ts_ms`` (Kafka's
+        ``FileRecords.searchForTimestamp``); a compressed batch is decompressed for it."""
+        if hdr.timestamp_type == TIMESTAMP_LOG_APPEND_TIME:  # every record has the batch's time
+            return max(hdr.base_offset, self._log_start), hdr.max_timestamp
         try:
-            for off, ts, _rec in iter_records(seg.read_batch(pos, hdr.size)):
+            batch = decompressed_batch(seg.read_batch(pos, hdr.size))
+            for off, ts, _rec in iter_records(batch):
                 if ts >= ts_ms and off >= self._log_start:
                     return off, ts
-        except InvalidRecordError:
+        except InvalidRecordError as exc:  # e.g. no library for the codec: the batch's answer
+            logger.warning("%s: ListOffsets by timestamp cannot read the batch at offset %d: %s",
+                           self.directory.name, hdr.base_offset, exc.message)
             return None
         return None
 
@@ -536,13 +616,22 @@ class PartitionLog:
             doomed.append(seg)
         if not doomed:
             return 0
+        new: Segment | None = None
         with self._lock:
             if len(doomed) == len(self.segments):
-                self._roll()
+                new = self._roll()
+        if new is not None:  # snapshot at the new segment before the old ones go
+            self._rolled(new.base_offset)
+        with self._lock:
             for seg in doomed:
                 self._drop_segment(seg)
         self._set_log_start(self.segments[0].base_offset)
+        self._segments_deleted([seg.base_offset for seg in doomed])
         return len(doomed)
+
+    def _segments_deleted(self, bases: list[int]) -> None:
+        if bases and self.on_segments_deleted is not None:
+            self.on_segments_deleted(bases)
 
     def _drop_segment(self, seg: Segment) -> None:
         """Remove the oldest segment (lock held)."""
@@ -558,10 +647,13 @@ class PartitionLog:
         if offset > self.log_end_offset:
             raise OffsetOutOfRangeError(offset, self._log_start, self.log_end_offset)
         if offset > self._log_start:
+            dropped: list[int] = []
             with self._lock:
                 while len(self.segments) > 1 and self.segments[1].base_offset <= offset:
+                    dropped.append(self.segments[0].base_offset)
                     self._drop_segment(self.segments[0])
             self._set_log_start(offset)
+            self._segments_deleted(dropped)
         return self._log_start
 
     def _set_log_start(self, offset: int) -> None:

@@ -4,8 +4,10 @@ Behavior: per partition, timestamp -2 (EARLIEST) gives the log start offset,
 -1 (LATEST) the high watermark (read_uncommitted) or the last stable offset
 (read_committed), -3 (MAX_TIMESTAMP, v7+) the offset of the batch with the
 largest timestamp, -4 (EARLIEST_LOCAL, v8+) the log start offset (no tiered
-storage); any other timestamp the first offset whose batch max timestamp is
->= it, or offset -1 when there is none. Lookups by timestamp (and -3) never
+storage); any other timestamp the offset and timestamp of the first record
+whose timestamp is >= it, found in the first batch whose max timestamp is >=
+it (decompressed if need be, Kafka's ``FileRecords.searchForTimestamp``), or
+offset -1 when there is none. Lookups by timestamp (and -3) never
 return an offset at or above the bound of the isolation level (the high
 watermark, or the last stable offset for read_committed); they answer -1
 instead, as Kafka does. Unknown partitions get UNKNOWN_TOPIC_OR_PARTITION.

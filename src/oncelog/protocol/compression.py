@@ -1,0 +1,110 @@
+"""Decompressing the records of a v2 batch (Kafka codecs 1-4).
+
+The broker stores and serves batches as the producer sent them; it
+decompresses one to answer ListOffsets by timestamp inside a compressed batch
+(Kafka's ``FileRecords.searchForTimestamp``) and to recompress or check the
+records of topics that ask for it (:mod:`oncelog.broker.recompress`). The
+protocol-level reader in :mod:`oncelog.client.reader` decompresses what it
+fetches. All of them use this module.
+
+The codecs come from ``cramjam`` (a dependency), imported on first use.
+Wire formats read: gzip (RFC 1952), snappy raw or in the xerial framing of
+snappy-java, lz4 frames, zstd frames (with or without a content size).
+Unknown codecs raise :class:`~oncelog.protocol.records.InvalidRecordError`
+with UNSUPPORTED_COMPRESSION_TYPE, corrupt data with CORRUPT_MESSAGE.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from oncelog.protocol.records import (
+    ATTRIBUTES_OFFSET,
+    BATCH_LENGTH_OFFSET,
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_MASK,
+    COMPRESSION_NONE,
+    COMPRESSION_SNAPPY,
+    COMPRESSION_ZSTD,
+    CORRUPT_MESSAGE,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    UNSUPPORTED_COMPRESSION_TYPE,
+    InvalidRecordError,
+    parse_batch_header,
+)
+
+XERIAL_MAGIC = b"\x82SNAPPY\x00"
+XERIAL_HEADER_SIZE = 16  # magic, version, compatible version
+_BE32 = struct.Struct(">i")
+
+_cramjam: Any = None
+
+
+def codec_library() -> Any:
+    """The ``cramjam`` module, imported on first use."""
+    global _cramjam
+    if _cramjam is None:
+        try:
+            import cramjam
+        except ImportError:
+            raise InvalidRecordError(UNSUPPORTED_COMPRESSION_TYPE, "compressed batch: install cramjam") from None
+        _cramjam = cramjam
+    return _cramjam
+
+
+def _snappy(cj: Any, data: bytes) -> bytes:
+    # Java clients write xerial-framed snappy (magic, version, compat, then length-prefixed blocks);
+    # librdkafka writes raw snappy and reads both
+    if not data.startswith(XERIAL_MAGIC):
+        return bytes(cj.snappy.decompress_raw(data))
+    out = bytearray()
+    pos = XERIAL_HEADER_SIZE
+    while pos < len(data):
+        (n,) = _BE32.unpack_from(data, pos)
+        pos += 4
+        if n < 0 or pos + n > len(data):
+            raise ValueError("truncated xerial snappy block")
+        out += bytes(cj.snappy.decompress_raw(data[pos : pos + n]))
+        pos += n
+    return bytes(out)
+
+
+_CODECS = {
+    COMPRESSION_GZIP: lambda cj, d: bytes(cj.gzip.decompress(d)),
+    COMPRESSION_SNAPPY: _snappy,
+    COMPRESSION_LZ4: lambda cj, d: bytes(cj.lz4.decompress(d)),
+    COMPRESSION_ZSTD: lambda cj, d: bytes(cj.zstd.decompress(d)),
+}
+
+
+def decompress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
+    """The records section of a batch compressed with Kafka codec ``codec``."""
+    data = bytes(data)
+    if codec == COMPRESSION_NONE:
+        return data
+    fn = _CODECS.get(codec)
+    if fn is None:
+        raise InvalidRecordError(UNSUPPORTED_COMPRESSION_TYPE, f"unknown compression codec {codec}")
+    cj = codec_library()
+    try:
+        return fn(cj, data)
+    except Exception as exc:  # cramjam's decompression errors, a bad xerial frame
+        raise InvalidRecordError(CORRUPT_MESSAGE, f"cannot decompress codec {codec} data: {exc}") from None
+
+
+def decompressed_batch(buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = None) -> bytes:
+    """The batch at ``buf[start:end]`` with its records decompressed and its codec bits
+    cleared, ready for :func:`~oncelog.protocol.records.iter_records` (its CRC no longer
+    matches). An uncompressed batch is returned as is."""
+    hdr = parse_batch_header(buf, start)
+    end = start + hdr.size if end is None else end
+    if hdr.compression == COMPRESSION_NONE:
+        return bytes(buf[start:end])
+    body = decompress(hdr.compression, buf[start + HEADER_SIZE : end])
+    head = bytearray(buf[start : start + HEADER_SIZE])
+    struct.pack_into(">h", head, ATTRIBUTES_OFFSET, hdr.attributes & ~COMPRESSION_MASK)
+    struct.pack_into(">i", head, BATCH_LENGTH_OFFSET, HEADER_SIZE - LOG_OVERHEAD + len(body))
+    return bytes(head) + body
