@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from oncelog.protocol.records import Record, encode_record_batch, iter_batch_headers, parse_batch_header, compute_crc
 from oncelog.storage.config import LogConfig
 from oncelog.storage.leader_epoch import CHECKPOINT_FILE, LeaderEpochCache, read_checkpoint
@@ -121,4 +123,32 @@ def test_internal_logs_keep_the_batch_epoch(tmp_path: Path) -> None:
     log.append(_batch(epoch=5), T0)
     assert parse_batch_header(log.read(0, 1 << 20).data).partition_leader_epoch == 5
     assert not (tmp_path / "x-0" / CHECKPOINT_FILE).exists()
+    log.close()
+
+
+def test_new_epoch_checkpoint_is_fsynced_before_the_first_batch_of_the_epoch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    d = tmp_path / "t-0"
+    log = PartitionLog.open(d, LogConfig(), T0)
+    log.become_leader()
+    # written at once (visible to a restart after kill -9), fsynced with the first sync
+    assert (d / CHECKPOINT_FILE).read_text() == "0\n1\n0 0\n"
+    assert log.leader_epochs.dirty
+    calls: list[str] = []
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd)))
+    monkeypatch.setattr(os, "fdatasync",
+                        lambda fd: (calls.append(os.readlink(f"/proc/self/fd/{fd}")), real_fdatasync(fd)))
+    log.append(_batch(), T0)
+    log.sync()
+    assert not log.leader_epochs.dirty
+    first_segment = next(i for i, c in enumerate(calls) if c.endswith(".log"))
+    assert calls.index(str(d / CHECKPOINT_FILE)) < first_segment
+    assert calls.index(str(d)) < first_segment  # the rename too
+    calls.clear()
+    log.append(_batch(), T0)
+    log.sync()
+    assert str(d / CHECKPOINT_FILE) not in calls  # only once per epoch
     log.close()

@@ -5,7 +5,11 @@ epoch, both increasing. They are kept in ``leader-epoch-checkpoint`` in the
 partition directory, in Kafka's checkpoint format (a version line ``0``, the
 entry count, then one ``epoch start_offset`` line per entry).
 
-The checkpoint is rewritten durably by :meth:`LeaderEpochCache.assign` only.
+The checkpoint is rewritten by :meth:`LeaderEpochCache.assign` only: durably
+(fsync of the file and the directory) unless the caller defers that with
+``durable=False`` and calls :meth:`LeaderEpochCache.make_durable` before any
+batch of the new epoch is made durable (the partition log does it in its
+next ``sync``, so a broker start does not pay two fsyncs per partition).
 Truncations (from the end after recovery cut the log, from the start when the
 log start offset moves) change the cache in memory; the file may keep stale
 entries until the next :meth:`assign`, which is harmless because opening a log
@@ -26,10 +30,11 @@ Answers, as Kafka's:
 
 from __future__ import annotations
 
+import os
 from bisect import bisect_right
 from pathlib import Path
 
-from oncelog.storage.fileutil import atomic_write
+from oncelog.storage.fileutil import atomic_write, fsync_dir, write_all
 
 CHECKPOINT_FILE = "leader-epoch-checkpoint"
 CHECKPOINT_VERSION = 0
@@ -40,10 +45,11 @@ UNDEFINED_EPOCH_OFFSET = -1
 class LeaderEpochCache:
     """``(epoch, start_offset)`` entries of one partition, backed by its checkpoint file."""
 
-    __slots__ = ("path", "_epochs", "_starts")
+    __slots__ = ("path", "_epochs", "_starts", "dirty")
 
     def __init__(self, path: Path, entries: list[tuple[int, int]] | None = None) -> None:
         self.path = path
+        self.dirty = False  # the file was replaced but not yet fsynced
         self._epochs: list[int] = []
         self._starts: list[int] = []
         for epoch, start in entries or ():
@@ -57,10 +63,38 @@ class LeaderEpochCache:
         path = directory / CHECKPOINT_FILE
         return cls(path, read_checkpoint(path))
 
-    def _write(self) -> None:
+    def _write(self, durable: bool) -> None:
         lines = [str(CHECKPOINT_VERSION), str(len(self._epochs))]
         lines += [f"{e} {s}" for e, s in zip(self._epochs, self._starts)]
-        atomic_write(self.path, ("\n".join(lines) + "\n").encode())
+        data = ("\n".join(lines) + "\n").encode()
+        if durable:
+            atomic_write(self.path, data)
+            self.dirty = False
+            return
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        self.dirty = True
+
+    def make_durable(self) -> None:
+        """fsync a checkpoint written with ``durable=False`` (file, then directory)."""
+        if not self.dirty:
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:  # the partition was deleted meanwhile
+            self.dirty = False
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(self.path.parent)
+        self.dirty = False
 
     # -- queries --------------------------------------------------------------------
 
@@ -108,10 +142,11 @@ class LeaderEpochCache:
         self._starts.append(start)
         return True
 
-    def assign(self, epoch: int, start_offset: int) -> None:
-        """Record that ``epoch`` starts at ``start_offset`` and write the checkpoint durably."""
+    def assign(self, epoch: int, start_offset: int, durable: bool = True) -> None:
+        """Record that ``epoch`` starts at ``start_offset`` and write the checkpoint
+        (durably, or left to :meth:`make_durable` with ``durable=False``)."""
         if self._put(epoch, start_offset):
-            self._write()
+            self._write(durable)
 
     def truncate_from_end(self, end_offset: int) -> None:
         """Drop every entry starting at or after ``end_offset`` (the log was cut there)."""

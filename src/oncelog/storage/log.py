@@ -267,10 +267,12 @@ class PartitionLog:
 
     def become_leader(self) -> int:
         """Start a new leader epoch (one above any the checkpoint ever held) at the log end
-        offset, write the checkpoint durably and stamp it into later appends; returns it."""
+        offset and stamp it into later appends; returns it. The checkpoint is written now
+        and fsynced by the next :meth:`sync` (or :meth:`close`), before any batch of the
+        new epoch is durable."""
         with self._lock:
             epoch = 0 if self._max_epoch_seen is None else self._max_epoch_seen + 1
-            self.leader_epochs.assign(epoch, self.log_end_offset)
+            self.leader_epochs.assign(epoch, self.log_end_offset, durable=False)
             self._max_epoch_seen = epoch
             self.leader_epoch = epoch
             return epoch
@@ -391,6 +393,8 @@ class PartitionLog:
                     if seg.fd >= 0:
                         fds += seg.sync_fds(with_indexes=seg is not active)
             try:
+                # a new leader epoch's checkpoint is durable before any batch stamped with it
+                self.leader_epochs.make_durable()
                 for fd in fds:
                     os.fdatasync(fd)
                 if dir_dirty:
@@ -670,6 +674,7 @@ class PartitionLog:
         with self._sync_lock, self._lock:
             if self._closed:
                 return
+            self.leader_epochs.make_durable()
             for seg in self.segments:
                 for fd in seg.sync_fds(with_indexes=True):
                     try:
