@@ -9,10 +9,11 @@ Kafka's property names (:mod:`oncelog.client.config`) and raise typed
 
 from oncelog.client.aio.consumer import Message, TopicPartition
 from oncelog.client.aio.producer import RecordMetadata
+from oncelog.client.aio.transactions import ConsumerGroupMetadata, PreparedTxnState
 from oncelog.client.config import ConfigError
 from oncelog.client.consumer import Consumer
 from oncelog.client.errors import KafkaError
 from oncelog.client.producer import DeliveryFuture, Producer
 
-__all__ = ["ConfigError", "Consumer", "DeliveryFuture", "KafkaError", "Message", "Producer", "RecordMetadata",
-           "TopicPartition"]
+__all__ = ["ConfigError", "Consumer", "ConsumerGroupMetadata", "DeliveryFuture", "KafkaError", "Message",
+           "PreparedTxnState", "Producer", "RecordMetadata", "TopicPartition"]

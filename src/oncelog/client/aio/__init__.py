@@ -7,6 +7,8 @@ Layout (each module documents its internal API for the clients built on it):
 * :mod:`.cluster`: bootstrap, metadata, leaders, coordinators, one
   connection per broker with reconnect backoff;
 * :mod:`.producer`: the producer engine and the asyncio ``Producer``;
+* :mod:`.transactions`: the producer's transactions and KIP-939 two-phase
+  commit (``PreparedTxnState``, ``ConsumerGroupMetadata``);
 * :mod:`.consumer`: the asyncio ``Consumer`` (manual assignment so far).
 
 The blocking clients in :mod:`oncelog.client` run these on a background
@@ -16,5 +18,7 @@ event-loop thread (:mod:`oncelog.client._loop`). Nothing here imports
 
 from oncelog.client.aio.consumer import Consumer, Message, TopicPartition
 from oncelog.client.aio.producer import Producer, RecordMetadata
+from oncelog.client.aio.transactions import ConsumerGroupMetadata, PreparedTxnState
 
-__all__ = ["Consumer", "Message", "Producer", "RecordMetadata", "TopicPartition"]
+__all__ = ["Consumer", "ConsumerGroupMetadata", "Message", "PreparedTxnState", "Producer", "RecordMetadata",
+           "TopicPartition"]
