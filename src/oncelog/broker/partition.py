@@ -38,7 +38,7 @@ from oncelog.broker.producer_state import (
     check_marker,
     has_ongoing_txn,
 )
-from oncelog.protocol.errors import KafkaError
+from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.protocol.records import BatchHeader, InvalidRecordError, encode_control_batch, read_control_marker
 from oncelog.storage.fileutil import offset_named_files, write_offset_named
 from oncelog.storage.txn_index import AbortedTxn
@@ -78,7 +78,9 @@ class Partition:
     entries below it were fsynced before the snapshot was written.
     """
 
-    __slots__ = ("topic", "index", "topic_id", "log", "high_watermark", "_waiters", "producers", "__weakref__")
+    __slots__ = (
+        "topic", "index", "topic_id", "log", "high_watermark", "_waiters", "producers", "leader_epoch", "__weakref__",
+    )
 
     def __init__(self, topic: str, index: int, topic_id: object, log: "PartitionLog", max_producers: int = 10_000) -> None:
         self.topic = topic
@@ -90,6 +92,9 @@ class Partition:
         self._waiters: set[asyncio.Future[None]] = set()
         self.producers = self._load_producer_state(max_producers)
         self.producers.on_high_watermark(self.high_watermark)
+        # this node becomes the partition's leader: a new leader epoch, as a KRaft
+        # controller elects a restarted broker again with a bumped epoch
+        self.leader_epoch = log.become_leader()
         log.on_roll = self._snapshot_quietly
         log.on_segments_deleted = self._delete_snapshots
 
@@ -99,6 +104,21 @@ class Partition:
     @property
     def log_start_offset(self) -> int:
         return self.log.log_start_offset
+
+    def check_leader_epoch(self, current_leader_epoch: int) -> None:
+        """A request's ``current_leader_epoch`` against ours (Kafka's ``Partition.getLocalLog``):
+        -1 skips the check, an older one is FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH."""
+        if current_leader_epoch == -1 or current_leader_epoch == self.leader_epoch:
+            return
+        if current_leader_epoch < self.leader_epoch:
+            raise KafkaError(
+                ErrorCode.fenced_leader_epoch,
+                f"{self}: current leader epoch {current_leader_epoch} is older than {self.leader_epoch}",
+            )
+        raise KafkaError(
+            ErrorCode.unknown_leader_epoch,
+            f"{self}: current leader epoch {current_leader_epoch} is newer than {self.leader_epoch}",
+        )
 
     # -- high watermark and fetch waiters -------------------------------------
 

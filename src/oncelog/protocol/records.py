@@ -291,14 +291,17 @@ def patch_log_append_time(buf: bytearray | memoryview, pos: int, ts_ms: int) -> 
     update_crc(buf, pos)
 
 
-def log_append_time_header(batch: _Buffer, base_offset: int, ts_ms: int) -> bytes:
-    """Patched 61-byte header for ``batch`` with base offset and LogAppendTime applied.
+def log_append_time_header(batch: _Buffer, base_offset: int, ts_ms: int, leader_epoch: int | None = None) -> bytes:
+    """Patched 61-byte header for ``batch`` with base offset and LogAppendTime applied
+    (and the partition leader epoch, when given: it is outside the CRC).
 
     The CRC covers the unchanged record bytes after the header too, so callers can
     write ``header + batch[61:]`` without copying the records.
     """
     hdr = bytearray(memoryview(batch)[:HEADER_SIZE])
     patch_base_offset(hdr, 0, base_offset)
+    if leader_epoch is not None:
+        _I32.pack_into(hdr, PARTITION_LEADER_EPOCH_OFFSET, leader_epoch)
     (attrs,) = _I16.unpack_from(hdr, ATTRIBUTES_OFFSET)
     _I16.pack_into(hdr, ATTRIBUTES_OFFSET, attrs | TIMESTAMP_TYPE_BIT)
     _I64.pack_into(hdr, MAX_TIMESTAMP_OFFSET, ts_ms)

@@ -13,7 +13,13 @@ Files in the partition directory besides the segments:
 * ``recovery-point``: every segment below this base offset was fsynced whole,
   so an unclean restart only fully CRC-scans segments from here on;
 * ``.clean_shutdown``: written by :meth:`close`; when present on open, no
-  segment needs a full scan.
+  segment needs a full scan;
+* ``leader-epoch-checkpoint``: the leader-epoch cache
+  (:mod:`oncelog.storage.leader_epoch`), truncated on open to the recovered
+  log and moved along with the log start offset. :meth:`become_leader` starts
+  a new epoch at the log end offset; every batch appended afterwards carries
+  it in its ``partitionLeaderEpoch`` header field (outside the CRC, which
+  covers attributes onwards, so patching it needs no new CRC).
 
 Recovery that cuts a segment short (or finds a segment not starting where the
 one before ends) deletes every later segment, with a warning, as Kafka's
@@ -58,6 +64,7 @@ from oncelog.protocol.records import (
 )
 from oncelog.storage.config import LOG_APPEND_TIME, LogConfig
 from oncelog.storage.fileutil import atomic_write, fsync_dir
+from oncelog.storage.leader_epoch import LeaderEpochCache
 from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name
 from oncelog.storage.txn_index import TXNINDEX_SUFFIX, AbortedTxn
 
@@ -68,6 +75,7 @@ DELETE_SUFFIX = "-delete"
 OFFSET_OUT_OF_RANGE = 1
 
 _I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +139,14 @@ def _delete_segments_after(directory: Path, kept: Segment, bases: list[int]) -> 
 class PartitionLog:
     """Segments of one partition in ``directory`` (see module docstring)."""
 
-    def __init__(self, directory: Path, config: LogConfig, segments: list[Segment], log_start_offset: int) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        segments: list[Segment],
+        log_start_offset: int,
+        leader_epochs: LeaderEpochCache | None = None,
+    ) -> None:
         self.directory = directory
         self.config = config
         self.segments = segments
@@ -145,6 +160,12 @@ class PartitionLog:
         self._durable_end = self.log_end_offset
         self._recovery_point = segments[-1].base_offset
         self._closed = False
+        self.leader_epochs = leader_epochs if leader_epochs is not None else LeaderEpochCache.load(directory)
+        # the largest epoch the checkpoint ever named, before truncation: a new epoch is above it
+        self._max_epoch_seen = self.leader_epochs.latest_epoch
+        # stamped into every appended batch once become_leader() set it; until then (the
+        # broker's internal logs) batches keep the epoch they came with
+        self.leader_epoch: int | None = None
         # listeners of the partition (producer state): called outside the locks, on the
         # thread that rolled or deleted; None for logs without producer state
         self.on_roll: Callable[[int], None] | None = None
@@ -199,7 +220,12 @@ class PartitionLog:
         for seg in segments:  # markers lost with a truncated tail take their entries along
             seg.txn_index.truncate(log_end)
         log_start = min(max(checkpoint or 0, segments[0].base_offset), log_end)
-        log = cls(directory, config, segments, log_start)
+        epochs = LeaderEpochCache.load(directory)
+        max_epoch_seen = epochs.latest_epoch
+        epochs.truncate_from_end(log_end + 1)  # an epoch starting at the log end has no records yet
+        epochs.truncate_from_start(log_start)
+        log = cls(directory, config, segments, log_start, epochs)
+        log._max_epoch_seen = max_epoch_seen
         if clean:
             marker.unlink()
         if not clean and recovery_point > segments[-1].base_offset:
@@ -239,6 +265,18 @@ class PartitionLog:
     def active_segment(self) -> Segment:
         return self.segments[-1]
 
+    def become_leader(self) -> int:
+        """Start a new leader epoch (one above any the checkpoint ever held) at the log end
+        offset and stamp it into later appends; returns it. The checkpoint is written now
+        and fsynced by the next :meth:`sync` (or :meth:`close`), before any batch of the
+        new epoch is durable."""
+        with self._lock:
+            epoch = 0 if self._max_epoch_seen is None else self._max_epoch_seen + 1
+            self.leader_epochs.assign(epoch, self.log_end_offset, durable=False)
+            self._max_epoch_seen = epoch
+            self.leader_epoch = epoch
+            return epoch
+
     def set_config(self, config: LogConfig) -> None:
         """Apply new settings (used by later appends, rolls and retention)."""
         self.config = config
@@ -268,11 +306,19 @@ class PartitionLog:
             if not active.fits(size, last, cfg.segment_bytes) or self._roll_due(active, now_ms):
                 active = self._roll()
                 rolled = True
+            epoch = self.leader_epoch
             if cfg.message_timestamp_type == LOG_APPEND_TIME:
-                parts: list[bytes | memoryview] = [log_append_time_header(view, base, now_ms), view[HEADER_SIZE:]]
+                parts: list[bytes | memoryview] = [
+                    log_append_time_header(view, base, now_ms, epoch),
+                    view[HEADER_SIZE:],
+                ]
                 max_ts = append_time = now_ms
-            else:
+            elif epoch is None:
                 parts = [_I64.pack(base), view[8:]]
+                max_ts, append_time = hdr.max_timestamp, -1
+            else:
+                # baseOffset and partitionLeaderEpoch patched; both lie before the CRC's range
+                parts = [_I64.pack(base), view[8:12], _I32.pack(epoch), view[16:]]
                 max_ts, append_time = hdr.max_timestamp, -1
             pos = active.append(parts, size, base, last + 1, max_ts, now_ms)
             self._size += size
@@ -347,6 +393,8 @@ class PartitionLog:
                     if seg.fd >= 0:
                         fds += seg.sync_fds(with_indexes=seg is not active)
             try:
+                # a new leader epoch's checkpoint is durable before any batch stamped with it
+                self.leader_epochs.make_durable()
                 for fd in fds:
                     os.fdatasync(fd)
                 if dir_dirty:
@@ -615,6 +663,8 @@ class PartitionLog:
     def _set_log_start(self, offset: int) -> None:
         if offset > self._log_start:
             self._log_start = offset
+            # in memory only: opening the log truncates the loaded checkpoint to the start again
+            self.leader_epochs.truncate_from_start(offset)
             atomic_write(self.directory / LOG_START_FILE, b"%d\n" % offset)
 
     # -- lifecycle ------------------------------------------------------------------
@@ -624,6 +674,7 @@ class PartitionLog:
         with self._sync_lock, self._lock:
             if self._closed:
                 return
+            self.leader_epochs.make_durable()
             for seg in self.segments:
                 for fd in seg.sync_fds(with_indexes=True):
                     try:

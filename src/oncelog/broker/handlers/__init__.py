@@ -26,6 +26,7 @@ from oncelog.broker.handlers import (
     describe_cluster,
     describe_configs,
     describe_groups,
+    describe_log_dirs,
     describe_producers,
     describe_transactions,
     end_txn,
@@ -44,6 +45,7 @@ from oncelog.broker.handlers import (
     offset_commit,
     offset_delete,
     offset_fetch,
+    offset_for_leader_epoch,
     produce,
     sync_group,
     txn_offset_commit,
@@ -108,6 +110,8 @@ HANDLERS: dict[int, Handler] = {
             txn_offset_commit,
             describe_transactions,
             list_transactions,
+            offset_for_leader_epoch,
+            describe_log_dirs,
         ),
     )
 }

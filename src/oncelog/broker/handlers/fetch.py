@@ -12,7 +12,11 @@ like data; clients skip them. The first batch of the response is returned whole
 even when it exceeds ``partition_max_bytes``/``max_bytes`` (KIP-74), so a
 consumer always makes progress; later partitions get nothing once the
 request's ``max_bytes`` is used up. ``fetch_offset`` below the log start
-offset or above the log end offset gets OFFSET_OUT_OF_RANGE.
+offset or above the log end offset gets OFFSET_OUT_OF_RANGE. A
+``current_leader_epoch`` other than -1 must be the partition's leader epoch:
+an older one gets FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH
+(v16+ then also name the leader and its epoch in ``current_leader``), as
+Kafka's ``Partition.getLocalLog`` checks it.
 
 Long poll: when fewer than ``min_bytes`` are available the handler waits up
 to ``max_wait_ms`` for an append to any requested partition to become
@@ -38,7 +42,7 @@ from typing import Any
 from oncelog.broker.context import RequestContext
 from oncelog.broker.partition import Partition
 from oncelog.protocol.build import to_ms
-from oncelog.protocol.errors import ErrorCode
+from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.storage.log import OffsetOutOfRangeError
 
 API_KEY = 1
@@ -69,7 +73,8 @@ class _Plan:
         broker = ctx.broker
         self.by_id = ctx.version >= 13
         self.read_committed = request.isolation_level == 1
-        self.topics: list[tuple[Any, list[tuple[Any, Partition | None, int]]]] = []
+        self.broker = broker
+        self.topics: list[tuple[Any, list[tuple[Any, Partition | None, int, Partition | None]]]] = []
         for t in request.topics:
             if self.by_id:
                 topic = broker.topics_by_id.get(t.topic_id)
@@ -86,23 +91,28 @@ class _Plan:
                 if topic is not None:
                     if 0 <= p.partition < len(topic.partitions):
                         part = topic.partitions[p.partition]
-                        code = 0
+                        code = _epoch_error(part, getattr(p, "current_leader_epoch", -1))
+                        if code:
+                            entries.append((p, None, code, part))
+                            continue
                     else:
                         code = ErrorCode.unknown_topic_or_partition
-                entries.append((p, part, code))
+                entries.append((p, part, code, None))
             self.topics.append((key, entries))
 
     def partitions(self) -> list[Partition]:
-        return [part for _, entries in self.topics for _, part, _ in entries if part is not None]
+        return [part for _, entries in self.topics for _, part, _, _ in entries if part is not None]
 
     def read(self, max_bytes: int) -> tuple[list[dict[str, Any]], int]:
         out = []
         total = 0
         for key, entries in self.topics:
             parts_out = []
-            for req, part, code in entries:
+            for req, part, code, fenced in entries:
                 if part is None:
                     parts_out.append(_empty(req.partition, code))
+                    if fenced is not None:  # Kafka (v16+) tells the client who leads, at which epoch
+                        parts_out[-1]["current_leader"] = {"leader_id": self.broker.node_id, "leader_epoch": fenced.leader_epoch}
                     continue
                 parts_out.append(self._read_partition(req, part, max_bytes - total, total == 0))
                 records = parts_out[-1]["records"]
@@ -176,6 +186,14 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
         "responses": topics,
         "node_endpoints": [],
     }
+
+
+def _epoch_error(part: Partition, current_leader_epoch: int) -> int:
+    try:
+        part.check_leader_epoch(current_leader_epoch)
+    except KafkaError as exc:
+        return exc.code
+    return 0
 
 
 def _has_error(topics: list[dict[str, Any]]) -> bool:

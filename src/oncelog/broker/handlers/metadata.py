@@ -1,7 +1,10 @@
 """Metadata (key 3).
 
 Behavior: this node is the only broker, the controller and the leader of
-every partition (leader epoch 0, replicas = ISR = [this node]). A null topic
+every partition (replicas = ISR = [this node]); a partition's leader epoch
+is the one it got when this broker opened it (bumped at every start,
+:meth:`PartitionLog.become_leader`), as Fetch, ListOffsets and
+OffsetForLeaderEpoch check it. A null topic
 list means all topics; a named topic that does not exist is auto-created
 when ``auto.create.topics.enable`` is true and the request allows it,
 otherwise it gets UNKNOWN_TOPIC_OR_PARTITION. An illegal name gets
@@ -58,7 +61,7 @@ def topic_entry(broker: Any, topic: Topic, ops: int = NOT_REQUESTED) -> dict[str
                 "error_code": 0,
                 "partition_index": p.index,
                 "leader_id": node,
-                "leader_epoch": 0,
+                "leader_epoch": p.leader_epoch,
                 "replica_nodes": [node],
                 "isr_nodes": [node],
                 "offline_replicas": [],
