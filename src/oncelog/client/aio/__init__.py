@@ -7,14 +7,16 @@ Layout (each module documents its internal API for the clients built on it):
 * :mod:`.cluster`: bootstrap, metadata, leaders, coordinators, one
   connection per broker with reconnect backoff;
 * :mod:`.producer`: the producer engine and the asyncio ``Producer``;
-* :mod:`.consumer`: the asyncio ``Consumer`` (manual assignment so far).
+* :mod:`.consumer`: the asyncio ``Consumer`` (manual assignment so far);
+* :mod:`.admin`: the asyncio ``Admin`` (topics, configs, records, groups, transactions, producers).
 
 The blocking clients in :mod:`oncelog.client` run these on a background
 event-loop thread (:mod:`oncelog.client._loop`). Nothing here imports
 ``oncelog.broker`` or ``oncelog.storage``.
 """
 
+from oncelog.client.aio.admin import Admin
 from oncelog.client.aio.consumer import Consumer, Message, TopicPartition
 from oncelog.client.aio.producer import Producer, RecordMetadata
 
-__all__ = ["Consumer", "Message", "Producer", "RecordMetadata", "TopicPartition"]
+__all__ = ["Admin", "Consumer", "Message", "Producer", "RecordMetadata", "TopicPartition"]
