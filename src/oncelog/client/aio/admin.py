@@ -768,7 +768,7 @@ class Admin:
             if code:
                 return {group_id: error_for(code, f"OffsetFetch {group_id}")}
             out: dict[TP, int] = {}
-            for t in g.topics:
+            for t in g.topics or ():  # librdkafka's mock answers null for "every topic"
                 for p in t.partitions:
                     if p.error_code:
                         return {group_id: error_for(int(p.error_code),
