@@ -82,7 +82,6 @@ DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS = 65, 66
 GROUP_KEY, TXN_KEY = 0, 1
 
 _UNKNOWN_TOPIC = int(ErrorCode.unknown_topic_or_partition.value)
-_UNSTABLE_OFFSET_COMMIT = int(ErrorCode.unstable_offset_commit.value)
 
 # ConfigResource types (Kafka's ConfigResource.Type ids)
 RESOURCE_TYPES = {"topic": 2, "broker": 4, "broker_logger": 8, "client_metrics": 16, "group": 32}
