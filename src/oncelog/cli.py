@@ -201,7 +201,9 @@ def _delete_records(admin: Any, args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _delete_records_args(args: argparse.Namespace) -> tuple[dict[tuple[str, int], int] | None, int | None, int | None]:
+def _delete_records_args(args: argparse.Namespace
+                         ) -> tuple[dict[tuple[str, int], int] | None, int | None, int | None]:
+    """``(offsets from --offset-json-file or None, --partition, --offset)``; raises _UsageError."""
     partition = _int_arg("--partition", args.partition, 0)
     offset = _int_arg("--offset", args.offset, -1)
     if args.offset_json_file is not None:

@@ -256,7 +256,8 @@ def test_groups_match_confluent(admin: Any, broker: EmbeddedBroker, kadmin: Admi
         assert (info.state, info.protocol) == ("Stable", "range") and kinfo.partition_assignor == "range"
         ours = {m.member_id: (m.client_id, sorted((t, p) for t, ps in m.assignment.items() for p in ps))
                 for m in info.members}
-        assert ours == {m.member_id: (m.client_id, sorted((tp.topic, tp.partition) for tp in m.assignment.topic_partitions))
+        assert ours == {m.member_id: (m.client_id, sorted((tp.topic, tp.partition)
+                                                           for tp in m.assignment.topic_partitions))
                         for m in kinfo.members}
         assert sorted(tp for _, tps in ours.values() for tp in tps) == [(topic, q) for q in range(4)]
 

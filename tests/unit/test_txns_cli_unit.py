@@ -286,7 +286,8 @@ def test_list_and_describe_route_and_parse(fake: FakeCluster) -> None:
     open_txn(fake, "tx-b", 12, [], state="CompleteCommit", start=-1)
     with admin() as a:
         rows = a.list_transactions()
-        assert rows == [TransactionListing("tx-a", 11, "Ongoing", 2), TransactionListing("tx-b", 12, "CompleteCommit", 2)]
+        assert rows == [TransactionListing("tx-a", 11, "Ongoing", 2),
+                        TransactionListing("tx-b", 12, "CompleteCommit", 2)]
         assert {n for n, k, _, _ in fake.requests if k == 66} == {1, 2}  # every broker was asked
         assert [r.transactional_id for r in a.list_transactions(states=["Ongoing"])] == ["tx-a"]
         assert [r.transactional_id for r in a.list_transactions(producer_ids=[12])] == ["tx-b"]

@@ -15,5 +15,5 @@ from oncelog.client.consumer import Consumer
 from oncelog.client.errors import KafkaError
 from oncelog.client.producer import DeliveryFuture, Producer
 
-__all__ = ["Admin", "AlterConfigOp", "ConfigError", "ConfigResource", "NewTopic", "OffsetSpec", "Consumer", "DeliveryFuture", "KafkaError", "Message", "Producer", "RecordMetadata",
-           "TopicPartition"]
+__all__ = ["Admin", "AlterConfigOp", "ConfigError", "ConfigResource", "Consumer", "DeliveryFuture", "KafkaError",
+           "Message", "NewTopic", "OffsetSpec", "Producer", "RecordMetadata", "TopicPartition"]

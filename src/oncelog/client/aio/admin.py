@@ -934,7 +934,8 @@ class Admin:
         res = await self.describe_producers(tps)
         if res.errors:
             raise type(res.errors[sorted(res.errors)[0]])(
-                "DescribeProducers failed for " + ", ".join(f"{t}-{p}: {e}" for (t, p), e in sorted(res.errors.items())))
+                "DescribeProducers failed for "
+                + ", ".join(f"{t}-{p}: {e}" for (t, p), e in sorted(res.errors.items())))
         candidates = hanging_candidates(res.succeeded, self.clock(), max_transaction_timeout_ms, margin_ms)
         if not candidates:
             return []
