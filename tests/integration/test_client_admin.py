@@ -320,6 +320,10 @@ def test_transactions_of_a_confluent_producer(admin: Any, broker: EmbeddedBroker
     for q in (0, 1):
         (state,) = [s for s in producers[(topic, q)] if s.producer_id == desc.producer_id]
         assert state.producer_epoch == desc.producer_epoch and state.current_txn_start_offset == 0
+    # the open transaction holds the last stable offset (read_committed ListOffsets) at its first record
+    rc = admin.list_offsets({(topic, 0): OffsetSpec.LATEST}, isolation_level="read_committed")
+    ru = admin.list_offsets({(topic, 0): OffsetSpec.LATEST})
+    assert (rc[(topic, 0)].offset, ru[(topic, 0)].offset) == (0, 1)
     # an open transaction well within its timeout is not hanging
     assert admin.find_hanging(topic, max_transaction_timeout_ms=0) == []
     p.commit_transaction(15)
