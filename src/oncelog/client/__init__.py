@@ -10,10 +10,12 @@ Kafka's property names (:mod:`oncelog.client.config`) and raise typed
 from oncelog.client.admin import Admin, AlterConfigOp, ConfigResource, NewTopic, OffsetSpec
 from oncelog.client.aio.consumer import Message, TopicPartition
 from oncelog.client.aio.producer import RecordMetadata
+from oncelog.client.aio.transactions import ConsumerGroupMetadata, PreparedTxnState
 from oncelog.client.config import ConfigError
 from oncelog.client.consumer import Consumer
 from oncelog.client.errors import KafkaError
 from oncelog.client.producer import DeliveryFuture, Producer
 
-__all__ = ["Admin", "AlterConfigOp", "ConfigError", "ConfigResource", "Consumer", "DeliveryFuture", "KafkaError",
-           "Message", "NewTopic", "OffsetSpec", "Producer", "RecordMetadata", "TopicPartition"]
+__all__ = ["Admin", "AlterConfigOp", "ConfigError", "ConfigResource", "Consumer", "ConsumerGroupMetadata",
+           "DeliveryFuture", "KafkaError", "Message", "NewTopic", "OffsetSpec", "PreparedTxnState", "Producer",
+           "RecordMetadata", "TopicPartition"]

@@ -344,6 +344,12 @@ def _check_producer(cfg: ClientConfig) -> None:
     idem = cfg["enable.idempotence"]
     if cfg["transactional.id"] is not None and not idem:
         raise ConfigError("transactional.id requires enable.idempotence=true")
+    if cfg["transaction.two.phase.commit.enable"] and cfg["transactional.id"] is None:
+        raise ConfigError("transaction.two.phase.commit.enable=true requires a transactional.id")
+    if cfg["transaction.two.phase.commit.enable"] and "transaction.timeout.ms" in user_set:
+        # as Kafka 4.1's ProducerConfig: a 2PC transaction never times out
+        raise ConfigError("transaction.timeout.ms cannot be set when transaction.two.phase.commit.enable=true "
+                          "(two-phase commit transactions do not expire)")
     if idem:
         if cfg["acks"] != -1:
             raise ConfigError(f"enable.idempotence=true requires acks=all (got acks={cfg['acks']})")

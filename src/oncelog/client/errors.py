@@ -32,11 +32,20 @@ __all__ = [
 
 
 class KafkaError(Exception):
-    """A Kafka error: ``code`` (Kafka's int), ``name`` (Kafka's upper-case name), ``retriable``."""
+    """A Kafka error: ``code`` (Kafka's int), ``name`` (Kafka's upper-case name), ``retriable``.
+
+    A transactional producer also classifies the errors it raises, as Java's
+    ``TransactionManager`` does (confluent-kafka has the same two flags):
+    ``txn_requires_abort`` is true for an *abortable* error (call
+    ``abort_transaction()``, then go on), ``fatal`` for a *fatal* one (the
+    producer can only be closed).
+    """
 
     code: int = -1
     name: str = "UNKNOWN_SERVER_ERROR"
     retriable: bool = False
+    txn_requires_abort: bool = False
+    fatal: bool = False
 
     def __init__(self, message: str = "") -> None:
         self.message = message
@@ -116,4 +125,28 @@ class UnsupportedApiError(_BY_CODE[ErrorCode.unsupported_version.value]):  # typ
     """The broker and this client share no version of an API (UNSUPPORTED_VERSION)."""
 
 
-__all__ += ["RequestTimeoutError", "UnsupportedApiError", "is_retriable"]
+class IllegalStateError(KafkaError):
+    """A call that the producer's transaction state does not allow (Java's IllegalStateException),
+    e.g. ``produce()`` before ``init_transactions()`` or outside a transaction."""
+
+    name = "ILLEGAL_STATE"
+
+
+class TransactionAbortedError(KafkaError):
+    """A record that was not sent because its transaction was aborted (Java's TransactionAbortedException)."""
+
+    name = "TRANSACTION_ABORTED"
+
+
+class KafkaTimeoutError(KafkaError):
+    """A blocking operation did not finish within ``max.block.ms`` (Java's TimeoutException).
+
+    Transactional calls may be called again after it: they resume where they stopped.
+    """
+
+    name = "TIMED_OUT"
+    retriable = True
+
+
+__all__ += ["IllegalStateError", "KafkaTimeoutError", "RequestTimeoutError", "TransactionAbortedError",
+            "UnsupportedApiError", "is_retriable"]

@@ -26,8 +26,9 @@ from oncelog.client.aio.producer import (
     _values_list,
     produce_batch_into,
 )
+from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
 from oncelog.client.config import parse_config
-from oncelog.client.errors import ClientClosedError, KafkaError
+from oncelog.client.errors import ClientClosedError, IllegalStateError, KafkaError
 
 __all__ = ["DeliveryFuture", "Producer"]
 
@@ -203,6 +204,69 @@ class Producer:
                 self.poll(0)
         self.poll(0)
         return left
+
+    # -- transactions: the asyncio Producer's, run on the loop thread (see docs/client.md) --------
+
+    def _txn(self) -> TransactionManager:
+        if self._closed:
+            raise ClientClosedError("producer is closed")
+        if self._core.txn is None:
+            raise IllegalStateError("transactions need a transactional.id in the producer's configuration")
+        return self._core.txn
+
+    def init_transactions(self, timeout: float | None = None, *, keep_prepared_txn: bool = False) -> None:
+        """Get the producer id and epoch of ``transactional.id``, fencing older producers with the same id.
+
+        Their open transaction is aborted, unless ``keep_prepared_txn=True``
+        (KIP-939, ``transaction.two.phase.commit.enable=true``): an open
+        transaction is then kept and this producer is left in the prepared
+        state, for :meth:`complete_transaction`. Waits up to ``max.block.ms``.
+        """
+        self._lt.run(self._txn().init_transactions(keep_prepared_txn, timeout))
+
+    def begin_transaction(self) -> None:
+        """Start a transaction: records produced from now on belong to it."""
+        txn = self._txn()
+
+        async def begin() -> None:
+            txn.begin_transaction()
+
+        self._lt.run(begin())
+
+    def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any,
+                                    timeout: float | None = None) -> None:
+        """Commit a consumer group's ``offsets`` (``{(topic, partition): next offset}``, or a list of
+        TopicPartition with ``offset``) in the transaction; ``group_metadata`` is the consumer's
+        ``group_metadata()`` (KIP-447 fencing) or the group id."""
+        self._lt.run(self._txn().send_offsets_to_transaction(offsets, group_metadata, timeout))
+
+    def _run_flushing(self, coro: Any) -> Any:
+        self._lt.call(self._drain)  # records handed over before this call belong to the transaction
+        fut = asyncio.run_coroutine_threadsafe(coro, self._lt.loop)
+        while True:  # serve delivery callbacks meanwhile, as flush() does
+            try:
+                result = fut.result(0.05)
+                break
+            except concurrent.futures.TimeoutError:
+                self.poll(0)
+        self.poll(0)
+        return result
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Flush, then commit. Raises the abortable error if a record failed (then call abort_transaction())."""
+        self._run_flushing(self._txn().commit_transaction(timeout))
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Drop unsent records, wait for those in flight, then abort."""
+        self._run_flushing(self._txn().abort_transaction(timeout))
+
+    def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
+        """KIP-939: flush and return the transaction's :class:`PreparedTxnState` (needs 2PC enabled)."""
+        return self._run_flushing(self._txn().prepare_transaction(timeout))
+
+    def complete_transaction(self, prepared_state: PreparedTxnState, timeout: float | None = None) -> None:
+        """KIP-939: commit the prepared transaction if ``prepared_state`` is its state, else abort it."""
+        self._run_flushing(self._txn().complete_transaction(prepared_state, timeout))
 
     def close(self, timeout: float | None = None) -> None:
         """Flush (up to ``timeout`` s), then close connections and the loop thread."""

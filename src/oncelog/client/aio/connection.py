@@ -6,6 +6,8 @@ Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
   connect_timeout_ms=...)``; ``await conn.connect()`` opens the socket and
   negotiates versions with ApiVersions (v3, falling back to v0 when the
   broker answers UNSUPPORTED_VERSION, as KIP-511 specifies).
+* ``conn.features``: the finalized features from ApiVersions v3+ (name ->
+  max version level), e.g. ``transaction.version`` (KIP-890).
 * ``conn.version(api_key, (lo, hi))``: the version to use, min(ours, theirs);
   raises :class:`~oncelog.client.errors.UnsupportedApiError` when the ranges
   do not meet.
@@ -72,6 +74,7 @@ class BrokerConnection(asyncio.Protocol):
         self.request_timeout = request_timeout_ms / 1000
         self.connect_timeout = connect_timeout_ms / 1000
         self.versions: dict[int, tuple[int, int]] = {}
+        self.features: dict[str, int] = {}  # finalized feature -> max version level (ApiVersions v3+)
         self._transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder(max_frame_bytes=1 << 30)
         self._inflight: OrderedDict[int, _Pending] = OrderedDict()
@@ -107,6 +110,7 @@ class BrokerConnection(asyncio.Protocol):
         if int(resp.error_code):
             raise KafkaConnectionError(f"ApiVersions failed with error {int(resp.error_code)}")
         self.versions = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in resp.api_keys}
+        self.features = {str(f.name): int(f.max_version_level) for f in getattr(resp, "finalized_features", ())}
 
     @property
     def closed(self) -> bool:

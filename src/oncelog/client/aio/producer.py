@@ -36,13 +36,19 @@ Internal design (for the transactions work that builds on it):
   epoch (or id) and every partition's sequences restart at 0.
 * ``delivery.timeout.ms``: a batch not in flight whose first record is older
   fails with :class:`~oncelog.client.errors.DeliveryTimeoutError`.
-* Not built yet, for the transactions work: ``transactional.id`` is passed
-  to InitProducerId and sets the transactional bit on batches, but nothing
-  sends AddPartitionsToTxn/EndTxn. That layer needs a hook in
-  :meth:`ProducerCore._send` before a partition's first batch of a
-  transaction goes out (v1: AddPartitionsToTxn; v2/KIP-890: implicit), the
-  fatal/abortable error split in :meth:`ProducerCore._batch_failed`, and
-  ``flush()`` plus ``producer_id``/``producer_epoch`` for EndTxn.
+* Transactions (``transactional.id``): ``self.txn`` is a
+  :class:`~oncelog.client.aio.transactions.TransactionManager`. No producer
+  id is fetched at start (``init_transactions()`` does it). The sender asks
+  ``txn.needs_add(tp)`` before a partition's batch goes out (transactions
+  v1: AddPartitionsToTxn first, batched per sender pass), fails every batch
+  not in flight with ``txn.sweep_error()`` while the transaction aborts or
+  has failed, and tells ``txn.batch_failed()`` about every failed batch
+  instead of bumping the epoch itself: in a transaction an
+  OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_EPOCH
+  or a batch given up makes the transaction abortable (or fatal), and the
+  epoch changes only between transactions (:meth:`ProducerCore.set_producer`
+  restarts every partition's sequences). Produce is capped at v11 under
+  transactions v1 (v12 means implicit adds, KIP-890).
 """
 
 from __future__ import annotations
@@ -56,14 +62,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster
+from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
 from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_records
 from oncelog.client.config import ClientConfig, parse_config
 from oncelog.client.errors import (
     ClientClosedError,
     DeliveryTimeoutError,
+    IllegalStateError,
     KafkaError,
     MessageTooLargeError,
     UnknownTopicOrPartitionError,
+    error_class,
     error_for,
 )
 from oncelog.client.partitioner import StickyPartitioner, partition_for_key
@@ -75,7 +84,8 @@ __all__ = ["Producer", "ProducerCore", "RecordMetadata"]
 
 PRODUCE, INIT_PRODUCER_ID = 0, 22
 PRODUCE_VERSIONS = (3, 12)  # v13 addresses topics by id
-INIT_PRODUCER_ID_VERSIONS = (0, 5)
+PRODUCE_VERSIONS_TV1 = (3, 11)  # v12 is transactions v2 (implicit adds)
+INIT_PRODUCER_ID_VERSIONS = (0, 6)
 OUT_OF_ORDER_SEQUENCE_NUMBER, DUPLICATE_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID = 45, 46, 59
 INVALID_PRODUCER_EPOCH = 47
 _SEQ_MOD = 0x80000000
@@ -220,6 +230,7 @@ class ProducerCore:
         self.buffered_bytes = 0
         self.on_complete: Callable[[int], None] | None = None  # called with bytes released (blocking facade)
         self.stats = {"batches_sent": 0, "requests": 0, "retries": 0, "epoch_bumps": 0}
+        self.txn: TransactionManager | None = TransactionManager(self) if self.transactional_id else None
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -228,7 +239,7 @@ class ProducerCore:
         self._idle = asyncio.Event()
         self._idle.set()
         await self.cluster.start()
-        if self.idempotent:
+        if self.idempotent and self.txn is None:  # a transactional producer gets its id in init_transactions()
             await self._init_producer_id()
         self._task = asyncio.ensure_future(self._run())
 
@@ -278,11 +289,27 @@ class ProducerCore:
 
     # -- producing ------------------------------------------------------------------------
 
+    def check_open_only(self) -> None:
+        if self._closed or self._closing:
+            raise ClientClosedError("producer is closed")
+
     def check_open(self) -> None:
         if self._closed or self._closing:
             raise ClientClosedError("producer is closed")
         if self._fatal is not None:
             raise self._fatal
+        if self.txn is not None:
+            self.txn.check_send()
+
+    def set_producer(self, producer_id: int, epoch: int) -> None:
+        """Adopt a new producer id/epoch (transactions); every partition's sequences restart at 0."""
+        if (producer_id, epoch) == (self.producer_id, self.producer_epoch):
+            return
+        self.producer_id, self.producer_epoch = producer_id, epoch
+        for p in self.partitions.values():
+            p.acked_seq = 0
+            p.needs_bump = False
+            self._resequence(p)
 
     def append(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None,
                headers: Any, timestamp: int, future: Any) -> None:
@@ -397,10 +424,14 @@ class ProducerCore:
     # -- completion -----------------------------------------------------------------
 
     def _fail_record(self, fut: Any, value: Any, key: Any, exc: KafkaError) -> None:
+        if self.txn is not None and not isinstance(exc, ClientClosedError):
+            self.txn.batch_failed(exc, False)  # a record of the transaction is lost: abortable (Java's doSend)
         _set_error(fut, exc)
         self._complete_n(1, (len(value) if value else 0) + (len(key) if key else 0))
 
     def _fail_batch(self, b: _Batch, exc: KafkaError) -> None:
+        if self.txn is not None and b.futures:
+            self.txn.batch_failed(exc, b.seq >= 0)
         per = b.nbytes
         for fut in b.futures:
             _set_error(fut, exc)
@@ -443,7 +474,8 @@ class ProducerCore:
                 v = conn.version(INIT_PRODUCER_ID, INIT_PRODUCER_ID_VERSIONS)
                 body = {"transactional_id": self.transactional_id,
                         "transaction_timeout": self.config["transaction.timeout.ms"],
-                        "producer_id": self.producer_id, "producer_epoch": self.producer_epoch}
+                        "producer_id": self.producer_id, "producer_epoch": self.producer_epoch,
+                        "enable2_pc": False, "keep_prepared_txn": False}
                 resp = await conn.request(INIT_PRODUCER_ID, v, body)
                 code = int(resp.error_code)
                 if code == 0:
@@ -494,6 +526,25 @@ class ProducerCore:
         self._bump_wanted = False
         self._kick()
 
+    def _sweep(self, err: KafkaError) -> None:
+        """Transactions: fail every record not in flight (the transaction is aborting or has failed)."""
+        for p in self.partitions.values():
+            if p.open is not None:
+                self._close_open(p)
+            while p.ready:
+                self._fail_batch(p.ready.popleft(), err)
+            keep = deque(b for b in p.unacked if b.in_flight)
+            for b in p.unacked:
+                if not b.in_flight:
+                    self._fail_batch(b, err)
+            p.unacked = keep
+            if not keep:
+                p.blocked = False
+        for recs in self._waiting.values():
+            for r in recs:
+                self._fail_record(r[6], r[1], r[2], err)
+            recs.clear()
+
     def _resequence(self, p: _Partition) -> None:
         seq = p.acked_seq
         for b in p.unacked:
@@ -524,7 +575,12 @@ class ProducerCore:
     def _pass(self, now: float) -> float:
         """Close due batches, expire old ones, send what can go; returns seconds until the next due time."""
         next_due = 1.0
-        bumping = self.idempotent and self._maybe_bump()
+        txn = self.txn
+        if txn is not None:
+            err = txn.sweep_error()
+            if err is not None:
+                self._sweep(err)
+        bumping = self.idempotent and txn is None and self._maybe_bump()
         by_node: dict[int, list[tuple[_Partition, _Batch]]] = {}
         refresh: set[str] = set()
         flushing = self._flushing > 0 or self._closing
@@ -532,6 +588,8 @@ class ProducerCore:
             if not p.has_data():
                 continue
             self._expire(p, now)
+            # transactions v1: a partition with records is added at once (AddPartitionsToTxn overlaps linger)
+            adding = txn is not None and p.has_data() and txn.needs_add((p.topic, p.partition))
             o = p.open
             if o is not None:
                 due = o.created + self.linger
@@ -561,6 +619,8 @@ class ProducerCore:
                 if not p.ready or (bumping and self.idempotent):
                     continue
                 b = p.ready[0]
+            if adding:
+                continue  # transactions v1: AddPartitionsToTxn first
             node = self.cluster.leader(p.topic, p.partition)
             if node is None or self.cluster.stale(p.topic):
                 refresh.add(p.topic)
@@ -568,7 +628,9 @@ class ProducerCore:
             if p.inflight and p.node != node:
                 continue  # wait for the answers from the old leader first
             by_node.setdefault(node, []).append((p, b))
-        if self._bump_wanted and not bumping:
+        if txn is not None:
+            txn.send_adds()
+        elif self._bump_wanted and not bumping:
             self._maybe_bump()
         if now - self.cluster.last_refresh > self.metadata_max_age and self.partitions:
             refresh.update(t for t, _ in self.partitions)  # metadata.max.age.ms
@@ -598,7 +660,7 @@ class ProducerCore:
                 if b.in_flight or b.created > limit:
                     keep.append(b)
                     continue
-                if self.idempotent and queue is p.unacked:
+                if self.idempotent and queue is p.unacked and self.txn is None:
                     p.needs_bump = True  # its fate is unknown: sequences restart under a new epoch
                     p.blocked = True
                 err = b.last_error
@@ -624,7 +686,8 @@ class ProducerCore:
             return
         if self._node_inflight.get(node, 0) >= self.max_in_flight:
             return
-        version = conn.version(PRODUCE, PRODUCE_VERSIONS)
+        txn = self.txn
+        version = conn.version(PRODUCE, PRODUCE_VERSIONS if txn is None or txn.tv2 else PRODUCE_VERSIONS_TV1)
         topics: dict[str, list[tuple[int, bytes]]] = {}
         sent: list[_Batch] = []
         total = 0
@@ -697,6 +760,12 @@ class ProducerCore:
             network_error: KafkaError | None = None
         else:
             network_error = exc if isinstance(exc, KafkaError) else KafkaError(str(exc))
+        txn = self.txn
+        if txn is not None and txn.tv2 and not txn.started:
+            # KIP-890: a Produce v12 adds its partitions implicitly, unless it was refused (retriable)
+            txn.started = network_error is not None or any(
+                results.get((b.topic, b.partition), (-2,))[0] in (0, DUPLICATE_SEQUENCE_NUMBER, -2)
+                or not error_class(results[(b.topic, b.partition)][0]).retriable for b in sent)
         for b in sent:
             p = self.partitions[(b.topic, b.partition)]
             p.inflight -= 1
@@ -739,6 +808,15 @@ class ProducerCore:
         code = err.code
         if not head and (code in (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID) or err.retriable or in_doubt):
             return  # an earlier batch failed first; this one is resent after it
+        if self.txn is not None:
+            # in a transaction the epoch is not bumped here: the batch fails, which makes the
+            # transaction abortable (or fatal); the epoch changes after the abort
+            if (err.retriable or in_doubt) and code not in (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID) \
+                    and b.attempts <= self.retries:
+                return
+            p.unacked.remove(b)
+            self._fail_batch(b, err)
+            return
         if code == UNKNOWN_PRODUCER_ID:
             p.needs_bump = True  # refused, so safe to resend under the new epoch
             return
@@ -818,6 +896,11 @@ class Producer:
     producer.start()`` (or ``async with Producer(conf) as producer``);
     ``fut = producer.produce(topic, value, ...)``; ``md = await fut``;
     ``await producer.flush()``; ``await producer.close()``.
+
+    With ``transactional.id``: ``await producer.init_transactions()``, then
+    ``begin_transaction()`` / ``produce()`` / ``send_offsets_to_transaction()``
+    / ``commit_transaction()`` or ``abort_transaction()``; KIP-939:
+    ``prepare_transaction()`` and ``complete_transaction()`` (docs/client.md).
     """
 
     def __init__(self, config: dict[str, Any]) -> None:
@@ -883,6 +966,59 @@ class Producer:
     async def flush(self, timeout: float | None = None) -> int:
         """Send everything and wait for every outstanding record; returns how many are still outstanding."""
         return await self._core.flush(timeout)
+
+    # -- transactions (see docs/client.md and oncelog.client.aio.transactions) ------------
+
+    def _txn(self) -> TransactionManager:
+        if not self._started:
+            raise ClientClosedError("call await producer.start() first")
+        self._core.check_open_only()
+        if self._core.txn is None:
+            raise IllegalStateError("transactions need a transactional.id in the producer's configuration")
+        return self._core.txn
+
+    async def init_transactions(self, timeout: float | None = None, *, keep_prepared_txn: bool = False) -> None:
+        """Get the producer id and epoch of ``transactional.id``, fencing older producers with the same id.
+
+        Their open transaction is aborted, unless ``keep_prepared_txn=True``
+        (KIP-939, with ``transaction.two.phase.commit.enable=true``): then an
+        open transaction is kept, the producer is left in the prepared state and
+        :meth:`complete_transaction` (or commit/abort) decides it. Raises
+        :class:`~oncelog.client.errors.KafkaTimeoutError` after ``max.block.ms``
+        (call again to resume).
+        """
+        await self._txn().init_transactions(keep_prepared_txn, timeout)
+
+    async def begin_transaction(self) -> None:
+        """Start a transaction: records produced from now on belong to it."""
+        self._txn().begin_transaction()
+
+    async def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any,
+                                    timeout: float | None = None) -> None:
+        """Commit a consumer group's ``offsets`` as part of the transaction (consume-transform-produce).
+
+        ``offsets``: ``{(topic, partition): next offset}`` (or a list of
+        TopicPartition with ``offset``); ``group_metadata``: the consumer's
+        ``group_metadata()`` (a :class:`ConsumerGroupMetadata`, for KIP-447
+        generation fencing) or just the group id.
+        """
+        await self._txn().send_offsets_to_transaction(offsets, group_metadata, timeout)
+
+    async def commit_transaction(self, timeout: float | None = None) -> None:
+        """Flush, then commit. Raises the abortable error if a record failed (then call abort)."""
+        await self._txn().commit_transaction(timeout)
+
+    async def abort_transaction(self, timeout: float | None = None) -> None:
+        """Drop unsent records, wait for those in flight, then abort."""
+        await self._txn().abort_transaction(timeout)
+
+    async def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
+        """KIP-939: flush and return the transaction's :class:`PreparedTxnState` (needs 2PC enabled)."""
+        return await self._txn().prepare_transaction(timeout)
+
+    async def complete_transaction(self, prepared_state: PreparedTxnState, timeout: float | None = None) -> None:
+        """KIP-939: commit the prepared transaction if ``prepared_state`` is its state, else abort it."""
+        await self._txn().complete_transaction(prepared_state, timeout)
 
     async def close(self, timeout: float | None = None) -> None:
         """Flush (up to ``timeout``), then close connections; unsent records fail with ClientClosedError."""
