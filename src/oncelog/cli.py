@@ -85,12 +85,6 @@ class _Stdout:
         return getattr(self._stream, name)
 
 
-def _unreachable(args: argparse.Namespace, exc: OSError) -> int:
-    reason = exc.strerror or str(exc) or type(exc).__name__
-    print(f"error: cannot talk to the broker at {args.bootstrap}: {reason}", file=sys.stderr)
-    return 1
-
-
 def _serve(args: argparse.Namespace) -> int:
     from oncelog.broker.config import BrokerConfig, StartupError
     from oncelog.broker.server import run
@@ -159,117 +153,143 @@ def _offsets_from_json(path: str) -> dict[tuple[str, int], int]:
     return offsets
 
 
-def _delete_records(args: argparse.Namespace) -> int:
-    """``topics delete-records``: move log start offsets up (Kafka's DeleteRecords)."""
-    from oncelog.client.admin import Admin
+def _admin(args: argparse.Namespace) -> Any:
+    """The admin client for ``--bootstrap`` (raises KafkaConnectionError when nothing answers there)."""
+    from oncelog.client import Admin
 
-    try:
-        partition = _int_arg("--partition", args.partition, 0)
-        offset = _int_arg("--offset", args.offset, -1)
-        if args.offset_json_file is not None:
-            if args.topic or partition is not None or offset is not None:
-                raise _UsageError("--offset-json-file replaces TOPIC, --partition and --offset")
-            offsets: dict[tuple[str, int], int] | None = _offsets_from_json(args.offset_json_file)
-        elif not args.topic or offset is None:
-            raise _UsageError("topics delete-records needs TOPIC and --offset (or --offset-json-file)")
-        else:
-            offsets = None
-    except _UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        with Admin(args.bootstrap) as admin:
-            if offsets is None:
-                parts = [partition] if partition is not None else admin.partitions_of(args.topic)
-                if parts is None:
-                    print(f"error: topic {args.topic} not found", file=sys.stderr)
-                    return 1
-                offsets = {(args.topic, p): offset for p in parts}  # type: ignore[misc]
-            result = admin.delete_records(offsets)
-    except (OSError, ConnectionError) as exc:
-        print(f"error: {args.bootstrap}: {exc}", file=sys.stderr)
-        return 1
+    return Admin({"bootstrap.servers": args.bootstrap, "client.id": f"oncelog-{args.command}"})
+
+
+def _admin_command(action: Any) -> Any:
+    """Run ``action(admin, args)``: an unreachable broker or a Kafka error is one line and exit 1."""
+    def run(args: argparse.Namespace) -> int:
+        from oncelog.client.errors import KafkaConnectionError, KafkaError
+
+        try:
+            with _admin(args) as admin:
+                return int(action(admin, args))
+        except KafkaConnectionError as exc:
+            print(f"error: cannot talk to the broker at {args.bootstrap}: {exc.message}", file=sys.stderr)
+            return 1
+        except KafkaError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    return run
+
+
+def _delete_records(admin: Any, args: argparse.Namespace) -> int:
+    """``topics delete-records``: move log start offsets up (Kafka's DeleteRecords)."""
+    from oncelog.client.errors import UnknownTopicOrPartitionError
+
+    offsets, partition, offset = args.delete_records
+    if offsets is None:
+        try:
+            parts = [partition] if partition is not None else admin.partitions_of(args.topic)
+        except UnknownTopicOrPartitionError:
+            print(f"error: topic {args.topic} not found", file=sys.stderr)
+            return 1
+        offsets = {(args.topic, p): offset for p in parts}
+    result = admin.delete_records(offsets)
     failed = 0
-    for (topic, p), (err, low) in sorted(result.items()):
+    for topic, p in sorted(result):
+        err = result.errors.get((topic, p))
         if err:
             failed += 1
-            print(f"partition: {topic}-{p}	error: {err}", file=sys.stderr)
+            print(f"partition: {topic}-{p}\terror: {err.name}", file=sys.stderr)
         else:
-            print(f"partition: {topic}-{p}	low_watermark: {low}")
+            print(f"partition: {topic}-{p}\tlow_watermark: {result[(topic, p)]}")
     return 1 if failed else 0
 
 
+def _delete_records_args(args: argparse.Namespace
+                         ) -> tuple[dict[tuple[str, int], int] | None, int | None, int | None]:
+    """``(offsets from --offset-json-file or None, --partition, --offset)``; raises _UsageError."""
+    partition = _int_arg("--partition", args.partition, 0)
+    offset = _int_arg("--offset", args.offset, -1)
+    if args.offset_json_file is not None:
+        if args.topic or partition is not None or offset is not None:
+            raise _UsageError("--offset-json-file replaces TOPIC, --partition and --offset")
+        return _offsets_from_json(args.offset_json_file), partition, offset
+    if not args.topic or offset is None:
+        raise _UsageError("topics delete-records needs TOPIC and --offset (or --offset-json-file)")
+    return None, partition, offset
+
+
 def _topics(args: argparse.Namespace) -> int:
-    try:
-        return _topics_action(args)
-    except OSError as exc:
-        return _unreachable(args, exc)
+    if args.action == "delete-records":
+        try:
+            args.delete_records = _delete_records_args(args)
+        except _UsageError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    return int(_admin_command(_topics_action)(args))
 
 
-def _topics_action(args: argparse.Namespace) -> int:
-    from oncelog.client.admin import Admin
+def _topics_action(admin: Any, args: argparse.Namespace) -> int:
+    from oncelog.client.errors import KafkaError, UnknownTopicOrPartitionError
 
     if args.action == "delete-records":
-        return _delete_records(args)
-    with Admin(args.bootstrap) as admin:
-        if args.action == "list":
-            for name in sorted(admin.list_topics()):
-                print(name)
-            return 0
-        if args.action == "create":
-            configs = dict(args.config or [])
-            err = admin.create_topic(args.topic, args.partitions, args.replication_factor, configs)
-        elif args.action == "delete":
-            err = admin.delete_topic(args.topic)
-        else:
-            info = admin.describe_topic(args.topic)
-            if info is None:
-                print(f"topic {args.topic} not found", file=sys.stderr)
-                return 1
-            print(f"Topic: {info['name']}\tTopicId: {info['topic_id']}\tPartitionCount: {len(info['partitions'])}")
-            for key, value in sorted(info["configs"].items()):
-                print(f"\t{key}={value}")
-            for p in info["partitions"]:
-                print(
-                    f"\tPartition: {p['partition']}\tLeader: {p['leader']}\t"
-                    f"LogStartOffset: {p['log_start_offset']}\tHighWatermark: {p['high_watermark']}"
-                )
-            return 0
-        if err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
-        print(f"{args.action}d topic {args.topic}")
+        return _delete_records(admin, args)
+    if args.action == "list":
+        for name in admin.list_topics():
+            print(name)
         return 0
+    if args.action == "describe":
+        try:
+            info = admin.topic_summary(args.topic)
+        except UnknownTopicOrPartitionError:
+            print(f"topic {args.topic} not found", file=sys.stderr)
+            return 1
+        print(f"Topic: {info['name']}\tTopicId: {info['topic_id']}\tPartitionCount: {len(info['partitions'])}")
+        for key, value in sorted(info["configs"].items()):
+            print(f"\t{key}={value}")
+        for p in info["partitions"]:
+            print(
+                f"\tPartition: {p['partition']}\tLeader: {p['leader']}\t"
+                f"LogStartOffset: {p['log_start_offset']}\tHighWatermark: {p['high_watermark']}"
+            )
+        return 0
+    try:
+        if args.action == "create":
+            admin.create_topic(args.topic, args.partitions, args.replication_factor, dict(args.config or []))
+        else:
+            admin.delete_topic(args.topic)
+    except KafkaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.action}d topic {args.topic}")
+    return 0
 
 
 def _groups(args: argparse.Namespace) -> int:
-    from oncelog.client.groups import GroupAdmin, GroupAdminError
-
-    try:
-        with GroupAdmin(args.bootstrap) as admin:
-            return _groups_action(admin, args)
-    except GroupAdminError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        return _unreachable(args, exc)
+    return int(_admin_command(_groups_action)(args))
 
 
 def _groups_action(admin: Any, args: argparse.Namespace) -> int:
+    from oncelog.client.errors import KafkaConnectionError, KafkaError
+
     if args.action == "list":
-        for g in sorted(admin.list_groups(), key=lambda g: g["group_id"]):
-            print(f"{g['group_id']}\t{g['state'] or '-'}\t{g['protocol_type'] or '-'}")
+        for g in admin.list_groups():
+            print(f"{g.group_id}\t{g.state or '-'}\t{g.protocol_type or '-'}")
         return 0
     if args.action == "delete":
-        err = admin.delete(args.group)
-        if err:
-            print(f"error: {err}", file=sys.stderr)
+        try:
+            admin.delete_group(args.group)
+        except KafkaConnectionError:
+            raise
+        except KafkaError as exc:
+            print(f"error: {exc.name}", file=sys.stderr)
             return 1
         print(f"deleted group {args.group}")
         return 0
     if args.action == "describe":
-        info = admin.describe(args.group)
-        if info.error or info.state == "Dead":
+        try:
+            info = admin.describe_group(args.group)
+        except KafkaConnectionError:
+            raise
+        except KafkaError:
+            info = None
+        if info is None or info.state == "Dead":
             print(f"group {args.group} not found", file=sys.stderr)
             return 1
         protocol = "/".join(x for x in (info.protocol_type, info.protocol) if x) or "-"
@@ -280,7 +300,7 @@ def _groups_action(admin: Any, args: argparse.Namespace) -> int:
             print(f"\tMember: {m.member_id}\tInstance: {instance}\tClient: {m.client_id}\tHost: {m.client_host}"
                   f"\tAssignment: {parts}")
         print("TOPIC\tPARTITION\tCOMMITTED\tLOG-END\tLAG\tMEMBER")
-        for row in admin.lag(args.group):
+        for row in admin.group_lag(args.group):
             committed = "-" if row["committed"] is None else row["committed"]
             lag = "-" if row["lag"] is None else row["lag"]
             print(f"{row['topic']}\t{row['partition']}\t{committed}\t{row['log_end']}\t{lag}\t{row['member'] or '-'}")
@@ -293,13 +313,13 @@ def _groups_action(admin: Any, args: argparse.Namespace) -> int:
         print("error: reset-offsets needs --topic and one of --to-earliest, --to-latest, --to-offset, --shift-by",
               file=sys.stderr)
         return 2
-    plan = admin.plan_reset(args.group, args.topic, targets[0], args.partitions)
+    plan = admin.plan_offset_reset(args.group, args.topic, targets[0], args.partitions)
     for (topic, p), offset in sorted(plan.items()):
         print(f"{topic}\t{p}\t{offset}")
     if not args.execute:
         print("(dry run: add --execute to commit these offsets)")
         return 0
-    errors = admin.commit(args.group, plan)
+    errors = {tp: e.name for tp, e in admin.alter_group_offsets(args.group, plan).errors.items()}
     if errors:
         for (topic, p), err in sorted(errors.items()):
             print(f"error: {topic}-{p}: {err}", file=sys.stderr)
@@ -331,14 +351,7 @@ def _table(title: str, headers: list[str], rows: list[list[Any]]) -> None:
 
 
 def _txns(args: argparse.Namespace) -> int:
-    from oncelog.client.txns import TxnAdmin, TxnAdminError
-
-    try:
-        with TxnAdmin(args.bootstrap) as admin:
-            return _txns_action(admin, args)
-    except (TxnAdminError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    return int(_admin_command(_txns_action)(args))
 
 
 def _txns_action(admin: Any, args: argparse.Namespace) -> int:
@@ -346,8 +359,8 @@ def _txns_action(admin: Any, args: argparse.Namespace) -> int:
 
     now = admin.clock()
     if args.action == "list":
-        rows = admin.list_transactions(args.state or (), args.producer_id or (),
-                                       -1 if args.duration_ms is None else args.duration_ms)
+        rows = [vars(r) for r in admin.list_transactions(args.state or (), args.producer_id or (),
+                                                         -1 if args.duration_ms is None else args.duration_ms)]
         if args.json:
             print(json.dumps(rows))
         else:
@@ -356,10 +369,10 @@ def _txns_action(admin: Any, args: argparse.Namespace) -> int:
         return 0
     if args.action == "describe":
         found = admin.describe_transactions(args.transactional_ids)
-        failed = [d for d in found.values() if d.error]
-        for d in failed:
-            print(f"error: failed to describe transactional id {d.transactional_id!r}: {d.error}", file=sys.stderr)
-        ok = [d for d in found.values() if not d.error]
+        failed = found.errors
+        for tid, err in failed.items():
+            print(f"error: failed to describe transactional id {tid!r}: {err.name}", file=sys.stderr)
+        ok = list(found.succeeded.values())
         if args.json:
             print(json.dumps([d.to_json(now) for d in ok]))
         else:

@@ -378,35 +378,17 @@ def audit(input_records: list[Rec], output_committed: list[Rec], output_uncommit
 
 # -- the IO shell -------------------------------------------------------------------------
 
-UNSTABLE_OFFSET_COMMIT = 88
-
-
 def committed_offsets(bootstrap: str, group: str, topic: str, timeout: float = 30.0) -> dict[int, int]:
-    """The group's committed offsets for ``topic`` (partition -> offset), waiting out pending transactions."""
-    import time
+    """The group's committed offsets for ``topic`` (partition -> offset), waiting out pending transactions
+    (OffsetFetch with require_stable: UNSTABLE_OFFSET_COMMIT is retried within ``timeout``)."""
+    from oncelog.client import Admin
 
-    from oncelog.client.groups import OFFSET_FETCH, GroupAdmin
-    from oncelog.client.reader import ReaderError
-    from oncelog.protocol.errors import code_name
-
-    deadline = time.monotonic() + timeout
-    with GroupAdmin(bootstrap, timeout=timeout) as admin:
-        parts = admin.partitions(topic)
-        while True:
-            conn = admin.coordinator(group)
-            v = conn.best_version(OFFSET_FETCH, (1, 7))
-            resp = conn.request(OFFSET_FETCH, v, {"group_id": group, "require_stable": True,
-                                                  "topics": [{"name": topic, "partition_indexes": parts}]})
-            codes = [int(getattr(resp, "error_code", 0))]
-            codes += [int(p.error_code) for t in resp.topics for p in t.partitions]
-            if UNSTABLE_OFFSET_COMMIT in codes and time.monotonic() < deadline:
-                time.sleep(0.2)
-                continue
-            bad = [c for c in codes if c]
-            if bad:
-                raise ReaderError(f"OffsetFetch {group}: {code_name(bad[0])}")
-            return {int(p.partition_index): int(p.committed_offset)
-                    for t in resp.topics for p in t.partitions if p.committed_offset >= 0}
+    ms = max(int(timeout * 1000), 1)
+    with Admin({"bootstrap.servers": bootstrap, "client.id": "oncelog-verify", "request.timeout.ms": ms,
+                "default.api.timeout.ms": ms}) as admin:
+        parts = admin.partitions_of(topic)
+        got = admin.list_group_offsets(group, [(topic, p) for p in parts], require_stable=True)
+    return {p: off for (_t, p), off in got.items()}
 
 
 def run(bootstrap: str, input_topic: str, output_topic: str, id_spec: str = "key", group: str | None = None,
@@ -501,7 +483,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from oncelog.client.groups import GroupAdminError
+    from oncelog.client.errors import KafkaError
     from oncelog.client.reader import ReaderError
 
     try:
@@ -510,7 +492,7 @@ def main(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (ReaderError, GroupAdminError, OSError, ValueError) as exc:
+    except (ReaderError, KafkaError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:

@@ -747,7 +747,7 @@ def test_zz_background_producer_lost_nothing(
     acked = dict(background.acked)
     assert len(acked) == background.sent > 100
     with Admin(broker.bootstrap) as admin:
-        info = admin.describe_topic(BG_TOPIC)
+        info = admin.topic_summary(BG_TOPIC)
     assert info is not None
     ends = {p["partition"]: p["high_watermark"] for p in info["partitions"]}
     assert sum(ends.values()) == len(acked)

@@ -137,7 +137,7 @@ def test_unknown_config_key_is_warned_and_ignored(tmp_path: Path) -> None:
                         config={"num.partitions": "3", "no.such.property": "1", "retention.ms": "5"}) as b:
         with Admin(b.bootstrap) as admin:
             assert admin.create_topic("t", -1) is None
-            assert len(admin.describe_topic("t")["partitions"]) == 3
+            assert len(admin.describe_topic("t").partitions) == 3
     text = log.read_text()
     assert "WARNING" in text and "'no.such.property'" in text
     # a topic-level name is not a broker property (Kafka's server.properties ignores it too)

@@ -310,7 +310,7 @@ def test_zz_healthy_producer_lost_nothing(target: FuzzTarget, healthy: HealthyPr
     assert len(acked) == healthy.sent > 100
     ends: dict[int, int] = {}
     with Admin(target.broker.bootstrap) as admin:
-        info = admin.describe_topic(BG_TOPIC)
+        info = admin.topic_summary(BG_TOPIC)
     assert info is not None
     ends = {p["partition"]: p["high_watermark"] for p in info["partitions"]}
     got = kit.confluent_consume_all(target.broker.bootstrap, BG_TOPIC, ends)

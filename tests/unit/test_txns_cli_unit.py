@@ -4,14 +4,18 @@ decoders at the negotiated version (so request shaping and response parsing are 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
+import time
 from typing import Any, Callable
 
 import pytest
 
 from oncelog import cli
 from oncelog.client import txns as T
+from oncelog.client.aio.admin import TransactionListing
+from oncelog.client.errors import KafkaError, TransactionalIdNotFoundError
 from oncelog.client.txns import AbortSpec, OpenTxn, ProducerInfo, TxnAdmin, TxnAdminError, TxnDescription
 from oncelog.protocol.build import materialize
 from oncelog.protocol.codec import (decode_request, decode_response, encode_request, encode_response, request_type,
@@ -210,42 +214,55 @@ def encode_describe_transactions_v0(resp: dict[str, Any]) -> bytes:
 
 
 class FakeConn:
-    def __init__(self, cluster: FakeCluster, node: int) -> None:
-        self.cluster, self.node = cluster, node
-        self.correlation_id = 100
-        self.client_id = "fake"
+    """Stands in for the client's asyncio BrokerConnection: each request is encoded and decoded with kio at the
+    negotiated version, answered by the fake cluster, and the answer encoded and decoded again."""
 
-    def send_raw(self, payload: bytes) -> bytes:
-        api_key, version, corr, n = struct.unpack_from(">hhih", payload, 0)
-        assert payload[10 + n] == 0  # flexible request header: empty tagged fields
-        req = decode_request(api_key, version, payload, 11 + n)
-        resp = self.cluster.handle(self.node, api_key, version, req)
-        assert api_key == 65
-        return struct.pack(">i", corr) + b"\x00" + encode_describe_transactions_v0(resp)
+    nodes = {("boot", 9): 1, ("h1", 1): 1, ("h2", 2): 2}
 
-    def best_version(self, api_key: int, ours: tuple[int, int]) -> int:
+    def __init__(self, cluster: FakeCluster, host: str, port: int, node_id: int = -1, **_kw: Any) -> None:
+        self.cluster, self.node = cluster, self.nodes[(host, port)]
+        self.host, self.port, self.node_id = host, port, node_id
+        self.closed = False
+        self.in_flight = 0
+
+    async def connect(self) -> None:
+        pass
+
+    def version(self, api_key: int, ours: tuple[int, int]) -> int:
+        from oncelog.client.errors import UnsupportedApiError
+
         lo, hi = self.cluster.versions.get(api_key, (-1, -1))
         best = min(hi, ours[1])
         if best < max(lo, ours[0]):
-            raise ConnectionError(f"no common version for API {api_key}")
+            raise UnsupportedApiError(f"no common version for API {api_key}")
         return best
 
-    def request(self, api_key: int, version: int, body: dict[str, Any]) -> Any:
-        raw = encode_request(materialize(request_type(api_key, version), body))
-        req = decode_request(api_key, version, raw, 0)
-        resp = materialize(response_type(api_key, version), self.cluster.handle(self.node, api_key, version, req))
-        return decode_response(api_key, version, encode_response(resp), 0)
+    def _answer(self, api_key: int, version: int, body: Any, raw: bool) -> Any:
+        req = decode_request(api_key, version, encode_request(materialize(request_type(api_key, version), body)), 0)
+        resp = self.cluster.handle(self.node, api_key, version, req)
+        if raw:
+            assert api_key == 65
+            return struct.pack(">i", 1) + b"\x00" + encode_describe_transactions_v0(resp), 5
+        return decode_response(api_key, version, encode_response(materialize(response_type(api_key, version), resp)), 0)
 
-    def close(self) -> None:
-        pass
+    def send(self, api_key: int, version: int, body: Any, *, raw_response: bool = False, **_kw: Any) -> Any:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(self._answer(api_key, version, body, raw_response))
+        return fut
+
+    async def request(self, api_key: int, version: int, body: Any, **_kw: Any) -> Any:
+        return self._answer(api_key, version, body, False)
+
+    def close(self, error: Any = None) -> None:
+        self.closed = True
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
+    from oncelog.client.aio import cluster as aio_cluster
+
     cluster = FakeCluster()
-    nodes = {"boot:9": 1, "h1:1": 1, "h2:2": 2}
-    monkeypatch.setattr(T, "Connection", lambda address, **kw: FakeConn(cluster, nodes[address]))
-    monkeypatch.setattr(T.time, "sleep", lambda s: None)
+    monkeypatch.setattr(aio_cluster, "BrokerConnection", lambda host, port, **kw: FakeConn(cluster, host, port, **kw))
     return cluster
 
 
@@ -269,17 +286,19 @@ def test_list_and_describe_route_and_parse(fake: FakeCluster) -> None:
     open_txn(fake, "tx-b", 12, [], state="CompleteCommit", start=-1)
     with admin() as a:
         rows = a.list_transactions()
-        assert rows == [{"transactional_id": "tx-a", "producer_id": 11, "state": "Ongoing", "coordinator": 2},
-                        {"transactional_id": "tx-b", "producer_id": 12, "state": "CompleteCommit", "coordinator": 2}]
+        assert rows == [TransactionListing("tx-a", 11, "Ongoing", 2),
+                        TransactionListing("tx-b", 12, "CompleteCommit", 2)]
         assert {n for n, k, _, _ in fake.requests if k == 66} == {1, 2}  # every broker was asked
-        assert [r["transactional_id"] for r in a.list_transactions(states=["Ongoing"])] == ["tx-a"]
-        assert [r["transactional_id"] for r in a.list_transactions(producer_ids=[12])] == ["tx-b"]
+        assert [r.transactional_id for r in a.list_transactions(states=["Ongoing"])] == ["tx-a"]
+        assert [r.transactional_id for r in a.list_transactions(producer_ids=[12])] == ["tx-b"]
         a.list_transactions(duration_ms=500)
         assert [v for _, k, v, _ in fake.requests if k == 66][-1] == 2  # highest advertised version
         d = a.describe_transactions(["tx-a", "nope", "tx-b"])
     assert d["tx-a"] == TxnDescription("tx-a", 2, "Ongoing", 11, 2, MAX, NOW - 2 * MAX, (("t", 0), ("t", 1)))
     assert d["tx-b"].start_time_ms == -1 and d["tx-b"].partitions == ()
-    assert d["nope"].error == "TRANSACTIONAL_ID_NOT_FOUND"
+    assert d.errors["nope"].name == "TRANSACTIONAL_ID_NOT_FOUND"
+    with pytest.raises(TransactionalIdNotFoundError):
+        d["nope"]
     assert [k for _, k, v, r in fake.requests if k == 10 and v == 6 and r.key_type == 1]
 
 
@@ -319,9 +338,9 @@ def test_find_hanging_end_to_end(fake: FakeCluster) -> None:
     with admin(lambda: NOW + MAX + 1) as a:
         assert [(h.partition, h.reason) for h in a.find_hanging("t", 1, MAX)] == [(1, "coordinator-overdue")]
     with admin() as a:
-        with pytest.raises(TxnAdminError, match="UNKNOWN_TOPIC_OR_PARTITION"):
+        with pytest.raises(KafkaError, match="UNKNOWN_TOPIC_OR_PARTITION"):
             a.find_hanging("nope")
-        with pytest.raises(TxnAdminError, match="t-5: UNKNOWN_TOPIC_OR_PARTITION"):
+        with pytest.raises(KafkaError, match="t-5: UNKNOWN_TOPIC_OR_PARTITION"):
             a.find_hanging("t", 5)
 
 
@@ -339,7 +358,7 @@ def test_abort_by_start_offset_goes_to_the_leader(fake: FakeCluster) -> None:
         with pytest.raises(TxnAdminError, match="offset 4 on partition t-1"):
             a.abort_spec("t", 1, 4)
         fake.marker_error = E.transaction_coordinator_fenced
-        with pytest.raises(TxnAdminError, match="TRANSACTION_COORDINATOR_FENCED"):
+        with pytest.raises(KafkaError, match="TRANSACTION_COORDINATOR_FENCED"):
             a.abort_transaction(AbortSpec("t", 0, 11, 2, 0))
 
 
@@ -353,7 +372,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def test_cli(fake: FakeCluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(T.time, "time", lambda: NOW / 1000)
+    monkeypatch.setattr(time, "time", lambda: NOW / 1000)
     open_txn(fake, "tx-[a]", 11, [0, 1], coord_parts=[1], timeout=3 * MAX)
     code, out, _ = run(capsys, "list")
     assert code == 0 and "tx-[a]" in out and "Ongoing" in out and "TransactionalId" in out

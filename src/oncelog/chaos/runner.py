@@ -301,13 +301,11 @@ class Runner:
         self.broker.start()
 
     def seed_input(self) -> None:
-        from oncelog.client.admin import Admin
+        from oncelog.client import Admin
 
-        with Admin(self.broker.bootstrap) as admin:
+        with Admin({"bootstrap.servers": self.broker.bootstrap}) as admin:
             for topic in (self.input, self.output):
-                err = admin.create_topic(topic, self.profile.partitions)
-                if err:
-                    raise RuntimeError(f"create topic {topic}: {err}")
+                admin.create_topic(topic, self.profile.partitions)
         data = records(self.profile.records, self.seed)
         parts = self.profile.partitions
         try:

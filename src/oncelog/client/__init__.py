@@ -1,12 +1,13 @@
 """oncelog's Kafka client library. Never imports broker/ or storage/.
 
-Blocking: ``from oncelog.client import Producer``; asyncio:
-``from oncelog.client.aio import Producer``. Both take one config dict with
+Blocking: ``from oncelog.client import Producer, Consumer, Admin``; asyncio:
+``from oncelog.client.aio import Producer, Consumer, Admin``. Both take one config dict with
 Kafka's property names (:mod:`oncelog.client.config`) and raise typed
-:mod:`oncelog.client.errors`. The CLI's protocol helpers (``connection``,
-``admin``, ``groups``, ``txns``, ``reader``) live here too.
+:mod:`oncelog.client.errors`. The CLI uses ``Admin``; the blocking
+``connection`` and ``reader`` (read_committed partition reader) serve ``verify``.
 """
 
+from oncelog.client.admin import Admin, AlterConfigOp, ConfigResource, NewTopic, OffsetSpec
 from oncelog.client.aio.consumer import Message, TopicPartition
 from oncelog.client.aio.producer import RecordMetadata
 from oncelog.client.aio.transactions import ConsumerGroupMetadata, PreparedTxnState
@@ -15,5 +16,6 @@ from oncelog.client.consumer import Consumer
 from oncelog.client.errors import KafkaError
 from oncelog.client.producer import DeliveryFuture, Producer
 
-__all__ = ["ConfigError", "Consumer", "ConsumerGroupMetadata", "DeliveryFuture", "KafkaError", "Message",
-           "PreparedTxnState", "Producer", "RecordMetadata", "TopicPartition"]
+__all__ = ["Admin", "AlterConfigOp", "ConfigError", "ConfigResource", "Consumer", "ConsumerGroupMetadata",
+           "DeliveryFuture", "KafkaError", "Message", "NewTopic", "OffsetSpec", "PreparedTxnState", "Producer",
+           "RecordMetadata", "TopicPartition"]

@@ -153,6 +153,7 @@ _CONVERTERS: dict[str, Callable[[Property, Any], Any]] = {
 ALL = frozenset({"producer", "consumer", "admin"})
 P = frozenset({"producer"})
 C = frozenset({"consumer"})
+A = frozenset({"admin"})
 
 
 def _props(*items: Property) -> dict[str, Property]:
@@ -217,6 +218,9 @@ PROPERTIES: dict[str, Property] = _props(
     Property("max.partition.fetch.bytes", "int", 1048576, C, "bytes per partition per fetch", lo=0, hi=INT32_MAX),
     Property("max.poll.records", "int", 500, C, "records returned by one poll", lo=1, hi=INT32_MAX),
     Property("check.crcs", "bool", True, C, "verify the CRC32C of fetched batches"),
+    # -- admin -----------------------------------------------------------------
+    Property("default.api.timeout.ms", "int", 60000, A, "upper bound of one admin operation, retries included",
+             lo=1, hi=INT32_MAX),
 )
 
 # librdkafka spellings accepted for Kafka properties (name -> Kafka name, value map)

@@ -1,4 +1,4 @@
-"""A small blocking Kafka protocol connection (admin CLI and tests).
+"""A small blocking Kafka protocol connection (the read_committed reader behind verify, and tests).
 
 It sends kio request entities and decodes responses; it knows nothing of
 the broker's internals, so it works against Apache Kafka too.

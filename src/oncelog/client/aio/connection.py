@@ -33,6 +33,7 @@ connection does not reconnect itself; the cluster opens a new one.
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 from collections import OrderedDict
 from typing import Any
@@ -97,7 +98,8 @@ class BrokerConnection(asyncio.Protocol):
                                    self.connect_timeout)
         except (OSError, asyncio.TimeoutError) as exc:
             self._closed = True
-            raise KafkaConnectionError(f"cannot connect to {self.host}:{self.port}: {exc or 'timed out'}") from None
+            reason = (os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else str(exc)) or "timed out"
+            raise KafkaConnectionError(f"cannot connect to {self.host}:{self.port}: {reason}") from None
         await self._negotiate()
 
     async def _negotiate(self) -> None:
