@@ -122,3 +122,17 @@ def check_timestamps(batch: bytes, hdr: BatchHeader, now_ms: int, before_max_ms:
                 f"Timestamp {ts} of message with offset {offset} is out of range. "
                 f"The timestamp should be within [{low}, {high}]",
             )
+
+
+def keyless_record_indexes(batch: bytes, hdr: BatchHeader) -> list[int]:
+    """Positions (within the batch) of the records that have no key: a compacted topic
+    refuses them (Kafka's LogValidator ``validateKey``). Decompresses the batch, so the
+    append path calls it only for compacted topics."""
+    body = memoryview(batch)[HEADER_SIZE : hdr.size]
+    try:
+        plain = batch if hdr.compression == COMPRESSION_NONE else _with_body(batch, COMPRESSION_NONE, decompress(hdr.compression, body))
+        return [i for i, (_off, _ts, rec) in enumerate(iter_records(plain)) if rec.key is None]
+    except InvalidRecordError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise InvalidRecordError(CORRUPT_MESSAGE, f"cannot decompress the record batch ({exc})") from None
