@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("oncelog.cleaner")
 
 _LONG_MAX = 2**63 - 1
+YIELD_EVERY_S = 0.001  # the worker releases the GIL this often...
+YIELD_S = 0.0002  # ...for this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,7 @@ class LogCleaner:
         self._wake = asyncio.Event()
         self.passes: list[PassResult] = []  # the last few, for tests and tools
         self.busy: str | None = None  # the partition being cleaned
+        self.install_max_s = 0.0  # the longest in-loop step of a swap so far
 
     @property
     def enabled(self) -> bool:
@@ -203,11 +206,16 @@ class LogCleaner:
             groups = group_segments(
                 [(p.base_offset, p.next_base, p.size) for p in to_clean], cfg.segment_bytes, rng.first_uncleanable
             )
+            if groups:  # gaps may appear anywhere below the last group's end
+                await self._step(plog.raise_cleaned_end, to_clean[groups[-1][-1]].next_base)
             swapped = 0
             for group_idx in groups:
                 group = [to_clean[i] for i in group_idx]
                 seg = await self._step(self._clean_group, plog, group, filt, check, now_ms)
-                if self._stopping or not plog.install_cleaned(group, seg):
+                t0 = time.perf_counter()
+                installed = not self._stopping and plog.install_cleaned(group, seg)
+                self.install_max_s = max(self.install_max_s, time.perf_counter() - t0)
+                if not installed:
                     await asyncio.get_running_loop().run_in_executor(self._executor, plog.abort_cleaned, seg)
                     log.info("%s: compaction stopped: the segments changed under it or the broker is closing", name)
                     return None
@@ -233,20 +241,31 @@ class LogCleaner:
         log.info(
             "%s: compaction pass done: offsets [%d, %d) dirty ratio %.2f, %d segment group(s); read %d bytes "
             "(%d records, %.1f MB/s), wrote %d bytes, kept %d records, removed %d, offset map %d keys "
-            "(%.0f%% full), %.3f s",
+            "(%.0f%% full), longest in-loop swap step %.1f ms, %.3f s",
             name, rng.first_dirty, end_offset, rng.ratio, swapped, stats.bytes_read + stats.map_bytes,
             stats.records_read, (stats.bytes_read + stats.map_bytes) / secs / 1e6, stats.bytes_written,
-            stats.records_kept, stats.records_removed, self._map.size, 100 * self._map.utilization(), secs,
+            stats.records_kept, stats.records_removed, self._map.size, 100 * self._map.utilization(),
+            self.install_max_s * 1000, secs,
         )  # fmt: skip
         result = PassResult(name, rng.first_dirty, end_offset, rng.ratio, stats, swapped)
         self.passes = (self.passes + [result])[-20:]
         return result
 
     def _checker(self, plog: "PartitionLog", throttler: Throttler) -> Any:
+        """Called by the worker per batch: stop when asked, throttle, and hand the GIL to
+        the event loop at least every :data:`YIELD_EVERY_S` (without that, the loop waits up
+        to the interpreter's switch interval, 5 ms, for every syscall it makes while the
+        cleaner's pure-Python loops run)."""
+        last = [time.perf_counter()]
+
         def check(nbytes: int) -> None:
             if self._stopping or plog._closed:
                 raise CleaningAborted()
             throttler.maybe_throttle(nbytes)
+            now = time.perf_counter()
+            if now - last[0] >= YIELD_EVERY_S:
+                time.sleep(YIELD_S)
+                last[0] = time.perf_counter()
 
         return check
 

@@ -85,7 +85,7 @@ from oncelog.protocol.records import (
 )
 from oncelog.storage.cleaner import SegmentInfo
 from oncelog.storage.config import LOG_APPEND_TIME, LogConfig
-from oncelog.storage.fileutil import atomic_write, fsync_dir
+from oncelog.storage.fileutil import atomic_write, fsync_dir, write_all
 from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name, walk_batches
 from oncelog.storage.txn_index import TXNINDEX_SUFFIX, AbortedTxn
 
@@ -258,6 +258,7 @@ class PartitionLog:
         self._durable_end = self.log_end_offset
         self._recovery_point = segments[-1].base_offset
         self._closed = False
+        self._cleaned_end = _read_checkpoint(directory / CLEANED_END_FILE) or 0
         # listeners of the partition (producer state): called outside the locks, on the
         # thread that rolled or deleted; None for logs without producer state
         self.on_roll: Callable[[int], None] | None = None
@@ -780,10 +781,18 @@ class PartitionLog:
             finally:
                 os.close(fd)
         crash_point("cleaned")
-        cleaned_end = _read_checkpoint(self.directory / CLEANED_END_FILE) or 0
-        if group_end > cleaned_end:
-            atomic_write(self.directory / CLEANED_END_FILE, b"%d\n" % group_end)
-        atomic_write(self.directory / (segment_name(seg.base_offset) + SWAP_END_SUFFIX), b"%d\n" % group_end)
+        self.raise_cleaned_end(group_end)
+        # the .swapend is written (and its data synced) before the renames; one directory fsync
+        # then covers both: a .swap whose .swapend did not make it to disk is a stray to recovery
+        marker = self.directory / (segment_name(seg.base_offset) + SWAP_END_SUFFIX)
+        tmp = marker.with_name(marker.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, b"%d\n" % group_end)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, marker)
         crash_point("swapend")
         for path in reversed(_paths(self.directory, seg.base_offset, CLEANED_SUFFIX)):  # the log last
             if path.exists():
@@ -791,6 +800,13 @@ class PartitionLog:
         seg.set_suffix(SWAP_SUFFIX)
         fsync_dir(self.directory)
         crash_point("swap")
+
+    def raise_cleaned_end(self, offset: int) -> None:
+        """Durably allow compaction gaps between segments up to ``offset`` (before any swap
+        that can leave one: the cleaner calls it once per pass, and per swap)."""
+        if offset > self._cleaned_end:
+            atomic_write(self.directory / CLEANED_END_FILE, b"%d\n" % offset)
+            self._cleaned_end = offset
 
     def install_cleaned(self, group: list[PinnedSegment], seg: Segment) -> bool:
         """Step 4 (event loop; renames and the in-memory list only): replace the group's
@@ -829,7 +845,10 @@ class PartitionLog:
         return True
 
     def finish_swap(self, base: int, group_end: int) -> None:
-        """Step 5 (cleaner thread): make the renames durable, remove the old files."""
+        """Step 5 (cleaner thread): make the renames durable, remove the old files. The
+        removals need no fsync of their own: if a crash loses them, recovery removes
+        ``.deleted`` files, and a leftover ``.swapend`` only names old segments that no
+        longer exist (no new segment ever gets a base offset inside a replaced group)."""
         fsync_dir(self.directory)
         crash_point("finish")
         for p in self.directory.glob("*" + DELETED_SUFFIX):
@@ -837,7 +856,6 @@ class PartitionLog:
             if stem.isdigit() and base <= int(stem) < group_end:
                 p.unlink(missing_ok=True)
         (self.directory / (segment_name(base) + SWAP_END_SUFFIX)).unlink(missing_ok=True)
-        fsync_dir(self.directory)
 
     def abort_cleaned(self, seg: Segment) -> None:
         """Throw a cleaned segment away (cleaner thread), whatever step it reached before install."""
