@@ -36,6 +36,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from oncelog.testing import EmbeddedBroker
 
+EXTRA: dict[str, str] = {}
 PASS_RE = re.compile(r"compaction pass done: .* read (\d+) bytes .* longest in-loop swap step ([\d.]+) ms, ([\d.]+) s$", re.M)
 
 
@@ -48,8 +49,13 @@ def prefill(bootstrap: str, mb: int, keys: int) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
     value = b"v" * 1000
     for i in range(mb * 1024):
-        p.produce("kv", key=b"key-%06d" % (i % keys), value=value)
-        if i % 10000 == 0:
+        while True:
+            try:
+                p.produce("kv", key=b"key-%06d" % (i % keys), value=value)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
+                p.poll(0.05)
+        if i % 1000 == 0:
             p.poll(0)
     assert p.flush(60) == 0
 
@@ -58,7 +64,7 @@ def run(clean: bool, args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-compaction-") as tmp:
         log_path = Path(tmp) / "broker.log"
         b = EmbeddedBroker(data_dir=Path(tmp) / "data", log_path=log_path,
-                           config={"log.cleaner.backoff.ms": "100"}).start()
+                           config={"log.cleaner.backoff.ms": "100", **EXTRA}).start()
         try:
             admin = AdminClient({"bootstrap.servers": b.bootstrap})
             fs = admin.create_topics([
@@ -138,7 +144,11 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--io-max-bytes-per-second", type=float, default=None,
+                    help="log.cleaner.io.max.bytes.per.second for the broker (default: Kafka's, unlimited)")
     args = ap.parse_args()
+    if args.io_max_bytes_per_second is not None:
+        EXTRA["log.cleaner.io.max.bytes.per.second"] = str(args.io_max_bytes_per_second)
     rows = []
     for r in range(args.rounds):
         for clean in ((False, True) if r % 2 == 0 else (True, False)):

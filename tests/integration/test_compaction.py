@@ -305,7 +305,7 @@ def test_kill_at_every_step_of_the_swap_then_the_log_equals_the_model(
             b._close_proc()
         names = [p.name for p in (b.data_dir / f"{TOPIC}-0").iterdir()]
         expected_leftover = {
-            "cleaned": ".cleaned", "swapend": ".swapend", "swap": ".swap",
+            "cleaned": ".cleaned", "swapend": "cleaner-swap", "swap": ".swap",
             "install-deleted": ".deleted", "install": ".deleted", "finish": ".deleted",
         }[step]
         assert any(n.endswith(expected_leftover) for n in names), (step, sorted(names))
@@ -313,7 +313,7 @@ def test_kill_at_every_step_of_the_swap_then_the_log_equals_the_model(
         b.config["log.cleaner.enable"] = "false"  # look at what recovery left, with no cleaner running
         b.start()
         names = [p.name for p in (b.data_dir / f"{TOPIC}-0").iterdir()]
-        assert not [n for n in names if n.endswith((".cleaned", ".swap", ".deleted", ".swapend"))], names
+        assert not [n for n in names if n.endswith((".cleaned", ".swap", ".deleted", "cleaner-swap"))], names
         check_against(read_all(b), model, written)
         # and the cleaner goes on from there
         b.stop()

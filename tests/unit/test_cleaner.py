@@ -300,9 +300,9 @@ def _clean_all(plog: PartitionLog, group_bytes: int) -> None:
                 out = f.filter(h, b)
                 if out is not None:
                     seg.append([out], len(out), h.base_offset, h.next_offset, h.max_timestamp, NOW)
-        plog.commit_cleaned(seg, group[-1].next_base)
+        plog.commit_cleaned([seg], [(seg.base_offset, group[-1].next_base)])
         assert plog.install_cleaned(group, seg)
-        plog.finish_swap(seg.base_offset, group[-1].next_base)
+        plog.finish_swaps([(seg.base_offset, group[-1].next_base)], [])
     for p in pinned:
         p.close()
 
@@ -348,7 +348,7 @@ def test_a_swap_below_the_log_start_is_rolled_back_not_forward(tmp_path: Path) -
     seg = plog.new_cleaned_segment(pinned[0].base_offset)
     for h, b in pinned[0].batches():
         seg.append([b], len(b), h.base_offset, h.next_offset, h.max_timestamp, NOW)
-    plog.commit_cleaned(seg, pinned[0].next_base)  # committed: .swap files and a .swapend
+    plog.commit_cleaned([seg], [(seg.base_offset, pinned[0].next_base)])  # committed: .swap files, cleaner-swap
     d = plog.directory
     assert (d / "00000000000000000000.log.swap").exists()
     for p in pinned:
@@ -357,6 +357,6 @@ def test_a_swap_below_the_log_start_is_rolled_back_not_forward(tmp_path: Path) -
     plog.close()
     (d / LOG_START_FILE).write_text(f"{pinned[0].next_base}\n")  # retention moved past the group
     again = PartitionLog.open(d, plog.config, NOW)
-    assert not [p for p in os.listdir(d) if p.endswith((".swap", ".swapend"))]
+    assert not [p for p in os.listdir(d) if p.endswith((".swap", "cleaner-swap"))]
     assert again.log_end_offset == end and again.log_start_offset == pinned[0].next_base
     again.close()

@@ -28,37 +28,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from oncelog.protocol.records import parse_batch_header
+from oncelog.protocol.records import InvalidRecordError
 from oncelog.storage.cleaner import (
-    BatchFilter,
     CleanableRange,
     CleanerStats,
     CleaningAborted,
-    LastRecord,
-    OffsetMap,
-    Throttler,
-    TxnTracker,
-    build_offset_map,
+    CleanJob,
+    CleanResult,
     cleanable_range,
-    group_segments,
+    run_clean_job,
 )
 
 if TYPE_CHECKING:
     from oncelog.broker.broker import Broker
     from oncelog.broker.partition import Partition
-    from oncelog.storage.log import PartitionLog, PinnedSegment
-    from oncelog.storage.segment import Segment
 
 log = logging.getLogger("oncelog.cleaner")
 
 _LONG_MAX = 2**63 - 1
-YIELD_EVERY_S = 0.001  # the worker releases the GIL this often...
-YIELD_S = 0.0002  # ...for this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +84,7 @@ class LogCleaner:
     def __init__(self, broker: "Broker", config: CleanerConfig) -> None:
         self.broker = broker
         self.config = config
-        self._map = OffsetMap(max(config.dedupe_buffer_size // max(config.threads, 1), 24), config.io_buffer_load_factor)
+        self._pool: Any = None  # the cleaner process (multiprocessing, spawn), started on first use
         self._executor: ThreadPoolExecutor | None = None
         self._stopping = False
         self._wake = asyncio.Event()
@@ -159,6 +154,8 @@ class LogCleaner:
                 await asyncio.wait_for(asyncio.shield(task), 30)
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 log.warning("log cleaner still busy at shutdown; recovery finishes its swap")
+        if self._pool is not None:
+            self._pool.terminate()
         if self._executor is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
 
@@ -183,126 +180,128 @@ class LogCleaner:
         cfg = plog.config
         name = f"{partition.topic}-{partition.index}"
         pinned = plog.pin_segments(rng.first_uncleanable)
+        for p in pinned:  # the cleaner process opens the files itself
+            p.close()
         if not pinned:
             return None
         self.busy = name
-        stats = CleanerStats()
+        started = time.monotonic()
+        job = CleanJob(
+            directory=str(plog.directory),
+            segments=[(p.base_offset, p.next_base, p.size) for p in pinned],
+            first_dirty=rng.first_dirty,
+            first_uncleanable=rng.first_uncleanable,
+            aborted=[
+                (t.producer_id, t.first_offset, t.last_offset, t.last_stable_offset)
+                for t in plog.collect_aborted_txns(pinned[0].base_offset, rng.first_uncleanable)
+            ],
+            last_records={
+                e.producer_id: (e.last_offset if e.batches else None, e.epoch) for e in partition.producers
+            },
+            now_ms=now_ms,
+            delete_retention_ms=int(cfg.get("delete.retention.ms")),  # type: ignore[arg-type]
+            segment_bytes=cfg.segment_bytes,
+            index_interval_bytes=cfg.index_interval_bytes,
+            map_memory=max(self.config.dedupe_buffer_size // max(self.config.threads, 1), 24),
+            load_factor=self.config.io_buffer_load_factor,
+            io_max_bytes_per_second=self.config.io_max_bytes_per_second,
+        )
+        by_base = {p.base_offset: i for i, p in enumerate(pinned)}
+        loop = asyncio.get_running_loop()
+        segs: list[Any] = []
+        result: CleanResult | None = None
+        swapped = opened = 0
         try:
-            aborted = plog.collect_aborted_txns(pinned[0].base_offset, rng.first_uncleanable)
-            last_records = {
-                e.producer_id: LastRecord(e.last_offset if e.batches else None, e.epoch) for e in partition.producers
-            }
-            throttler = Throttler(self.config.io_max_bytes_per_second)
-            check = self._checker(plog, throttler)
-            dirty = [p for p in pinned if p.next_base > rng.first_dirty]
-            end_offset = await self._step(self._build_map, dirty, rng, aborted, stats, check)
-            txns = TxnTracker()
-            txns.add_aborted(aborted)
-            filt = BatchFilter(
-                self._map, now_ms, int(cfg.get("delete.retention.ms")), last_records,  # type: ignore[arg-type]
-                rng.first_uncleanable, txns, stats,
-            )  # fmt: skip
-            to_clean = [p for p in pinned if p.base_offset < end_offset]
-            groups = group_segments(
-                [(p.base_offset, p.next_base, p.size) for p in to_clean], cfg.segment_bytes, rng.first_uncleanable
-            )
-            if groups:  # gaps may appear anywhere below the last group's end
-                await self._step(plog.raise_cleaned_end, to_clean[groups[-1][-1]].next_base)
-            swapped = 0
-            for group_idx in groups:
-                group = [to_clean[i] for i in group_idx]
-                seg = await self._step(self._clean_group, plog, group, filt, check, now_ms)
+            result = await self._step(self._run_job, job)
+            groups = result.groups
+            for base, _end in groups:
+                segs.append(await self._step(plog.open_cleaned_segment, base, now_ms))
+                opened += 1
+            if segs:
+                await self._step(plog.commit_cleaned, segs, groups)
+            installed: list[tuple[int, int]] = []
+            for seg, (base, end) in zip(segs, groups):
+                group = [p for p in pinned[by_base[base] :] if p.base_offset < end]
                 t0 = time.perf_counter()
-                installed = not self._stopping and plog.install_cleaned(group, seg)
+                ok = not self._stopping and plog.install_cleaned(group, seg)
                 self.install_max_s = max(self.install_max_s, time.perf_counter() - t0)
-                if not installed:
-                    await asyncio.get_running_loop().run_in_executor(self._executor, plog.abort_cleaned, seg)
+                if not ok:
                     log.info("%s: compaction stopped: the segments changed under it or the broker is closing", name)
-                    return None
-                await asyncio.get_running_loop().run_in_executor(
-                    self._executor, plog.finish_swap, seg.base_offset, group[-1].next_base
-                )
-                swapped += 1
-                stats.groups += 1
-            await self._step(plog.write_cleaner_checkpoint, end_offset)
+                    break
+                installed.append((base, end))
+                await asyncio.sleep(0)  # one group at a time: requests run in between
+            swapped = len(installed)
+            dropped, segs = segs[swapped:], []
+            if installed or dropped:
+                await loop.run_in_executor(self._executor, plog.finish_swaps, installed, dropped)
+            if dropped:
+                return None
+            await self._step(plog.write_cleaner_checkpoint, result.end_offset)
         except CleaningAborted:
             return None
         except OSError as exc:
-            if plog._closed:
-                return None
-            log.error("%s: compaction failed: %s", name, exc)
+            if not plog._closed:
+                log.error("%s: compaction failed: %s", name, exc)
             return None
         finally:
-            for p in pinned:
-                p.close()
+            if segs:  # opened or committed, never installed
+                try:
+                    await loop.run_in_executor(self._executor, plog.abort_cleaned, segs)
+                except (OSError, RuntimeError):
+                    pass
+            if result is not None:
+                for base, _end in result.groups[opened:]:  # written by the cleaner process, never opened
+                    try:
+                        plog.discard_cleaned(base)
+                    except OSError:
+                        pass
             self.busy = None
-        stats.end = time.monotonic()
-        secs = max(stats.elapsed_s, 1e-9)
+        assert result is not None
+        stats = result.stats
+        secs = max(time.monotonic() - started, 1e-9)
+        read = stats.bytes_read + stats.map_bytes
         log.info(
             "%s: compaction pass done: offsets [%d, %d) dirty ratio %.2f, %d segment group(s); read %d bytes "
             "(%d records, %.1f MB/s), wrote %d bytes, kept %d records, removed %d, offset map %d keys "
             "(%.0f%% full), longest in-loop swap step %.1f ms, %.3f s",
-            name, rng.first_dirty, end_offset, rng.ratio, swapped, stats.bytes_read + stats.map_bytes,
-            stats.records_read, (stats.bytes_read + stats.map_bytes) / secs / 1e6, stats.bytes_written,
-            stats.records_kept, stats.records_removed, self._map.size, 100 * self._map.utilization(),
-            self.install_max_s * 1000, secs,
+            name, rng.first_dirty, result.end_offset, rng.ratio, swapped, read, stats.records_read,
+            read / secs / 1e6, stats.bytes_written, stats.records_kept, stats.records_removed, result.map_size,
+            100 * result.map_utilization, self.install_max_s * 1000, secs,
         )  # fmt: skip
-        result = PassResult(name, rng.first_dirty, end_offset, rng.ratio, stats, swapped)
-        self.passes = (self.passes + [result])[-20:]
-        return result
-
-    def _checker(self, plog: "PartitionLog", throttler: Throttler) -> Any:
-        """Called by the worker per batch: stop when asked, throttle, and hand the GIL to
-        the event loop at least every :data:`YIELD_EVERY_S` (without that, the loop waits up
-        to the interpreter's switch interval, 5 ms, for every syscall it makes while the
-        cleaner's pure-Python loops run)."""
-        last = [time.perf_counter()]
-
-        def check(nbytes: int) -> None:
-            if self._stopping or plog._closed:
-                raise CleaningAborted()
-            throttler.maybe_throttle(nbytes)
-            now = time.perf_counter()
-            if now - last[0] >= YIELD_EVERY_S:
-                time.sleep(YIELD_S)
-                last[0] = time.perf_counter()
-
-        return check
+        out = PassResult(name, rng.first_dirty, result.end_offset, rng.ratio, stats, swapped)
+        self.passes = (self.passes + [out])[-20:]
+        return out
 
     # -- the worker side ----------------------------------------------------------------------
 
-    def _build_map(
-        self, dirty: list["PinnedSegment"], rng: CleanableRange, aborted: list, stats: CleanerStats, check: Any
-    ) -> int:
-        # at most one entry per offset of the dirty range: no larger table than that is needed
-        self._map.clear(max(rng.first_uncleanable - rng.first_dirty, 1))
-        segs = [(p.base_offset, min(p.next_base, rng.first_uncleanable), p.batches) for p in dirty]
-        build_offset_map(segs, rng.first_dirty, self._map, aborted, stats, check)
-        return self._map.latest_offset + 1
+    def _run_job(self, job: CleanJob) -> CleanResult:
+        """Run the pass's heavy part in the cleaner process (started on first use) and wait,
+        giving up if the broker is stopping (the process is then terminated)."""
+        if self._pool is None:
+            ctx = multiprocessing.get_context("spawn")
+            self._pool = ctx.Pool(1, initializer=_child_init)
+        pending = self._pool.apply_async(run_clean_job, (job,))
+        while True:
+            try:
+                return pending.get(0.2)
+            except multiprocessing.TimeoutError:
+                if self._stopping:
+                    raise CleaningAborted() from None
+            except (FileNotFoundError, InvalidRecordError, ValueError) as exc:
+                raise OSError(f"cleaning failed: {exc}") from None
 
-    def _clean_group(
-        self, plog: "PartitionLog", group: list["PinnedSegment"], filt: BatchFilter, check: Any, now_ms: int
-    ) -> "Segment":
-        seg = plog.new_cleaned_segment(group[0].base_offset)
-        try:
-            kept_before = len(filt.txns.kept_aborted)
-            for pin in group:
-                for hdr, batch in pin.batches():
-                    check(hdr.size)
-                    out = filt.filter(hdr, batch)
-                    if out is None:
-                        continue
-                    max_ts = hdr.max_timestamp if out is batch else parse_batch_header(out).max_timestamp
-                    seg.append([out], len(out), hdr.base_offset, hdr.next_offset, max_ts, now_ms)
-                    check(len(out))
-            for txn in filt.txns.kept_aborted[kept_before:]:
-                if txn.last_offset >= seg.base_offset:
-                    seg.txn_index.append(txn)
-            plog.commit_cleaned(seg, group[-1].next_base)
-        except BaseException:
-            plog.abort_cleaned(seg)
-            raise
-        return seg
+
+CHILD_NICE = 19
+
+
+def _child_init() -> None:
+    """The cleaner process leaves Ctrl-C to the broker (which terminates it) and runs at the
+    lowest CPU priority: on a busy machine the broker's serving thread goes first."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.nice(CHILD_NICE)
+    except OSError:  # not allowed here: run at the broker's priority
+        pass
 
 
 def cleaner_config(broker_config: Any) -> CleanerConfig:

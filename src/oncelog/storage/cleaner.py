@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import os
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -669,3 +670,114 @@ def group_segments(
             i += 1
         groups.append(group)
     return groups
+
+
+# --- a whole pass's heavy part, for a separate process ------------------------------------------------
+
+
+@dataclass
+class CleanJob:
+    """What a pass needs, as plain data (it crosses into the cleaner process)."""
+
+    directory: str
+    segments: list[tuple[int, int, int]]  # (base offset, next segment's base, size), log start to the range end
+    first_dirty: int
+    first_uncleanable: int
+    aborted: list[tuple[int, int, int, int]]  # AbortedTxn fields
+    last_records: dict[int, tuple[int | None, int]]  # producer id -> (last data offset, epoch)
+    now_ms: int
+    delete_retention_ms: int
+    segment_bytes: int
+    index_interval_bytes: int
+    map_memory: int
+    load_factor: float = 0.9
+    io_max_bytes_per_second: float = 1.7976931348623157e308
+
+
+@dataclass
+class CleanResult:
+    end_offset: int  # the first offset not cleaned (the new checkpoint)
+    groups: list[tuple[int, int]]  # (base offset, end offset) of each .cleaned segment written
+    stats: CleanerStats
+    map_size: int
+    map_utilization: float
+
+
+def run_clean_job(job: CleanJob) -> CleanResult:
+    """Build the offset map and write every group's ``<base>.*.cleaned`` segment, fsynced
+    (the CPU-heavy part of a pass; the broker runs it in a process of its own so that the
+    interpreter lock of the serving process stays free). Swapping them in is the caller's."""
+    from pathlib import Path
+
+    from oncelog.storage.segment import LOG_SUFFIX, Segment, segment_name, walk_batches
+
+    directory = Path(job.directory)
+    stats = CleanerStats()
+    throttler = Throttler(job.io_max_bytes_per_second)
+    fds: list[int] = []
+    try:
+        for base, _nxt, _size in job.segments:  # opened at once: later deletions cannot pull them away
+            fds.append(os.open(directory / (segment_name(base) + LOG_SUFFIX), os.O_RDONLY))
+
+        def source(i: int) -> Callable[[], BatchSource]:
+            def batches() -> BatchSource:
+                for hdr, _pos, data in walk_batches(fds[i], 0, job.segments[i][2], 1 << 20, with_data=True):
+                    yield hdr, data
+
+            return batches
+
+        aborted = [AbortedTxn(*t) for t in job.aborted]
+        offset_map = OffsetMap(job.map_memory, job.load_factor)
+        offset_map.clear(max(job.first_uncleanable - job.first_dirty, 1))
+        dirty = [
+            (base, min(nxt, job.first_uncleanable), source(i))
+            for i, (base, nxt, _size) in enumerate(job.segments)
+            if nxt > job.first_dirty
+        ]
+        build_offset_map(dirty, job.first_dirty, offset_map, aborted, stats, throttler.maybe_throttle)
+        end_offset = offset_map.latest_offset + 1
+        to_clean = [(i, s) for i, s in enumerate(job.segments) if s[0] < end_offset]
+        txns = TxnTracker()
+        txns.add_aborted(aborted)
+        last = {pid: LastRecord(off, epoch) for pid, (off, epoch) in job.last_records.items()}
+        filt = BatchFilter(offset_map, job.now_ms, job.delete_retention_ms, last, job.first_uncleanable, txns, stats)
+        groups = group_segments([s for _i, s in to_clean], job.segment_bytes, job.first_uncleanable)
+        written: list[tuple[int, int]] = []
+        for group in groups:
+            members = [to_clean[g] for g in group]
+            base = members[0][1][0]
+            for ext in (".log", ".index", ".timeindex", ".txnindex"):
+                (directory / (segment_name(base) + ext + ".cleaned")).unlink(missing_ok=True)
+            seg = Segment(directory, base, job.index_interval_bytes, suffix=".cleaned")
+            try:
+                kept_before = len(txns.kept_aborted)
+                for i, _s in members:
+                    for hdr, data in source(i)():
+                        throttler.maybe_throttle(hdr.size)
+                        out = filt.filter(hdr, data)
+                        if out is None:
+                            continue
+                        max_ts = hdr.max_timestamp if out is data else _max_ts(out)
+                        seg.append([out], len(out), hdr.base_offset, hdr.next_offset, max_ts, job.now_ms)
+                        throttler.maybe_throttle(len(out))
+                for txn in txns.kept_aborted[kept_before:]:
+                    seg.txn_index.append(txn)
+                seg.seal()
+                for fd in seg.sync_fds(with_indexes=True):
+                    try:
+                        os.fdatasync(fd)
+                    finally:
+                        os.close(fd)
+            finally:
+                seg.close()
+            written.append((base, members[-1][1][1]))
+            stats.groups += 1
+        stats.end = time.monotonic()
+        return CleanResult(end_offset, written, stats, offset_map.size, offset_map.utilization())
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _max_ts(batch: bytes | memoryview) -> int:
+    return _HEADER.unpack_from(batch, 0)[8]

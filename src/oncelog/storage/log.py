@@ -24,32 +24,32 @@ Listeners: ``on_roll(new_base)`` after every roll and
 segments, so the partition can snapshot its producer state on each roll and
 drop the snapshots of deleted segments (storage knows nothing of producers).
 
-Compaction (the cleaner, :mod:`oncelog.storage.cleaner`, runs in a worker
-thread): it reads segments through descriptors of its own
-(:meth:`PartitionLog.pin_segments`) and writes a group's replacement as
-``<base>.*.cleaned`` files, then swaps it in, Kafka's way, in steps each safe
-against kill -9:
+Compaction (:mod:`oncelog.storage.cleaner`; the broker's cleaner writes each
+group of segments' replacement as ``<base>.*.cleaned`` files) swaps the
+cleaned segments of a pass in, Kafka's way, in steps each safe against
+kill -9:
 
 1. ``cleaned``: the new files are complete and fsynced;
-2. ``swapend``: ``<base>.swapend`` durably holds the end offset of the
-   replaced group (so recovery knows exactly which old segments it replaces)
-   and ``cleaned-end-offset`` is raised to it;
-3. ``swap``: ``.cleaned`` renamed to ``.swap`` (the log file last), directory
-   fsynced: from here on the swap is committed;
-4. ``install-deleted`` / ``install`` (on the event loop, renames only): the
-   old segments' files renamed to ``.deleted``, the ``.swap`` files to their
-   final names, and the segment list replaced in memory;
-5. ``finish``: directory fsynced, ``.deleted`` files and ``.swapend`` removed.
+2. ``swapend``: ``cleaner-swap`` durably lists each group's base and end
+   offsets (so recovery knows exactly which old segments each replaces), and
+   ``cleaned-end-offset`` is raised to the last end;
+3. ``swap``: ``.cleaned`` renamed to ``.swap`` (each log file last), directory
+   fsynced: from here on the swaps are committed;
+4. ``install-deleted`` / ``install`` (on the event loop, one group at a
+   time, renames only): the old segments' files renamed to ``.deleted``, the
+   ``.swap`` files to their final names, the segment list replaced in memory;
+5. ``finish``: directory fsynced, ``.deleted`` files and ``cleaner-swap``
+   removed.
 
-On open, a ``.swapend`` with its ``.log.swap`` present rolls the swap forward
-(old segments in ``[base, end)`` deleted, ``.swap`` renamed), one with its
-``.log.cleaned`` still there rolls it back, one with neither finishes the
-deletions; leftover ``.cleaned``, ``.swap`` and ``.deleted`` files are
-removed. A swap whose group lies entirely below the log start offset is
-rolled back. Compaction leaves offset gaps, also between segments: a segment
-starting at or below ``cleaned-end-offset`` may start after the previous one
-ends. ``cleaner-offset-checkpoint`` holds the first dirty offset (Kafka keeps
-it per log directory; here per partition).
+On open, each group listed in ``cleaner-swap`` whose ``.log.swap`` is present
+is rolled forward (old segments in ``[base, end)`` deleted, ``.swap`` renamed),
+one whose ``.log.cleaned`` is still there is rolled back, one with neither has
+its deletions finished; leftover ``.cleaned``, ``.swap`` and ``.deleted`` files
+are removed. A group entirely below the log start offset is rolled back.
+Compaction leaves offset gaps, also between segments: a segment starting at
+or below ``cleaned-end-offset`` may start after the previous one ends.
+``cleaner-offset-checkpoint`` holds the first dirty offset (Kafka keeps it per
+log directory; here per partition).
 
 Aborted transactions: each segment's ``.txnindex`` lists the aborted
 transactions whose ABORT markers it holds. The log only stores and searches
@@ -98,7 +98,7 @@ OFFSET_OUT_OF_RANGE = 1
 CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
 DELETED_SUFFIX = ".deleted"
-SWAP_END_SUFFIX = ".swapend"
+SWAP_MANIFEST = "cleaner-swap"
 CLEANER_CHECKPOINT_FILE = "cleaner-offset-checkpoint"
 CLEANED_END_FILE = "cleaned-end-offset"
 CRASH_ENV = "ONCELOG_CLEANER_CRASH_AT"  # test hook: os._exit at this step of a swap
@@ -177,20 +177,28 @@ def _paths(directory: Path, base: int, suffix: str = "") -> list[Path]:
     return [directory / (segment_name(base) + ext + suffix) for ext in _SEGMENT_EXTS]
 
 
+def _read_manifest(path: Path) -> list[tuple[int, int]]:
+    try:
+        lines = path.read_text().split("\n")
+    except (OSError, UnicodeDecodeError):
+        return []
+    groups = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            groups.append((int(parts[0]), int(parts[1])))
+    return groups
+
+
 def _recover_swaps(directory: Path, log_start: int | None) -> None:
     """Finish or roll back the cleaner swaps a crash interrupted (see the module docstring)."""
     changed = False
     for p in directory.glob("*" + DELETED_SUFFIX):
         p.unlink(missing_ok=True)
         changed = True
-    for marker in sorted(directory.glob("*" + SWAP_END_SUFFIX)):
-        stem = marker.name[: -len(SWAP_END_SUFFIX)]
-        end = _read_checkpoint(marker)
-        if not stem.isdigit() or end is None:
-            marker.unlink(missing_ok=True)
-            changed = True
-            continue
-        base = int(stem)
+    manifest = directory / SWAP_MANIFEST
+    for base, end in _read_manifest(manifest):
+        stem = segment_name(base)
         swapped = (directory / (stem + LOG_SUFFIX + SWAP_SUFFIX)).exists()
         cleaned = (directory / (stem + LOG_SUFFIX + CLEANED_SUFFIX)).exists()
         old = [int(p.stem) for p in directory.glob("*" + LOG_SUFFIX) if p.stem.isdigit() and base <= int(p.stem) < end]
@@ -210,7 +218,9 @@ def _recover_swaps(directory: Path, log_start: int | None) -> None:
                         path.unlink(missing_ok=True)
         else:
             logger.warning("%s: rolling back an interrupted compaction of offsets [%d, %d)", directory.name, base, end)
-        marker.unlink(missing_ok=True)
+        changed = True
+    if manifest.exists():
+        manifest.unlink()
         changed = True
     for suffix in (CLEANED_SUFFIX, SWAP_SUFFIX):
         for p in directory.glob("*" + suffix):
@@ -771,33 +781,47 @@ class PartitionLog:
             path.unlink(missing_ok=True)
         return Segment(self.directory, base, self.config.index_interval_bytes, suffix=CLEANED_SUFFIX)
 
-    def commit_cleaned(self, seg: Segment, group_end: int) -> None:
-        """Steps 1-3 of a swap (cleaner thread): make the cleaned files durable, record the
-        group's end, rename them to ``.swap``. After this the swap survives a crash."""
-        seg.seal()
-        for fd in seg.sync_fds(with_indexes=True):
-            try:
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
+    def open_cleaned_segment(self, base: int, now_ms: int) -> Segment:
+        """The ``<base>.*.cleaned`` segment another process wrote (checked as on recovery)."""
+        seg = Segment(self.directory, base, self.config.index_interval_bytes, existing=True, suffix=CLEANED_SUFFIX)
+        seg.load(now_ms, full_recovery=False)
+        return seg
+
+    def discard_cleaned(self, base: int) -> None:
+        """Delete ``<base>.*.cleaned`` files that will not be swapped in."""
+        for path in _paths(self.directory, base, CLEANED_SUFFIX):
+            path.unlink(missing_ok=True)
+
+    def commit_cleaned(self, segs: list[Segment], groups: list[tuple[int, int]]) -> None:
+        """Steps 1-3 of a pass's swaps (cleaner thread): make the cleaned files durable,
+        list the groups in ``cleaner-swap``, rename the files to ``.swap``. After this the
+        swaps survive a crash. ``groups`` holds each segment's (base, end of its group)."""
+        for seg in segs:
+            seg.seal()
+            for fd in seg.sync_fds(with_indexes=True):
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
         crash_point("cleaned")
-        self.raise_cleaned_end(group_end)
-        # the .swapend is written (and its data synced) before the renames; one directory fsync
-        # then covers both: a .swap whose .swapend did not make it to disk is a stray to recovery
-        marker = self.directory / (segment_name(seg.base_offset) + SWAP_END_SUFFIX)
-        tmp = marker.with_name(marker.name + ".tmp")
+        self.raise_cleaned_end(max(end for _b, end in groups))
+        # the manifest is written (and its data synced) before the renames; one directory
+        # fsync then covers both: a .swap the manifest does not list is a stray to recovery
+        manifest = self.directory / SWAP_MANIFEST
+        tmp = manifest.with_name("." + manifest.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            write_all(fd, b"%d\n" % group_end)
+            write_all(fd, "".join(f"{b} {e}\n" for b, e in groups).encode())
             os.fdatasync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, marker)
+        os.replace(tmp, manifest)
         crash_point("swapend")
-        for path in reversed(_paths(self.directory, seg.base_offset, CLEANED_SUFFIX)):  # the log last
-            if path.exists():
-                os.rename(path, path.with_name(path.name[: -len(CLEANED_SUFFIX)] + SWAP_SUFFIX))
-        seg.set_suffix(SWAP_SUFFIX)
+        for seg in segs:
+            for path in reversed(_paths(self.directory, seg.base_offset, CLEANED_SUFFIX)):  # the log last
+                if path.exists():
+                    os.rename(path, path.with_name(path.name[: -len(CLEANED_SUFFIX)] + SWAP_SUFFIX))
+            seg.set_suffix(SWAP_SUFFIX)
         fsync_dir(self.directory)
         crash_point("swap")
 
@@ -844,35 +868,38 @@ class PartitionLog:
             old.close()
         return True
 
-    def finish_swap(self, base: int, group_end: int) -> None:
-        """Step 5 (cleaner thread): make the renames durable, remove the old files. The
-        removals need no fsync of their own: if a crash loses them, recovery removes
-        ``.deleted`` files, and a leftover ``.swapend`` only names old segments that no
-        longer exist (no new segment ever gets a base offset inside a replaced group)."""
+    def finish_swaps(self, installed: list[tuple[int, int]], dropped: list[Segment]) -> None:
+        """Step 5 (cleaner thread): make the installs durable, remove the old files and the
+        manifest; then throw away the cleaned segments that were not installed (``dropped``).
+        The removals need no fsync of their own: if a crash loses them, recovery removes
+        ``.deleted`` files, and a leftover manifest entry of an installed group only names
+        old segments that no longer exist (no new segment ever gets a base offset inside a
+        replaced group)."""
         fsync_dir(self.directory)
         crash_point("finish")
         for p in self.directory.glob("*" + DELETED_SUFFIX):
             stem = p.name.split(".", 1)[0]
-            if stem.isdigit() and base <= int(stem) < group_end:
+            if stem.isdigit() and any(b <= int(stem) < e for b, e in installed):
                 p.unlink(missing_ok=True)
-        (self.directory / (segment_name(base) + SWAP_END_SUFFIX)).unlink(missing_ok=True)
+        (self.directory / SWAP_MANIFEST).unlink(missing_ok=True)
+        if dropped:
+            self.abort_cleaned(dropped)
 
-    def abort_cleaned(self, seg: Segment) -> None:
-        """Throw a cleaned segment away (cleaner thread), whatever step it reached before install."""
-        suffix = seg.suffix
-        seg.close()
-        if not suffix:
-            return
+    def abort_cleaned(self, segs: list[Segment]) -> None:
+        """Throw cleaned segments away (cleaner thread), whatever step they reached before install."""
         try:
-            # the .swapend first: without it, recovery takes leftover .swap files for strays
-            # (with it and no .swap, recovery would take the swap for installed)
-            (self.directory / (segment_name(seg.base_offset) + SWAP_END_SUFFIX)).unlink(missing_ok=True)
-            fsync_dir(self.directory)
-            for path in _paths(self.directory, seg.base_offset, suffix):
-                path.unlink(missing_ok=True)
+            # the manifest first: without it, recovery takes leftover .swap files for strays
+            # (with it and no .swap, recovery would take a swap for installed)
+            (self.directory / SWAP_MANIFEST).unlink(missing_ok=True)
             fsync_dir(self.directory)
         except OSError:  # the directory itself went (topic deleted)
             pass
+        for seg in segs:
+            suffix = seg.suffix
+            seg.close()
+            if suffix:
+                for path in _paths(self.directory, seg.base_offset, suffix):
+                    path.unlink(missing_ok=True)
 
     # -- lifecycle ------------------------------------------------------------------
 
