@@ -715,6 +715,7 @@ def run_clean_job(job: CleanJob) -> CleanResult:
     stats = CleanerStats()
     throttler = Throttler(job.io_max_bytes_per_second)
     fds: list[int] = []
+    to_sync: list[int] = []
     try:
         for base, _nxt, _size in job.segments:  # opened at once: later deletions cannot pull them away
             fds.append(os.open(directory / (segment_name(base) + LOG_SUFFIX), os.O_RDONLY))
@@ -742,7 +743,7 @@ def run_clean_job(job: CleanJob) -> CleanResult:
         last = {pid: LastRecord(off, epoch) for pid, (off, epoch) in job.last_records.items()}
         filt = BatchFilter(offset_map, job.now_ms, job.delete_retention_ms, last, job.first_uncleanable, txns, stats)
         groups = group_segments([s for _i, s in to_clean], job.segment_bytes, job.first_uncleanable)
-        written: list[tuple[int, int]] = []
+        written: list[tuple[int, int]] = []  # every file written is synced together at the end
         for group in groups:
             members = [to_clean[g] for g in group]
             base = members[0][1][0]
@@ -763,20 +764,48 @@ def run_clean_job(job: CleanJob) -> CleanResult:
                 for txn in txns.kept_aborted[kept_before:]:
                     seg.txn_index.append(txn)
                 seg.seal()
-                for fd in seg.sync_fds(with_indexes=True):
-                    try:
-                        os.fdatasync(fd)
-                    finally:
-                        os.close(fd)
+                to_sync += seg.sync_fds(with_indexes=True)
             finally:
                 seg.close()
             written.append((base, members[-1][1][1]))
             stats.groups += 1
+        sync_all(to_sync)
         stats.end = time.monotonic()
         return CleanResult(end_offset, written, stats, offset_map.size, offset_map.utilization())
     finally:
-        for fd in fds:
+        for fd in fds + to_sync:
             os.close(fd)
+
+
+def sync_all(fds: list[int]) -> None:
+    """Make the files behind ``fds`` durable: with Linux's ``syncfs`` one flush of their
+    file system (one journal commit for all of them, instead of one per file, which on a
+    shared disk delays the broker's own fdatasyncs), else ``fdatasync`` per file."""
+    if not fds:
+        return
+    syncfs = _syncfs()
+    if syncfs is not None and all(os.fstat(fd).st_dev == os.fstat(fds[0]).st_dev for fd in fds):
+        if syncfs(fds[0]) == 0:
+            return
+    for fd in fds:
+        os.fdatasync(fd)
+
+
+_SYNCFS: list = []
+
+
+def _syncfs() -> Callable[[int], int] | None:
+    if not _SYNCFS:
+        fn = None
+        try:
+            import ctypes
+
+            fn = ctypes.CDLL(None, use_errno=True).syncfs
+            fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _SYNCFS.append(fn)
+    return _SYNCFS[0]
 
 
 def _max_ts(batch: bytes | memoryview) -> int:
