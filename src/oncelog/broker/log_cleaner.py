@@ -1,27 +1,27 @@
 """The log cleaner: compaction of ``cleanup.policy=compact`` topics in the background.
 
-Kafka's ``LogCleaner`` with one cleaner thread (``log.cleaner.threads``): every
+Kafka's ``LogCleaner`` with one cleaner (``log.cleaner.threads``): every
 ``log.cleaner.backoff.ms`` when idle, the event loop picks the filthiest
 compacted partition (:func:`~oncelog.storage.cleaner.cleanable_range`: the
 highest dirty ratio above ``min.cleanable.dirty.ratio``, or any whose dirty
 data is older than ``max.compaction.lag.ms``), bounded by the partition's last
-stable offset and the active segment. The work then runs in a dedicated
-worker thread:
+stable offset and the active segment. Then:
 
-1. build the offset map from the dirty range (memory bounded by
-   ``log.cleaner.dedupe.buffer.size``);
-2. for each group of segments (``segment.bytes`` at most), write the
-   retained batches to a ``.cleaned`` segment and commit the swap
-   (:meth:`PartitionLog.commit_cleaned`);
-3. back on the loop, :meth:`PartitionLog.install_cleaned` renames the files
-   and replaces the segments in memory (a few renames: the only part on the
-   loop), then the worker finishes the swap.
+1. the cleaner process (``multiprocessing``, spawned on first use, nice 19)
+   runs :func:`~oncelog.storage.cleaner.run_clean_job`: the offset map (memory
+   bounded by ``log.cleaner.dedupe.buffer.size``) and every group's
+   ``.cleaned`` segment, I/O throttled to
+   ``log.cleaner.io.max.bytes.per.second``. A process, not a thread: the
+   pure-Python work would hold the serving process's interpreter lock;
+2. a worker thread commits the swaps (:meth:`PartitionLog.commit_cleaned`);
+3. the event loop installs each group (:meth:`PartitionLog.install_cleaned`:
+   renames and the in-memory segment list, the only part on the loop), and
+   the worker thread finishes (:meth:`PartitionLog.finish_swaps`).
 
-Reads and writes are throttled to ``log.cleaner.io.max.bytes.per.second``.
 Each pass logs one INFO line: partition, bytes read and written, records
 kept and removed, duration, throughput and the dirty ratio it started from.
 The partition passes its producers' last offsets and the aborted
-transactions in; storage knows no producers.
+transactions in; storage knows no producers. See docs/compaction.md.
 """
 
 from __future__ import annotations
