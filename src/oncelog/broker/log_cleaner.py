@@ -7,7 +7,8 @@ highest dirty ratio above ``min.cleanable.dirty.ratio``, or any whose dirty
 data is older than ``max.compaction.lag.ms``), bounded by the partition's last
 stable offset and the active segment. Then:
 
-1. the cleaner process (``multiprocessing``, spawned on first use, nice 19)
+1. the cleaner process (``multiprocessing``, spawned once a compacted topic
+   exists, nice 19)
    runs :func:`~oncelog.storage.cleaner.run_clean_job`: the offset map (memory
    bounded by ``log.cleaner.dedupe.buffer.size``) and every group's
    ``.cleaned`` segment, I/O throttled to
@@ -129,6 +130,8 @@ class LogCleaner:
         while not self._stopping:
             cleaned = False
             try:
+                if self._pool is None and any(p.log.config.compact for p in self.broker.all_partitions()):
+                    await self._step(self._ensure_pool)  # as soon as a compacted topic exists
                 cleaned = await self.clean_once()
             except asyncio.CancelledError:
                 raise
@@ -274,13 +277,18 @@ class LogCleaner:
 
     # -- the worker side ----------------------------------------------------------------------
 
-    def _run_job(self, job: CleanJob) -> CleanResult:
-        """Run the pass's heavy part in the cleaner process (started on first use) and wait,
-        giving up if the broker is stopping (the process is then terminated)."""
+    def _ensure_pool(self) -> Any:
+        """The cleaner process, started (and its imports done) on first use."""
         if self._pool is None:
             ctx = multiprocessing.get_context("spawn")
             self._pool = ctx.Pool(1, initializer=_child_init)
-        pending = self._pool.apply_async(run_clean_job, (job,))
+            self._pool.apply(_warm)
+        return self._pool
+
+    def _run_job(self, job: CleanJob) -> CleanResult:
+        """Run the pass's heavy part in the cleaner process (started on first use) and wait,
+        giving up if the broker is stopping (the process is then terminated)."""
+        pending = self._ensure_pool().apply_async(run_clean_job, (job,))
         while True:
             try:
                 return pending.get(0.2)
@@ -292,6 +300,10 @@ class LogCleaner:
 
 
 CHILD_NICE = 19
+
+
+def _warm() -> None:
+    """Nothing: a first task makes the cleaner process import what a pass needs."""
 
 
 def _child_init() -> None:

@@ -778,34 +778,38 @@ def run_clean_job(job: CleanJob) -> CleanResult:
 
 
 def sync_all(fds: list[int]) -> None:
-    """Make the files behind ``fds`` durable: with Linux's ``syncfs`` one flush of their
-    file system (one journal commit for all of them, instead of one per file, which on a
-    shared disk delays the broker's own fdatasyncs), else ``fdatasync`` per file."""
-    if not fds:
-        return
-    syncfs = _syncfs()
-    if syncfs is not None and all(os.fstat(fd).st_dev == os.fstat(fds[0]).st_dev for fd in fds):
-        if syncfs(fds[0]) == 0:
-            return
+    """Make the files behind ``fds`` durable with as few journal commits as we can: on
+    Linux, start the write-back of every file first (``sync_file_range``), so that their
+    block allocations land in one journal transaction, which the first ``fdatasync``
+    commits and the others find done. (One ``syncfs`` would commit once too, but it
+    flushes everyone's dirty data on the file system: a broker's fdatasync behind it
+    waited up to a second.) Elsewhere: ``fdatasync`` per file."""
+    start_writeback = _sync_file_range()
+    if start_writeback is not None:
+        for fd in fds:
+            start_writeback(fd, 0, 0, _SYNC_FILE_RANGE_WRITE | _SYNC_FILE_RANGE_WAIT_AFTER)
     for fd in fds:
         os.fdatasync(fd)
 
 
-_SYNCFS: list = []
+_SYNC_FILE_RANGE_WRITE = 2
+_SYNC_FILE_RANGE_WAIT_AFTER = 4
+_SFR: list = []
 
 
-def _syncfs() -> Callable[[int], int] | None:
-    if not _SYNCFS:
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    if not _SFR:
         fn = None
         try:
             import ctypes
 
-            fn = ctypes.CDLL(None, use_errno=True).syncfs
-            fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+            fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+            fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+            fn.restype = ctypes.c_int
         except (OSError, AttributeError):
             fn = None
-        _SYNCFS.append(fn)
-    return _SYNCFS[0]
+        _SFR.append(fn)
+    return _SFR[0]
 
 
 def _max_ts(batch: bytes | memoryview) -> int:
