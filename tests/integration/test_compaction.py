@@ -440,3 +440,42 @@ def test_a_pass_is_logged_with_its_numbers(tmp_path: Path) -> None:
     finally:
         b.close()
 
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out |= {int(c) for c in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_the_cleaner_process_dies_with_a_killed_broker(tmp_path: Path) -> None:
+    # a throttled cleaner is mid-pass when the broker is killed: its process must not go on
+    # writing into the data directory that the next broker start recovers
+    b = start_broker(tmp_path, config={**CLEANER, "log.cleaner.io.max.bytes.per.second": "5000"})
+    try:
+        _create(b)
+        _fill(b)
+        assert b.proc is not None
+        time.sleep(2.0)  # the pass is under way (at 5 kB/s it takes most of a minute)
+        kids = _children(b.proc.pid)  # the cleaner process (and multiprocessing's resource tracker)
+        assert len(kids) >= 1, "no cleaner process"
+        assert not _passes(b)
+        b.kill()
+        deadline = time.monotonic() + 2
+        while any(Path(f"/proc/{k}").exists() and "zombie" not in _state(k) for k in kids):
+            assert time.monotonic() < deadline, f"cleaner process(es) {kids} outlived the broker"
+            time.sleep(0.1)
+    finally:
+        b.close()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"

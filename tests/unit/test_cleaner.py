@@ -251,9 +251,11 @@ def test_throttler_sleeps_off_the_excess() -> None:
     t[0] = 0.1
     th.maybe_throttle(400)  # 500 bytes in 0.1 s at 1000 B/s: 0.4 s more
     assert slept == [pytest.approx(0.4)]
+    th.maybe_throttle(50_000)  # a burst far ahead of the rate is paused at once, within a window
+    assert slept[-1] == pytest.approx(50.0)
     unlimited = Throttler(1.7976931348623157e308, clock=lambda: t[0], sleep=sleep)
     unlimited.maybe_throttle(10**9)
-    assert len(slept) == 1
+    assert len(slept) == 2
 
 
 # -- the swap on disk -----------------------------------------------------------------------------

@@ -314,6 +314,16 @@ def _child_init() -> None:
         os.nice(CHILD_NICE)
     except OSError:  # not allowed here: run at the broker's priority
         pass
+    # dies with the broker (kill -9 included): an orphan must not go on writing .cleaned
+    # files into a data directory that a restarted broker recovers and cleans again
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the broker died before the line above ran
+        os._exit(1)
 
 
 def cleaner_config(broker_config: Any) -> CleanerConfig:

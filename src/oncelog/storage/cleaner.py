@@ -181,7 +181,8 @@ class OffsetMap:
 
 class Throttler:
     """Bounds the cleaner's I/O to ``rate`` bytes/s (Kafka's Throttler: measured
-    over ~300 ms windows, sleeping off any excess)."""
+    over ~300 ms windows, sleeping off any excess; here also a burst that gets more
+    than a window ahead, so that short passes are bounded too)."""
 
     def __init__(
         self,
@@ -204,16 +205,16 @@ class Throttler:
         self._observed += nbytes
         now = self.clock()
         elapsed = now - self._start
-        if elapsed < self.window_s:
-            return
-        wanted = self._observed / self.rate
-        if wanted > elapsed:
-            pause = wanted - elapsed
-            self.sleep(pause)
-            self.slept_s += pause
+        ahead = self._observed / self.rate - elapsed
+        # measured per window; a burst more than one window ahead is paused at once
+        if ahead > 0 and (elapsed >= self.window_s or ahead > self.window_s):
+            self.sleep(ahead)
+            self.slept_s += ahead
             now = self.clock()
-        self._start = now
-        self._observed = 0.0
+            elapsed = self.window_s
+        if elapsed >= self.window_s:
+            self._start = now
+            self._observed = 0.0
 
 
 # --- stats -------------------------------------------------------------------------------------
