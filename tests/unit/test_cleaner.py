@@ -362,3 +362,35 @@ def test_a_swap_below_the_log_start_is_rolled_back_not_forward(tmp_path: Path) -
     assert not [p for p in os.listdir(d) if p.endswith((".swap", "cleaner-swap"))]
     assert again.log_end_offset == end and again.log_start_offset == pinned[0].next_base
     again.close()
+
+
+def test_a_whole_pass_in_the_cleaner_thread_when_no_process_can_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+
+    from oncelog.broker.log_cleaner import CleanerConfig, LogCleaner
+    from oncelog.storage.cleaner import CleanJob
+
+    def no_processes(_method: str) -> None:
+        raise OSError("no semaphores here")
+
+    monkeypatch.setattr(multiprocessing, "get_context", no_processes)
+    plog = _log(tmp_path)
+    before = _read_all(plog)
+    active = plog.active_segment.base_offset
+    pinned = plog.pin_segments(active)
+    for p in pinned:
+        p.close()
+    job = CleanJob(str(plog.directory), [(p.base_offset, p.next_base, p.size) for p in pinned], 0, active, [], {},
+                   NOW, RETENTION, 1 << 20, 4096, 1 << 20)
+    cleaner = LogCleaner(None, CleanerConfig())  # type: ignore[arg-type]
+    result = cleaner._run_job(job)
+    assert cleaner._pool is False and result.end_offset == active and len(result.groups) == 1
+    base, end = result.groups[0]
+    seg = plog.open_cleaned_segment(base, NOW)
+    plog.commit_cleaned([seg], [(base, end)])
+    assert plog.install_cleaned(pinned, seg)
+    plog.finish_swaps([(base, end)], [])
+    latest = {k: (o, v) for o, k, v in before if o < active}
+    assert [r for r in _read_all(plog) if r[0] < active] == sorted((o, k, v) for k, (o, v) in latest.items())
+    assert [r for r in _read_all(plog) if r[0] >= active] == [r for r in before if r[0] >= active]
+    plog.close()

@@ -157,7 +157,7 @@ class LogCleaner:
                 await asyncio.wait_for(asyncio.shield(task), 30)
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 log.warning("log cleaner still busy at shutdown; recovery finishes its swap")
-        if self._pool is not None:
+        if self._pool:
             self._pool.terminate()
         if self._executor is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
@@ -278,17 +278,26 @@ class LogCleaner:
     # -- the worker side ----------------------------------------------------------------------
 
     def _ensure_pool(self) -> Any:
-        """The cleaner process, started (and its imports done) on first use."""
+        """The cleaner process, started (and its imports done) on first use; False where
+        no process can be started (no POSIX semaphores, say): passes then run in the
+        cleaner thread, sharing the serving process's interpreter lock."""
         if self._pool is None:
-            ctx = multiprocessing.get_context("spawn")
-            self._pool = ctx.Pool(1, initializer=_child_init)
-            self._pool.apply(_warm)
+            try:
+                ctx = multiprocessing.get_context("spawn")
+                self._pool = ctx.Pool(1, initializer=_child_init)
+                self._pool.apply(_warm)
+            except (OSError, ImportError) as exc:
+                log.warning("cannot start the cleaner process (%s); cleaning in a thread of the broker", exc)
+                self._pool = False
         return self._pool
 
     def _run_job(self, job: CleanJob) -> CleanResult:
         """Run the pass's heavy part in the cleaner process (started on first use) and wait,
         giving up if the broker is stopping (the process is then terminated)."""
-        pending = self._ensure_pool().apply_async(run_clean_job, (job,))
+        pool = self._ensure_pool()
+        if pool is False:
+            return run_clean_job(job)
+        pending = pool.apply_async(run_clean_job, (job,))
         while True:
             try:
                 return pending.get(0.2)
