@@ -105,7 +105,7 @@ class LogCleaner:
         for p in self.broker.all_partitions():
             plog = p.log
             cfg = plog.config
-            if not cfg.compact or plog._closed:
+            if not cfg.compact or plog.closed:
                 continue
             rng = cleanable_range(
                 plog.segment_infos(),
@@ -243,7 +243,7 @@ class LogCleaner:
         except CleaningAborted:
             return None
         except OSError as exc:
-            if not plog._closed:
+            if not plog.closed:
                 log.error("%s: compaction failed: %s", name, exc)
             return None
         finally:

@@ -359,6 +359,11 @@ class PartitionLog:
         return bool(self._unsynced) or self._dir_dirty
 
     @property
+    def closed(self) -> bool:
+        """Closed or deleted: no more writes, and no cleaner swap."""
+        return self._closed
+
+    @property
     def size_bytes(self) -> int:
         return self._size
 
