@@ -13,7 +13,7 @@ venv: $(STAMP) $(JSSTAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,spark]'
 	touch $@
 
 $(JSSTAMP): $(JSDIR)/package.json

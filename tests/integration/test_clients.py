@@ -1,4 +1,5 @@
-"""Round trips with real third-party clients: confluent-kafka, kafka-python, aiokafka.
+"""Round trips with real third-party clients: confluent-kafka, kafka-python, aiokafka
+and oncelog's own producer and consumer (``oncelog.client``), each against all the others.
 
 Each client produces 20,000 records (5,000 per compression codec: gzip,
 snappy, lz4, zstd) with unique keys, ids in the values, headers and explicit
@@ -210,11 +211,38 @@ def produce_aiokafka(bootstrap: str, topic: str) -> Produced:
     return out
 
 
+def produce_oncelog(bootstrap: str, topic: str) -> Produced:
+    """oncelog's own blocking producer (``oncelog.client.Producer``), idempotent by default."""
+    from oncelog.client import Producer
+
+    out = Produced("oncelog", topic)
+    for ci, codec in enumerate(CODECS):
+        p = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 10})
+        try:
+            futures = []
+            for n in range(PER_CODEC):
+                i = rid(ci, n)
+                partition, key, value, headers, ts = make(i, codec, out.client)
+                out.note_send(i, codec, partition)
+                futures.append((i, p.produce(topic, value, key=key, partition=partition, headers=headers,
+                                             timestamp=ts)))
+            assert p.flush(PRODUCE_TIMEOUT) == 0
+            for i, fut in futures:
+                md = fut.result(PRODUCE_TIMEOUT)
+                assert (md.topic, md.timestamp) == (topic, make(i, codec, out.client)[4])
+                out.acks[i] = (md.partition, md.offset)
+        finally:
+            p.close(10)
+    return out
+
+
 PRODUCERS: dict[str, Callable[[str, str], Produced]] = {
     "confluent": produce_confluent,
     "kafkapython": produce_kafkapython,
     "aiokafka": produce_aiokafka,
+    "oncelog": produce_oncelog,
 }
+PRODUCER_CLIENTS = (*CLIENTS, "oncelog")
 
 
 # -- consumers (manual assignment from offset 0, read_uncommitted) ---------------
@@ -292,11 +320,31 @@ def consume_aiokafka(_kit: Any, bootstrap: str, topic: str, ends: dict[int, int]
     return asyncio.run(run())
 
 
+def consume_oncelog(_kit: Any, bootstrap: str, topic: str, ends: dict[int, int]) -> list[Rec]:
+    """oncelog's own blocking consumer (``oncelog.client.Consumer``), manual assignment."""
+    from oncelog.client import Consumer, TopicPartition
+
+    out = []
+    with Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "none"}) as c:
+        c.assign([TopicPartition(topic, p, 0) for p in ends])
+        pos = {p: 0 for p in ends}
+        deadline = time.monotonic() + CONSUME_TIMEOUT
+        while any(pos[p] < ends[p] for p in ends):
+            assert time.monotonic() < deadline, f"oncelog consume timed out at {pos}, want {ends}"
+            for m in c.consume(5000, 0.5):
+                out.append(Rec(m.partition, m.offset, m.key, m.value, tuple(m.headers), m.timestamp))
+                pos[m.partition] = m.offset + 1
+        assert c.position((topic, 0)) == ends[0]
+    return out
+
+
 CONSUMERS: dict[str, Callable[[Any, str, str, dict[int, int]], list[Rec]]] = {
     "confluent": consume_confluent,
     "kafkapython": consume_kafkapython,
     "aiokafka": consume_aiokafka,
+    "oncelog": consume_oncelog,
 }
+CONSUMER_CLIENTS = (*CLIENTS, "oncelog")
 
 
 # -- fixtures ----------------------------------------------------------------------
@@ -329,7 +377,7 @@ def produced(shared_broker: EmbeddedBroker, kit: Any) -> Iterator[Callable[[str]
 # -- tests --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("client", PRODUCER_CLIENTS)
 def test_produce_acks(client: str, produced: Callable[[str], Produced], shared_broker: EmbeddedBroker,
                       kit: Any) -> None:
     """Every send acknowledged once, offsets dense per partition in send order,
@@ -364,8 +412,8 @@ def test_produce_acks(client: str, produced: Callable[[str], Produced], shared_b
     assert 0 <= counts.get("none", 0) <= 50 * len(codecs), counts
 
 
-@pytest.mark.parametrize("consumer", CLIENTS)
-@pytest.mark.parametrize("producer", CLIENTS)
+@pytest.mark.parametrize("consumer", CONSUMER_CLIENTS)
+@pytest.mark.parametrize("producer", PRODUCER_CLIENTS)
 def test_round_trip(producer: str, consumer: str, produced: Callable[[str], Produced],
                     shared_broker: EmbeddedBroker, kit: Any) -> None:
     prod = produced(producer)

@@ -1,7 +1,8 @@
 """Idempotent producers against a real broker, through a fault proxy.
 
 Producers (librdkafka with ``enable.idempotence=true``; kafka-python with its
-default config, idempotent in 3.x) send 50,000 records with unique ids to 4
+default config, idempotent in 3.x; oncelog's own ``oncelog.client.Producer``
+with its defaults, idempotent) send 50,000 records with unique ids to 4
 partitions through :class:`oncelog.testing.fault_proxy.FaultProxy`, which
 drops a share of Produce responses after the broker applied the request,
 sends some Produce requests twice, and closes connections at random. The
@@ -186,9 +187,51 @@ def produce_kafkapython(bootstrap: str, topic: str, n: int = N, out: Produced | 
     return out
 
 
+def produce_oncelog(bootstrap: str, topic: str, n: int = N, out: Produced | None = None,
+                    idempotence: bool = True) -> Produced:
+    """oncelog's own producer (``oncelog.client.Producer``), idempotent by default."""
+    from oncelog.client import Producer
+
+    out = out or Produced("oncelog", topic)
+    p = Producer({
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": idempotence,
+        "request.timeout.ms": CLIENT_TIMEOUT_MS,
+        "delivery.timeout.ms": DELIVERY_TIMEOUT_MS,
+        "linger.ms": 5,
+        "batch.size": 4096,  # many requests, so many chances for faults
+        "retry.backoff.ms": 50,
+        "reconnect.backoff.ms": 20,
+        "reconnect.backoff.max.ms": 500,
+    })
+
+    def on_delivery(i: int, err: Any, md: Any) -> None:
+        if err is not None:
+            out.errors.append(f"id {i}: {err}")
+        else:
+            out.ack(i, md.partition, md.offset)
+
+    try:
+        out.extra["producer_id"] = p.producer_id
+        for i in range(n):
+            part = partition_of(i)
+            out.send_order[part].append(i)
+            p.produce(topic, value=value_of(out.client, i), key=b"%d" % i, partition=part,
+                      on_delivery=lambda err, md, i=i: on_delivery(i, err, md))
+            if i % 1000 == 0:
+                p.poll(0)
+        remaining = p.flush(PRODUCE_TIMEOUT)
+        if remaining:
+            out.errors.append(f"{remaining} records still undelivered after {PRODUCE_TIMEOUT}s")
+    finally:
+        p.close(10)
+    return out
+
+
 PRODUCERS: dict[str, Callable[..., Produced]] = {
     "confluent": produce_confluent,
     "kafkapython": produce_kafkapython,
+    "oncelog": produce_oncelog,
 }
 
 

@@ -114,36 +114,63 @@ def test_kafkajs_admin_produce_and_read_back(node: str, js_broker: EmbeddedBroke
     assert from_py == want
 
 
-def test_kafkajs_reads_confluent_records(node: str, js_broker: EmbeddedBroker, kit: Any) -> None:
-    """Batches written by librdkafka (gzip and uncompressed, null keys and values)
-    decode identically in kafkajs."""
+def _produce_confluent(bootstrap: str, topic: str, codec: str,
+                       records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]], int]],
+                       acked: dict[tuple[int, int], tuple[Any, ...]], errors: list[str]) -> None:
     from confluent_kafka import Producer
 
-    topic, partitions, per_codec = "from-confluent", 2, 150
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "compression.type": codec, "linger.ms": 5})
+    for part, key, value, headers, ts in records:
+        def on_delivery(err, msg, _k=key, _v=value, _h=headers, _ts=ts):  # type: ignore[no-untyped-def]
+            if err is not None:
+                errors.append(str(err))
+            else:
+                acked[(msg.partition(), msg.offset())] = (_k, _v, _ts, tuple(_h))
+
+        p.produce(topic, value=value, key=key, partition=part, headers=headers, timestamp=ts,
+                  on_delivery=on_delivery)
+    assert p.flush(30) == 0
+
+
+def _produce_oncelog(bootstrap: str, topic: str, codec: str,
+                     records: list[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]], int]],
+                     acked: dict[tuple[int, int], tuple[Any, ...]], errors: list[str]) -> None:
+    from oncelog.client import Producer
+
+    with Producer({"bootstrap.servers": bootstrap, "compression.type": codec}) as p:
+        futs = [(p.produce(topic, value, key=key, partition=part, headers=headers, timestamp=ts),
+                 (key, value, ts, tuple(headers))) for part, key, value, headers, ts in records]
+        assert p.flush(30) == 0
+        for fut, content in futs:
+            err = fut.exception()
+            if err is not None:
+                errors.append(str(err))
+            else:
+                md = fut.result()
+                acked[(md.partition, md.offset)] = content
+
+
+@pytest.mark.parametrize("producer", ["confluent", "oncelog"])
+def test_kafkajs_reads_other_clients_records(producer: str, node: str, js_broker: EmbeddedBroker,
+                                             kit: Any) -> None:
+    """Batches written by librdkafka or by oncelog's own producer (gzip and uncompressed, null keys
+    and values) decode identically in kafkajs."""
+    topic, partitions, per_codec = f"from-{producer}", 2, 150
     kit.create_topic(js_broker.bootstrap, topic, partitions)
     base_ts = int(time.time() * 1000) - 120_000
     acked: dict[tuple[int, int], tuple[Any, ...]] = {}
     errors: list[str] = []
     i = 0
     for codec in ("none", "gzip"):
-        p = Producer({"bootstrap.servers": js_broker.bootstrap, "acks": "all",
-                      "compression.type": codec, "linger.ms": 5})
+        records = []
         for _ in range(per_codec):
             key = None if i % 10 == 0 else f"ck-{i}".encode()
-            value = None if i % 17 == 0 else f"confluent value {i} ".encode() * (1 + i % 4)
+            value = None if i % 17 == 0 else f"{producer} value {i} ".encode() * (1 + i % 4)
             headers = [("n", str(i).encode())] + ([("empty", b"")] if i % 4 == 0 else [])
-            ts = base_ts + i
-
-            def on_delivery(err, msg, _k=key, _v=value, _h=headers, _ts=ts):  # type: ignore[no-untyped-def]
-                if err is not None:
-                    errors.append(str(err))
-                else:
-                    acked[(msg.partition(), msg.offset())] = (_k, _v, _ts, tuple(_h))
-
-            p.produce(topic, value=value, key=key, partition=i % partitions, headers=headers,
-                      timestamp=ts, on_delivery=on_delivery)
+            records.append((i % partitions, key, value, headers, base_ts + i))
             i += 1
-        assert p.flush(30) == 0
+        (_produce_confluent if producer == "confluent" else _produce_oncelog)(
+            js_broker.bootstrap, topic, codec, records, acked, errors)
     assert not errors, errors
     assert len(acked) == 2 * per_codec
 

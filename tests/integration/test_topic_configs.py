@@ -518,3 +518,37 @@ def test_alter_configs_protocol_edge_cases(cb: EmbeddedBroker) -> None:
     got = {e.name: (e.value, e.config_type) for e in d.results[0].configs}
     assert got == {"follower.replication.throttled.replicas": ("", 7), "cleanup.policy": ("delete", 7),
                    "segment.bytes": ("1073741824", 3), "min.cleanable.dirty.ratio": ("0.5", 6)}
+
+
+# -- min.insync.replicas: one replica is the whole ISR ------------------------------------------
+
+
+def test_min_insync_replicas_above_one_refuses_acks_all_as_a_one_broker_kafka(cb: EmbeddedBroker) -> None:
+    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka.admin import NewTopic
+
+    topic = "min-isr-2"
+    _create(cb, [NewTopic(topic, 1, 1, config={"min.insync.replicas": "2"})], topic)
+    results: dict[str, Any] = {}
+
+    def report(err: Any, msg: Any) -> None:
+        results[msg.value().decode()] = err
+
+    # librdkafka retries NOT_ENOUGH_REPLICAS; with retries=0 the broker's answer reaches the callback
+    for acks in ("all", "1", "0"):
+        p = Producer({"bootstrap.servers": cb.bootstrap, "acks": acks, "retries": 0, "linger.ms": 0,
+                      "enable.idempotence": False})
+        p.produce(topic, value=acks.encode(), on_delivery=report)
+        assert p.flush(15) == 0
+    assert results["all"] is not None and results["all"].code() == KafkaError.NOT_ENOUGH_REPLICAS, results["all"]
+    assert results["1"] is None and results["0"] is None
+    # the refused record was not appended; the acks=1 and acks=0 ones were (acks=0 has no answer
+    # to wait for, so its append may land a moment after flush returned)
+    deadline, end = time.monotonic() + 10, -1
+    with Connection(cb.bootstrap) as c:
+        while end < 2 and time.monotonic() < deadline:
+            r = c.request(2, 1, {"replica_id": -1, "topics": [
+                {"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}]})
+            end = r.topics[0].partitions[0].offset
+            time.sleep(0.05)
+    assert end == 2

@@ -53,7 +53,11 @@ _RETRIABLE = {3, 5, 6, 7, 13, 14, 15, 74, 75}  # UNKNOWN_TOPIC..., LEADER_NOT_AV
 
 
 class ReaderError(Exception):
-    """The cluster answered with an error we cannot read past."""
+    """The cluster answered with an error we cannot read past (``error_code``: Kafka's, or None)."""
+
+    def __init__(self, message: str, error_code: int | None = None) -> None:
+        super().__init__(message)
+        self.error_code = error_code
 
 
 # -- decoded data -----------------------------------------------------------------
@@ -93,6 +97,7 @@ class Batch:
     header: BatchHeader
     records: list[ReadRecord] = field(default_factory=list)
     marker: Marker | None = None  # control batches with a COMMIT/ABORT marker
+    raw: bytes | None = None  # the uncompressed batch, when decoded with records=False
 
 
 @dataclass
@@ -124,8 +129,12 @@ def decompress(codec: int, data: bytes) -> bytes:
 # -- pure decoding and filtering ---------------------------------------------------------
 
 
-def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True) -> list[Batch]:
-    """Decode every complete v2 batch in a Fetch ``records`` blob (a partial tail is ignored)."""
+def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True, records: bool = True) -> list[Batch]:
+    """Decode every complete v2 batch in a Fetch ``records`` blob (a partial tail is ignored).
+
+    ``records=False`` leaves data batches' ``records`` empty and keeps the
+    uncompressed batch in ``raw`` instead (for :func:`~oncelog.protocol.records.decode_columns`).
+    """
     data = bytes(data)
     out: list[Batch] = []
     for hdr, start, end in iter_batch_headers(data):
@@ -144,6 +153,8 @@ def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True) -> l
                     m = read_control_marker(compression.decompressed_batch(data, start, end))
                 batch.marker = Marker(partition, hdr.base_offset, hdr.producer_id, hdr.producer_epoch,
                                       m.commit, m.coordinator_epoch)
+            elif not records:
+                batch.raw = compression.decompressed_batch(data, start, end)
             else:
                 raw = compression.decompressed_batch(data, start, end)
                 batch.records = [
@@ -188,6 +199,47 @@ def filter_read_committed(batches: list[Batch], aborted: list[tuple[int, int]]) 
     return kept, skipped
 
 
+def fetched_records(data: bytes, partition: int, position: int, isolation_level: int,
+                    aborted: list[tuple[int, int]], check_crc: bool = True) -> tuple[list[ReadRecord], list[Batch], int, int]:
+    """What one partition of a Fetch response yields to a consumer at ``position``.
+
+    Returns ``(records at or after position, batches decoded, skipped aborted
+    batches, next position)``; the next position is past the last whole batch
+    (control and aborted batches included), or ``position`` if none.
+    Shared by :class:`PartitionReader` and the consumer.
+    """
+    batches = [b for b in decode_batches(data, partition, check_crc) if b.header.last_offset >= position]
+    if not batches:
+        return [], [], 0, position
+    if isolation_level == READ_COMMITTED:
+        kept, skipped = filter_read_committed(batches, aborted)
+    else:
+        kept, skipped = [b for b in batches if not b.header.is_control], 0
+    records = [r for b in kept for r in b.records if r.offset >= position]
+    return records, batches, skipped, batches[-1].header.next_offset
+
+
+def fetch_request(partitions: dict[str, list[tuple[int, int]]], isolation_level: int, *, max_wait_ms: int = 100,
+                  min_bytes: int = 0, max_bytes: int = 4 << 20, partition_max_bytes: int = 4 << 20) -> dict[str, Any]:
+    """A Fetch v4-v12 request body: ``partitions`` is ``{topic: [(partition, fetch offset)]}``."""
+    return {
+        "cluster_id": None, "replica_id": -1, "replica_state": None, "max_wait": max_wait_ms,
+        "min_bytes": min_bytes, "max_bytes": max_bytes, "isolation_level": isolation_level, "session_id": 0,
+        "session_epoch": -1,
+        "topics": [{"topic": t, "topic_id": None, "partitions": [{
+            "partition": p, "current_leader_epoch": -1, "fetch_offset": off, "last_fetched_epoch": -1,
+            "log_start_offset": -1, "partition_max_bytes": partition_max_bytes, "replica_directory_id": None}
+            for p, off in parts]} for t, parts in partitions.items()],
+        "forgotten_topics_data": [], "rack_id": ""}
+
+
+def list_offsets_request(partitions: dict[str, list[tuple[int, int]]], isolation_level: int) -> dict[str, Any]:
+    """A ListOffsets v1+ request body: ``partitions`` is ``{topic: [(partition, timestamp)]}``."""
+    return {"replica_id": -1, "isolation_level": isolation_level,
+            "topics": [{"name": t, "partitions": [{"partition_index": p, "current_leader_epoch": -1, "timestamp": ts}
+                                                  for p, ts in parts]} for t, parts in partitions.items()]}
+
+
 # -- the IO shell ----------------------------------------------------------------------
 
 
@@ -228,7 +280,7 @@ class PartitionReader:
             self._addresses[int(b.node_id)] = f"{b.host}:{b.port}"
         t = md.topics[0]
         if t.error_code:
-            raise ReaderError(f"topic {topic}: {code_name(t.error_code)}")
+            raise ReaderError(f"topic {topic}: {code_name(t.error_code)}", int(t.error_code))
         for p in t.partitions:
             self._leaders[(topic, int(p.partition_index))] = int(p.leader_id)
         return sorted(int(p.partition_index) for p in t.partitions)
@@ -258,7 +310,7 @@ class PartitionReader:
             if code == 0:
                 return result
             if code not in _RETRIABLE or time.monotonic() > deadline:
-                raise ReaderError(f"{what}: {code_name(code)}")
+                raise ReaderError(f"{what}: {code_name(code)}", code)
             time.sleep(0.2)
             self._leaders = {k: v for k, v in self._leaders.items() if k[0] != topic}
             self.refresh(topic)
@@ -271,10 +323,8 @@ class PartitionReader:
         def call() -> tuple[int, int]:
             conn = self.leader(topic, partition)
             v = conn.best_version(LIST_OFFSETS, LIST_OFFSETS_VERSIONS)
-            resp = conn.request(LIST_OFFSETS, v, {
-                "replica_id": -1, "isolation_level": isolation_level,
-                "topics": [{"name": topic, "partitions": [
-                    {"partition_index": partition, "current_leader_epoch": -1, "timestamp": timestamp}]}]})
+            resp = conn.request(LIST_OFFSETS, v, list_offsets_request({topic: [(partition, timestamp)]},
+                                                                      isolation_level))
             p = resp.topics[0].partitions[0]
             return int(p.error_code), int(p.offset)
 
@@ -289,15 +339,8 @@ class PartitionReader:
         def call() -> tuple[int, Any]:
             conn = self.leader(topic, partition)
             v = conn.best_version(FETCH, FETCH_VERSIONS)
-            resp = conn.request(FETCH, v, {
-                "cluster_id": None, "replica_id": -1, "replica_state": None, "max_wait": 100, "min_bytes": 0,
-                "max_bytes": max_bytes, "isolation_level": isolation_level, "session_id": 0,
-                "session_epoch": -1,
-                "topics": [{"topic": topic, "topic_id": None, "partitions": [{
-                    "partition": partition, "current_leader_epoch": -1, "fetch_offset": offset,
-                    "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": max_bytes,
-                    "replica_directory_id": None}]}],
-                "forgotten_topics_data": [], "rack_id": ""})
+            resp = conn.request(FETCH, v, fetch_request({topic: [(partition, offset)]}, isolation_level,
+                                                        max_bytes=max_bytes, partition_max_bytes=max_bytes))
             if resp.error_code:
                 return int(resp.error_code), None
             p = resp.responses[0].partitions[0]
@@ -321,8 +364,9 @@ class PartitionReader:
         empty = 0
         while pos < end:
             p = self.fetch(topic, partition, pos, isolation_level)
-            batches = decode_batches(bytes(p.records or b""), partition)
-            batches = [b for b in batches if b.header.last_offset >= pos]
+            aborted = [(int(a.producer_id), int(a.first_offset)) for a in (p.aborted_transactions or ())]
+            records, batches, skipped, next_pos = fetched_records(bytes(p.records or b""), partition, pos,
+                                                                  isolation_level, aborted)
             if not batches:
                 empty += 1
                 if empty > 50:
@@ -332,16 +376,88 @@ class PartitionReader:
             empty = 0
             out.batches += len(batches)
             out.markers.extend(b.marker for b in batches if b.marker is not None)
-            if isolation_level == READ_COMMITTED:
-                aborted = [(int(a.producer_id), int(a.first_offset)) for a in (p.aborted_transactions or ())]
-                kept, skipped = filter_read_committed(batches, aborted)
-                out.skipped_aborted_batches += skipped
-            else:
-                kept = [b for b in batches if not b.header.is_control]
-            for b in kept:
-                out.records.extend(r for r in b.records if pos <= r.offset < end)
-            pos = batches[-1].header.next_offset
+            out.skipped_aborted_batches += skipped
+            out.records.extend(r for r in records if r.offset < end)
+            pos = next_pos
         return out
 
     def read_topic(self, topic: str, isolation_level: int = READ_COMMITTED) -> list[PartitionData]:
         return [self.read_partition(topic, p, isolation_level) for p in self.partitions(topic)]
+
+    # -- bounded reads and many-topic metadata (the Spark source) ----------------------
+
+    def topic_partitions(self, topics: list[str] | None = None) -> dict[str, list[int] | None]:
+        """One Metadata request: ``{topic: sorted partitions}``, None for a topic that does not exist.
+
+        ``topics=None`` lists every topic the cluster reports except internal ones
+        (as a Java consumer with ``exclude.internal.topics=true`` sees them).
+        Remembers leaders and broker addresses, as :meth:`refresh` does.
+        """
+        v = self.conn.best_version(METADATA, METADATA_VERSIONS)
+        md = self.conn.request(METADATA, v, {
+            "topics": None if topics is None else [{"name": t, "topic_id": None} for t in topics],
+            "allow_auto_topic_creation": False,
+            "include_cluster_authorized_operations": False, "include_topic_authorized_operations": False})
+        for b in md.brokers:
+            self._addresses[int(b.node_id)] = f"{b.host}:{b.port}"
+        out: dict[str, list[int] | None] = {}
+        for t in md.topics:
+            if t.error_code:
+                out[t.name] = None
+                continue
+            if topics is None and getattr(t, "is_internal", False):
+                continue
+            for p in t.partitions:
+                self._leaders[(t.name, int(p.partition_index))] = int(p.leader_id)
+            out[t.name] = sorted(int(p.partition_index) for p in t.partitions)
+        return out
+
+    def iter_range(self, topic: str, partition: int, start: int, end: int,
+                   isolation_level: int = READ_COMMITTED, max_bytes: int = 4 << 20,
+                   poll_timeout: float = 120.0, records: bool = True) -> Any:
+        """Read offsets ``[start, end)``: yields, per Fetch, the data batches a consumer returns.
+
+        Each yielded item is ``(batches, next position)``: the :class:`Batch`
+        list (control batches and, under read_committed, aborted batches
+        removed) has its ``records`` cut to ``[start, end)``, and may be empty
+        when a Fetch held only markers or aborted data. Offsets are positions, not record counts:
+        ``end`` may be a marker or an aborted record, and the read ends once the
+        position reaches it. An offset below the log start raises
+        :class:`ReaderError` with ``error_code`` 1 (OFFSET_OUT_OF_RANGE); no
+        data at the position for ``poll_timeout`` seconds raises ReaderError.
+        With ``records=False`` the batches carry ``raw`` (uncompressed) instead
+        of records and are not cut: the caller cuts its columns to ``[start, end)``.
+        """
+        pos = start
+        waited_since: float | None = None
+        while pos < end:
+            p = self.fetch(topic, partition, pos, isolation_level, max_bytes)
+            batches = [b for b in decode_batches(bytes(p.records or b""), partition, records=records)
+                       if b.header.last_offset >= pos]
+            if not batches:
+                now = time.monotonic()
+                if waited_since is None:
+                    waited_since = now
+                elif now - waited_since > poll_timeout:
+                    raise ReaderError(f"{topic}-{partition}: no data at offset {pos} below {end} "
+                                      f"after {poll_timeout:g} s")
+                time.sleep(0.05)
+                continue
+            waited_since = None
+            if isolation_level == READ_COMMITTED:
+                aborted = [(int(a.producer_id), int(a.first_offset)) for a in (p.aborted_transactions or ())]
+                kept, _skipped = filter_read_committed(batches, aborted)
+            else:
+                kept = [b for b in batches if not b.header.is_control]
+            out = []
+            for b in kept:
+                h = b.header
+                if not records:
+                    out.append(b)
+                    continue
+                if h.base_offset < pos or h.last_offset >= end:
+                    b = Batch(h, [r for r in b.records if pos <= r.offset < end], b.marker)
+                if b.records:
+                    out.append(b)
+            pos = batches[-1].header.next_offset
+            yield out, pos

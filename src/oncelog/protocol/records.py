@@ -495,3 +495,120 @@ def read_control_marker(batch: _Buffer, pos: int = 0) -> ControlMarker:
             _v, epoch = struct.unpack_from(">hi", rec.value)
         return ControlMarker(ctype == CONTROL_TYPE_COMMIT, epoch)
     raise InvalidRecordError(CORRUPT_MESSAGE, "control batch holds no record")
+
+
+@dataclass(slots=True)
+class RecordColumns:
+    """The records of one batch as columns (see :func:`decode_columns`)."""
+
+    offsets: list[int]
+    timestamps: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[list[tuple[str, bytes | None]]] | None  # None unless asked for
+
+
+def decode_columns(batch: bytes, pos: int = 0, with_headers: bool = True) -> RecordColumns:
+    """Decode an uncompressed batch at ``pos`` straight into columns (no per-record objects).
+
+    The same fields and checks as :func:`iter_records`, about twice as fast:
+    one- and two-byte varints (the common case) are read inline. Used by readers that
+    hand records on in bulk (the Spark source builds Arrow arrays from these).
+    """
+    hdr = parse_batch_header(batch, pos)
+    if hdr.compression != COMPRESSION_NONE:
+        raise InvalidRecordError(
+            UNSUPPORTED_COMPRESSION_TYPE, f"cannot decode compressed batch (codec {hdr.compression})"
+        )
+    end = pos + hdr.size
+    if end > len(batch):
+        raise InvalidRecordError(CORRUPT_MESSAGE, "record batch truncated")
+    buf = bytes(batch) if not isinstance(batch, bytes) else batch
+    view = memoryview(buf)[:end]
+    base_offset, base_ts = hdr.base_offset, hdr.base_timestamp
+    log_append_ts = hdr.max_timestamp if hdr.timestamp_type == TIMESTAMP_LOG_APPEND_TIME else None
+    offsets: list[int] = []
+    stamps: list[int] = []
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    headers: list[list[tuple[str, bytes | None]]] | None = [] if with_headers else None
+    read_varint = _read_varint
+    p = pos + RECORDS_OFFSET
+    try:
+        for _ in range(hdr.records_count):
+            b = buf[p]
+            if b < 0x80:
+                length, p = (b >> 1) ^ -(b & 1), p + 1
+            elif buf[p + 1] < 0x80:
+                u = (b & 0x7F) | (buf[p + 1] << 7)
+                length, p = (u >> 1) ^ -(u & 1), p + 2
+            else:
+                length, p = read_varint(view, p)
+            rec_end = p + length
+            if length < 0 or rec_end > end:
+                raise InvalidRecordError(CORRUPT_MESSAGE, "record runs past the end of the batch")
+            b = buf[p + 1]  # after the attributes byte
+            if b < 0x80:
+                ts_delta, p = (b >> 1) ^ -(b & 1), p + 2
+            else:
+                ts_delta, p = read_varint(view, p + 1)
+            b = buf[p]
+            if b < 0x80:
+                off_delta, p = (b >> 1) ^ -(b & 1), p + 1
+            elif buf[p + 1] < 0x80:
+                u = (b & 0x7F) | (buf[p + 1] << 7)
+                off_delta, p = (u >> 1) ^ -(u & 1), p + 2
+            else:
+                off_delta, p = read_varint(view, p)
+            b = buf[p]
+            if b < 0x80:
+                n, p = (b >> 1) ^ -(b & 1), p + 1
+            elif buf[p + 1] < 0x80:
+                u = (b & 0x7F) | (buf[p + 1] << 7)
+                n, p = (u >> 1) ^ -(u & 1), p + 2
+            else:
+                n, p = read_varint(view, p)
+            if n < 0:
+                key = None
+            else:
+                key, p = buf[p : p + n], p + n
+            b = buf[p]
+            if b < 0x80:
+                n, p = (b >> 1) ^ -(b & 1), p + 1
+            elif buf[p + 1] < 0x80:
+                u = (b & 0x7F) | (buf[p + 1] << 7)
+                n, p = (u >> 1) ^ -(u & 1), p + 2
+            else:
+                n, p = read_varint(view, p)
+            if n < 0:
+                value = None
+            else:
+                value, p = buf[p : p + n], p + n
+            if p >= rec_end:
+                raise InvalidRecordError(CORRUPT_MESSAGE, "record field runs past the end of the batch")
+            b = buf[p]
+            if b < 0x80:
+                n_headers, p = (b >> 1) ^ -(b & 1), p + 1
+            else:
+                n_headers, p = read_varint(view, p)
+            if n_headers:
+                hs: list[tuple[str, bytes | None]] = []
+                for _h in range(n_headers):
+                    hkey, p = _read_bytes(view, p)
+                    hval, p = _read_bytes(view, p)
+                    hs.append(((hkey or b"").decode(), hval))
+            else:
+                hs = []
+            if p != rec_end:
+                raise InvalidRecordError(CORRUPT_MESSAGE, "record length does not match its contents")
+            offsets.append(base_offset + off_delta)
+            stamps.append(base_ts + ts_delta if log_append_ts is None else log_append_ts)
+            keys.append(key)
+            values.append(value)
+            if headers is not None:
+                headers.append(hs)
+    except IndexError:
+        raise InvalidRecordError(CORRUPT_MESSAGE, "varint runs past the end of the batch") from None
+    if p != end:
+        raise InvalidRecordError(CORRUPT_MESSAGE, "trailing bytes after the last record")
+    return RecordColumns(offsets, stamps, keys, values, headers)

@@ -139,7 +139,7 @@ _KEYS = [
     ConfigKey("message.timestamp.type", STRING, CREATE_TIME, one_of(CREATE_TIME, LOG_APPEND_TIME), _log("message.timestamp.type"), "message_timestamp_type"),
     ConfigKey("min.cleanable.dirty.ratio", DOUBLE, 0.5, between(0, 1), (("log.cleaner.min.cleanable.ratio", 1),)),
     ConfigKey("min.compaction.lag.ms", LONG, 0, at_least(0), (("log.cleaner.min.compaction.lag.ms", 1),)),
-    ConfigKey("min.insync.replicas", INT, 1, at_least(1), (("min.insync.replicas", 1),), effect=False),
+    ConfigKey("min.insync.replicas", INT, 1, at_least(1), (("min.insync.replicas", 1),)),
     ConfigKey("preallocate", BOOLEAN, False, None, _log("preallocate"), effect=False),
     ConfigKey("remote.log.copy.disable", BOOLEAN, False, None, effect=False),
     ConfigKey("remote.log.delete.on.disable", BOOLEAN, False, None, effect=False),

@@ -1,6 +1,8 @@
 """CreatePartitions (key 37).
 
-Behavior: grows a topic to ``count`` partitions. Shrinking or keeping the
+Behavior: grows a topic to ``count`` partitions. A request that would add more
+than 10,000 partitions in all gets POLICY_VIOLATION for every topic, as
+CreateTopics does (Kafka's controller bounds the records of one request). Shrinking or keeping the
 count gets INVALID_PARTITIONS; an unknown topic UNKNOWN_TOPIC_OR_PARTITION;
 the same topic twice in one request INVALID_REQUEST. Replica assignments, if
 given, must hold one per new partition, each naming only this broker once (the
@@ -15,6 +17,7 @@ from collections import Counter
 from typing import Any
 
 from oncelog.broker.context import RequestContext
+from oncelog.broker.handlers.create_topics import MAX_PARTITIONS_PER_REQUEST, TOO_MANY_PARTITIONS
 from oncelog.protocol.errors import ErrorCode, KafkaError
 
 API_KEY = 37
@@ -47,6 +50,12 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
     broker = ctx.broker
     counts = Counter(t.name for t in request.topics)
     results = []
+    new_partitions = sum(max(t.count - len(broker.topics[t.name].partitions), 0)
+                         for t in request.topics if t.name in broker.topics)
+    if new_partitions > MAX_PARTITIONS_PER_REQUEST:
+        return {"throttle_time": 0, "results": [
+            {"name": t.name, "error_code": ErrorCode.policy_violation, "error_message": TOO_MANY_PARTITIONS}
+            for t in request.topics]}
     for t in request.topics:
         if counts[t.name] > 1:
             results.append({"name": t.name, "error_code": ErrorCode.invalid_request, "error_message": "Duplicate topic in request."})

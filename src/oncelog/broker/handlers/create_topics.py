@@ -8,7 +8,12 @@ partition count; they may name only this broker, once per partition
 INVALID_REPLICATION_FACTOR, as a one-broker Kafka answers. Topic configs are
 validated as Kafka's LogConfig does (unknown names, types, ranges and valid
 values: INVALID_CONFIG with Kafka's message). ``validate_only`` checks everything and changes
-nothing. Errors: TOPIC_ALREADY_EXISTS, INVALID_TOPIC_EXCEPTION,
+nothing. A request whose topics would have more than 10,000 partitions in all
+gets POLICY_VIOLATION ("Excessively large number of partitions per request.")
+for every topic before anything is looked at, as Kafka's controller answers
+(``ReplicationControlManager.validateTotalNumberOfPartitions``); it also keeps
+one request from stalling the broker creating millions of directories.
+Errors: TOPIC_ALREADY_EXISTS, INVALID_TOPIC_EXCEPTION,
 INVALID_PARTITIONS, INVALID_REPLICATION_FACTOR, INVALID_CONFIG,
 INVALID_REQUEST (duplicate names in one request).
 
@@ -64,10 +69,32 @@ def _check_assignments(assignments: Any, node_id: int) -> str | None:
     return None
 
 
+# Kafka's controller refuses a request that would create more partitions than this
+# (ReplicationControlManager.MAX_PARTITIONS_PER_BATCH), before looking at any topic
+MAX_PARTITIONS_PER_REQUEST = 10_000
+TOO_MANY_PARTITIONS = "Excessively large number of partitions per request."
+
+
+def requested_partitions(request: Any, default: int) -> int:
+    """An upper bound of the partitions ``request`` would create, counted as Kafka counts it."""
+    total = 0
+    for t in request.topics:
+        if t.assignments:
+            total += len(t.assignments)
+        elif t.num_partitions == -1:
+            total += default
+        elif t.num_partitions > 0:
+            total += t.num_partitions
+    return total
+
+
 async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
     broker = ctx.broker
     counts = Counter(t.name for t in request.topics)
     results = []
+    if requested_partitions(request, broker.config.num_partitions) > MAX_PARTITIONS_PER_REQUEST:
+        return {"throttle_time": 0, "topics": [
+            _result(t.name, ErrorCode.policy_violation, TOO_MANY_PARTITIONS) for t in request.topics]}
     for t in request.topics:
         if counts[t.name] > 1:
             results.append(_result(t.name, ErrorCode.invalid_request, "Duplicate topic name in request."))

@@ -41,6 +41,9 @@ request of the connection waits for it too). Other coordinator refusals get
 TRANSACTION_ABORTABLE (v11+) or INVALID_TXN_STATE. A non-transactional batch from a producer with
 an open transaction gets INVALID_TXN_STATE.
 
+acks=-1 to a topic whose ``min.insync.replicas`` is above 1 gets NOT_ENOUGH_REPLICAS and
+nothing is appended, as a one-broker Kafka answers (its one replica is the whole ISR).
+
 Errors per partition: UNKNOWN_TOPIC_OR_PARTITION, CORRUPT_MESSAGE,
 INVALID_RECORD, MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE,
 UNSUPPORTED_COMPRESSION_TYPE, plus the idempotence errors above. Invalid
@@ -122,6 +125,18 @@ def _txn_error(code: int, version: int) -> KafkaError:
     return KafkaError(ErrorCode.invalid_txn_state, f"the transaction cannot take this batch ({code_name(code)})")
 
 
+def _check_min_insync(topic: str, index: int, config: Any) -> None:
+    """acks=all needs ``min.insync.replicas`` in-sync replicas; one node has one (Kafka's
+    Partition.appendRecordsToLeader answers NOT_ENOUGH_REPLICAS and appends nothing)."""
+    min_isr = config.get("min.insync.replicas")
+    if min_isr > 1:
+        raise KafkaError(
+            ErrorCode.not_enough_replicas,
+            f"The size of the current ISR Set(0) is insufficient to satisfy the min.isr requirement "
+            f"of {min_isr} for partition {topic}-{index}",
+        )
+
+
 async def handle(ctx: RequestContext, request: Any) -> bytes | None:
     broker = ctx.broker
     acks = request.acks
@@ -144,6 +159,8 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
                 records = pdata.records or b""
                 config = partition.log.config
                 (hdr,) = validate_produce_records(records, config.max_message_bytes, config.segment_bytes)
+                if acks == -1:
+                    _check_min_insync(name, index, config)
             except KafkaError as exc:
                 entries.append(_error(index, exc.code, str(exc)))
                 continue

@@ -425,6 +425,9 @@ class TransactionCoordinator:
             return int(E.invalid_producer_id_mapping)
         if producer_epoch != md.client_epoch:
             return int(E.invalid_producer_epoch)
+        if md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+            # being completed: retriable, as Kafka's verification answers (Produce maps it to NOT_ENOUGH_REPLICAS)
+            return int(E.concurrent_transactions)
         if md.kept_prepared or md.state is not S.ONGOING or TopicPartition(*tp) not in md.partitions:
             return int(E.invalid_txn_state)
         return None

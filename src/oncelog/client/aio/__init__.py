@@ -1,0 +1,24 @@
+"""oncelog's asyncio Kafka client: ``from oncelog.client.aio import Producer``.
+
+Layout (each module documents its internal API for the clients built on it):
+
+* :mod:`.connection`: one pipelined connection per broker (correlation ids,
+  request timeouts, ApiVersions negotiation);
+* :mod:`.cluster`: bootstrap, metadata, leaders, coordinators, one
+  connection per broker with reconnect backoff;
+* :mod:`.producer`: the producer engine and the asyncio ``Producer``;
+* :mod:`.transactions`: the producer's transactions and KIP-939 two-phase
+  commit (``PreparedTxnState``, ``ConsumerGroupMetadata``);
+* :mod:`.consumer`: the asyncio ``Consumer`` (manual assignment so far).
+
+The blocking clients in :mod:`oncelog.client` run these on a background
+event-loop thread (:mod:`oncelog.client._loop`). Nothing here imports
+``oncelog.broker`` or ``oncelog.storage``.
+"""
+
+from oncelog.client.aio.consumer import Consumer, Message, TopicPartition
+from oncelog.client.aio.producer import Producer, RecordMetadata
+from oncelog.client.aio.transactions import ConsumerGroupMetadata, PreparedTxnState
+
+__all__ = ["Consumer", "ConsumerGroupMetadata", "Message", "PreparedTxnState", "Producer", "RecordMetadata",
+           "TopicPartition"]

@@ -1,0 +1,235 @@
+"""One asyncio connection to one broker: pipelined requests, correlation ids, timeouts.
+
+Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
+
+* ``conn = BrokerConnection(host, port, node_id=..., client_id=..., request_timeout_ms=...,
+  connect_timeout_ms=...)``; ``await conn.connect()`` opens the socket and
+  negotiates versions with ApiVersions (v3, falling back to v0 when the
+  broker answers UNSUPPORTED_VERSION, as KIP-511 specifies).
+* ``conn.features``: the finalized features from ApiVersions v3+ (name ->
+  max version level), e.g. ``transaction.version`` (KIP-890).
+* ``conn.version(api_key, (lo, hi))``: the version to use, min(ours, theirs);
+  raises :class:`~oncelog.client.errors.UnsupportedApiError` when the ranges
+  do not meet.
+* ``await conn.request(api_key, version, body)``: ``body`` is a dict with
+  Kafka's field names (built into the kio entity of that version), a kio
+  entity, or already-encoded body bytes; returns the decoded response entity.
+* ``conn.send(api_key, version, body, expect_response=True)``: the same
+  without awaiting; the request is written *now*, so requests issued one
+  after another go out, and are answered, in that order (the idempotent
+  producer relies on it). Returns a future of the decoded response (``None``
+  for ``expect_response=False``, i.e. Produce with acks=0).
+
+Any number of requests may be in flight; responses are matched to them by
+correlation id (Kafka answers in order, so a response for anything but the
+oldest in-flight request is a protocol error that closes the connection).
+A request not answered within ``request.timeout.ms`` fails with
+:class:`~oncelog.client.errors.RequestTimeoutError` and, as in the Java
+client, closes the connection: every other in-flight request fails with
+:class:`~oncelog.client.errors.KafkaConnectionError` (both retriable). The
+connection does not reconnect itself; the cluster opens a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections import OrderedDict
+from typing import Any
+
+from oncelog.client.errors import KafkaConnectionError, KafkaError, RequestTimeoutError, UnsupportedApiError
+from oncelog.protocol.build import materialize
+from oncelog.protocol.codec import decode_response, encode_request, is_flexible, request_type
+from oncelog.protocol.framing import FrameDecoder, FrameError
+from oncelog.protocol.headers import API_VERSIONS_KEY, skip_tagged_fields
+
+__all__ = ["BrokerConnection"]
+
+_LEN = struct.Struct(">i")
+_HDR = struct.Struct(">ihhih")  # size, api key, version, correlation id, client id length
+UNSUPPORTED_VERSION = 35
+
+
+class _Pending:
+    __slots__ = ("api_key", "version", "future", "timer", "raw")
+
+    def __init__(self, api_key: int, version: int, future: asyncio.Future[Any], raw: bool) -> None:
+        self.api_key = api_key
+        self.version = version
+        self.future = future
+        self.timer: asyncio.TimerHandle | None = None
+        self.raw = raw
+
+
+class BrokerConnection(asyncio.Protocol):
+    """See the module docstring."""
+
+    def __init__(self, host: str, port: int, *, node_id: int = -1, client_id: str = "oncelog-python",
+                 request_timeout_ms: int = 30000, connect_timeout_ms: int = 10000) -> None:
+        self.host = host
+        self.port = port
+        self.node_id = node_id
+        self._client_id = client_id.encode()
+        self.request_timeout = request_timeout_ms / 1000
+        self.connect_timeout = connect_timeout_ms / 1000
+        self.versions: dict[int, tuple[int, int]] = {}
+        self.features: dict[str, int] = {}  # finalized feature -> max version level (ApiVersions v3+)
+        self._transport: asyncio.Transport | None = None
+        self._decoder = FrameDecoder(max_frame_bytes=1 << 30)
+        self._inflight: OrderedDict[int, _Pending] = OrderedDict()
+        self._corr = 0
+        self._closed = False
+        self._close_error: KafkaError | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drained: asyncio.Event | None = None
+        self.closed_future: asyncio.Future[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<BrokerConnection node {self.node_id} {self.host}:{self.port}{' closed' if self._closed else ''}>"
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    async def connect(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.closed_future = self._loop.create_future()
+        try:
+            await asyncio.wait_for(self._loop.create_connection(lambda: self, self.host, self.port),
+                                   self.connect_timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            self._closed = True
+            raise KafkaConnectionError(f"cannot connect to {self.host}:{self.port}: {exc or 'timed out'}") from None
+        await self._negotiate()
+
+    async def _negotiate(self) -> None:
+        body = {"client_software_name": "oncelog-python", "client_software_version": "0.1"}
+        resp = await self.request(API_VERSIONS_KEY, 3, body)
+        if int(resp.error_code) == UNSUPPORTED_VERSION:
+            resp = await self.request(API_VERSIONS_KEY, 0, {})
+        if int(resp.error_code):
+            raise KafkaConnectionError(f"ApiVersions failed with error {int(resp.error_code)}")
+        self.versions = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in resp.api_keys}
+        self.features = {str(f.name): int(f.max_version_level) for f in getattr(resp, "finalized_features", ())}
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    def close(self, error: KafkaError | None = None) -> None:
+        """Close now; every in-flight request fails with ``error`` (default: connection closed)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_error = error or KafkaConnectionError(f"connection to {self.host}:{self.port} closed")
+        if self._transport is not None:
+            self._transport.abort() if error is not None else self._transport.close()
+        self._fail_all(self._close_error)
+        if self.closed_future is not None and not self.closed_future.done():
+            self.closed_future.set_result(None)
+
+    def _fail_all(self, error: KafkaError) -> None:
+        pending = list(self._inflight.values())
+        self._inflight.clear()
+        for p in pending:
+            if p.timer is not None:
+                p.timer.cancel()
+            if not p.future.done():
+                p.future.set_exception(type(error)(error.message))
+
+    # -- versions -------------------------------------------------------------------
+
+    def version(self, api_key: int, ours: tuple[int, int]) -> int:
+        theirs = self.versions.get(api_key)
+        if theirs is None:
+            raise UnsupportedApiError(f"broker {self.host}:{self.port} does not support API {api_key}")
+        best = min(ours[1], theirs[1])
+        if best < max(ours[0], theirs[0]):
+            raise UnsupportedApiError(f"API {api_key}: broker speaks v{theirs[0]}-{theirs[1]}, "
+                                      f"client v{ours[0]}-{ours[1]}")
+        return best
+
+    # -- requests ---------------------------------------------------------------------
+
+    def send(self, api_key: int, version: int, body: Any, *, expect_response: bool = True,
+             timeout: float | None = None, raw_response: bool = False) -> asyncio.Future[Any]:
+        """Write one request now; see the module docstring."""
+        loop = self._loop or asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        if self._closed or self._transport is None:
+            fut.set_exception(KafkaConnectionError(f"connection to {self.host}:{self.port} is closed"))
+            return fut
+        if isinstance(body, dict):
+            body = materialize(request_type(api_key, version), body)
+        payload = body if isinstance(body, (bytes, bytearray, memoryview)) else encode_request(body)
+        self._corr = corr = (self._corr + 1) & 0x7FFFFFFF
+        flexible = api_key != API_VERSIONS_KEY and is_flexible(api_key, version) or \
+            (api_key == API_VERSIONS_KEY and version >= 3)
+        cid = self._client_id
+        head = _HDR.pack(10 + len(cid) + (1 if flexible else 0) + len(payload), api_key, version, corr, len(cid))
+        self._transport.writelines((head, cid, b"\x00" if flexible else b"", payload))
+        if not expect_response:
+            fut.set_result(None)
+            return fut
+        p = _Pending(api_key, version, fut, raw_response)
+        p.timer = loop.call_later(self.request_timeout if timeout is None else timeout, self._timed_out, corr)
+        self._inflight[corr] = p
+        return fut
+
+    async def request(self, api_key: int, version: int, body: Any, *, timeout: float | None = None) -> Any:
+        return await self.send(api_key, version, body, timeout=timeout)
+
+    def _timed_out(self, corr: int) -> None:
+        p = self._inflight.pop(corr, None)
+        if p is None:
+            return
+        if not p.future.done():
+            p.future.set_exception(RequestTimeoutError(
+                f"no response from {self.host}:{self.port} to API {p.api_key} within {self.request_timeout:g}s"))
+        self.close(KafkaConnectionError(f"connection to {self.host}:{self.port} closed after a request timeout"))
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close(KafkaConnectionError(f"connection to {self.host}:{self.port} lost"
+                                        f"{': ' + str(exc) if exc else ''}"))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+        except FrameError as exc:
+            self.close(KafkaConnectionError(f"bad frame from {self.host}:{self.port}: {exc}"))
+            return
+        for frame in frames:
+            if len(frame) < 4:
+                self.close(KafkaConnectionError("response shorter than its header"))
+                return
+            (corr,) = _LEN.unpack_from(frame, 0)
+            if not self._inflight:
+                self.close(KafkaConnectionError(f"response with correlation id {corr} to no request"))
+                return
+            first = next(iter(self._inflight))
+            if corr != first:
+                self.close(KafkaConnectionError(f"response correlation id {corr}, expected {first}"))
+                return
+            p = self._inflight.pop(corr)
+            if p.timer is not None:
+                p.timer.cancel()
+            if p.future.done():
+                continue
+            try:
+                pos = 4
+                if p.api_key != API_VERSIONS_KEY and is_flexible(p.api_key, p.version):
+                    pos = skip_tagged_fields(frame, pos)
+                result = (frame, pos) if p.raw else decode_response(p.api_key, p.version, frame, pos)
+            except Exception as exc:  # a response we cannot parse: the connection is unusable
+                p.future.set_exception(KafkaConnectionError(f"cannot decode response to API {p.api_key} "
+                                                            f"v{p.version}: {exc}"))
+                self.close()
+                return
+            p.future.set_result(result)

@@ -1,0 +1,1030 @@
+"""The asyncio producer: batching, partitioning, compression, idempotence, retries.
+
+Public: :class:`Producer` (``from oncelog.client.aio import Producer``) and
+:class:`RecordMetadata`. The blocking :class:`oncelog.client.Producer` runs
+the same :class:`ProducerCore` on a background loop thread.
+
+Internal design (for the transactions work that builds on it):
+
+* ``ProducerCore.append(topic, value, key, partition, headers, timestamp,
+  future)`` runs on the loop. It partitions (murmur2 / sticky, see
+  :mod:`oncelog.client.partitioner`) and appends the encoded record to the
+  partition's open :class:`~oncelog.client.batch.BatchBuilder`. Records for
+  a topic without metadata wait in ``_waiting`` until
+  :meth:`Cluster.wait_topic` answers (or ``max.block.ms`` passes).
+* One sender task (:meth:`ProducerCore._run`) closes batches that are full,
+  older than ``linger.ms`` or flushed, and sends, per leader, one Produce
+  request holding at most one batch per partition, with at most
+  ``max.in.flight.requests.per.connection`` unanswered requests per broker.
+* Per partition (:class:`_Partition`): ``ready`` (closed, no sequence yet),
+  ``unacked`` (sequenced, sent at least once, not acknowledged; in sequence
+  order), ``acked_seq`` (the sequence after the last acknowledged batch).
+  Sequences are given when a batch is first sent. When a batch fails, the
+  partition is *blocked*: nothing more is sent for it until every request
+  in flight for it has been answered. Then the unacked batches are
+  re-sequenced from ``acked_seq`` (a batch the broker definitely refused,
+  e.g. MESSAGE_TOO_LARGE, has left the list, so the later ones close the
+  gap) and resent in order. A batch whose fate is unknown (network error,
+  timeout) keeps its sequence, so a resend is recognised by the broker as a
+  duplicate. That is franz-go's per-partition sequence buffer idea.
+* Epoch bump (KIP-360): OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID
+  on the first unacked batch, or giving up on a batch whose fate is unknown
+  (``retries`` or ``delivery.timeout.ms`` exhausted), marks the partition
+  ``needs_bump``. The bump waits until no other partition has a batch in
+  doubt (those are resent under the old epoch first, so nothing is written
+  twice), then InitProducerId (v3+ with the current id and epoch) gives a new
+  epoch (or id) and every partition's sequences restart at 0.
+* ``delivery.timeout.ms``: a batch not in flight whose first record is older
+  fails with :class:`~oncelog.client.errors.DeliveryTimeoutError`.
+* Transactions (``transactional.id``): ``self.txn`` is a
+  :class:`~oncelog.client.aio.transactions.TransactionManager`. No producer
+  id is fetched at start (``init_transactions()`` does it). The sender asks
+  ``txn.needs_add(tp)`` before a partition's batch goes out (transactions
+  v1: AddPartitionsToTxn first, batched per sender pass), fails every batch
+  not in flight with ``txn.sweep_error()`` while the transaction aborts or
+  has failed, and tells ``txn.batch_failed()`` about every failed batch
+  instead of bumping the epoch itself: in a transaction an
+  OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID, INVALID_PRODUCER_EPOCH
+  or a batch given up makes the transaction abortable (or fatal), and the
+  epoch changes only between transactions (:meth:`ProducerCore.set_producer`
+  restarts every partition's sequences). Produce is capped at v11 under
+  transactions v1 (v12 means implicit adds, KIP-890).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster
+from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
+from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_records
+from oncelog.client.config import ClientConfig, parse_config
+from oncelog.client.errors import (
+    ClientClosedError,
+    DeliveryTimeoutError,
+    IllegalStateError,
+    KafkaError,
+    MessageTooLargeError,
+    UnknownTopicOrPartitionError,
+    error_class,
+    error_for,
+)
+from oncelog.client.partitioner import StickyPartitioner, partition_for_key
+from oncelog.protocol.build import to_ms
+from oncelog.protocol.fast_produce import array_len, string, uvarint
+from oncelog.protocol.records import HEADER_SIZE
+
+__all__ = ["Producer", "ProducerCore", "RecordMetadata"]
+
+PRODUCE, INIT_PRODUCER_ID = 0, 22
+PRODUCE_VERSIONS = (3, 12)  # v13 addresses topics by id
+PRODUCE_VERSIONS_TV1 = (3, 11)  # v12 is transactions v2 (implicit adds)
+INIT_PRODUCER_ID_VERSIONS = (0, 6)
+OUT_OF_ORDER_SEQUENCE_NUMBER, DUPLICATE_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID = 45, 46, 59
+INVALID_PRODUCER_EPOCH = 47
+_SEQ_MOD = 0x80000000
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Where a record was written: ``topic``, ``partition``, ``offset``, ``timestamp`` (ms).
+
+    ``offset`` is -1 when the broker acknowledged a retry as a duplicate
+    without naming the offset (DUPLICATE_SEQUENCE_NUMBER), as in Java.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+
+
+# -- the Produce request (hand-encoded: kio's Python writer costs ~100 us a request) ------
+
+_I16, _I32 = struct.Struct(">h"), struct.Struct(">i")
+
+
+def encode_produce_request(version: int, transactional_id: str | None, acks: int, timeout_ms: int,
+                           topics: dict[str, list[tuple[int, bytes]]]) -> list[bytes]:
+    """A Produce v3-v12 request body as a list of parts (records are not copied)."""
+    flex = version >= 9
+    out = [string(transactional_id, flex), _I16.pack(acks) + _I32.pack(timeout_ms), array_len(len(topics), flex)]
+    for name, parts in topics.items():
+        out.append(string(name, flex))
+        out.append(array_len(len(parts), flex))
+        for index, records in parts:
+            out.append(_I32.pack(index))
+            out.append(uvarint(len(records) + 1) if flex else _I32.pack(len(records)))
+            out.append(records)
+            if flex:
+                out.append(b"\x00")
+        if flex:
+            out.append(b"\x00")
+    if flex:
+        out.append(b"\x00")
+    return out
+
+
+# -- bookkeeping --------------------------------------------------------------------
+
+
+class _Batch:
+    __slots__ = ("topic", "partition", "builder", "futures", "timestamps", "seq", "attempts", "in_flight",
+                 "created", "last_error", "in_doubt", "nbytes")
+
+    def __init__(self, topic: str, partition: int, builder: BatchBuilder) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.builder = builder
+        self.futures: list[Any] = []
+        self.timestamps: list[int] = []
+        self.seq = -1
+        self.attempts = 0
+        self.in_flight = False
+        self.created = builder.created
+        self.last_error: KafkaError | None = None
+        self.in_doubt = False  # sent and not answered (its fate on the broker is unknown)
+        self.nbytes = 0
+
+    @property
+    def count(self) -> int:
+        return self.builder.count
+
+
+class _Partition:
+    __slots__ = ("topic", "partition", "open", "ready", "unacked", "inflight", "acked_seq", "next_seq", "blocked",
+                 "retry_at", "needs_bump", "node")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.open: _Batch | None = None
+        self.ready: deque[_Batch] = deque()
+        self.unacked: deque[_Batch] = deque()
+        self.inflight = 0
+        self.acked_seq = 0
+        self.next_seq = 0
+        self.blocked = False
+        self.retry_at = 0.0
+        self.needs_bump = False
+        self.node = -1  # the broker its in-flight batches went to
+
+    def has_data(self) -> bool:
+        return bool(self.open or self.ready or self.unacked)
+
+
+def _set_result(fut: Any, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_error(fut: Any, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+class ProducerCore:
+    """The loop-side producer engine (see the module docstring). Not thread-safe: call on its loop."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self.cluster = Cluster(config, allow_auto_create=True)
+        self.codec = CODECS[config["compression.type"]]
+        self.acks = config["acks"]
+        self.idempotent = bool(config["enable.idempotence"])
+        self.transactional_id: str | None = config["transactional.id"]
+        self.linger = config["linger.ms"] / 1000
+        self.batch_size = config["batch.size"]
+        self.max_request = config["max.request.size"]
+        self.max_in_flight = config["max.in.flight.requests.per.connection"]
+        self.delivery_timeout = config["delivery.timeout.ms"] / 1000
+        self.request_timeout_ms = config["request.timeout.ms"]
+        self.retries = config["retries"]
+        self.backoff = config["retry.backoff.ms"] / 1000
+        self.max_block = config["max.block.ms"] / 1000
+        self.metadata_max_age = config["metadata.max.age.ms"] / 1000
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.partitions: dict[tuple[str, int], _Partition] = {}
+        self.sticky = StickyPartitioner()
+        self._waiting: dict[str, list[tuple[Any, ...]]] = {}
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._node_inflight: dict[int, int] = {}
+        self._connecting: set[int] = set()
+        self._refreshing: set[str] = set()
+        self._flushing = 0
+        self._closing = False
+        self._closed = False
+        self._outstanding = 0  # records produced and not yet completed
+        self._idle: asyncio.Event | None = None
+        self._init_task: asyncio.Task[None] | None = None
+        self._bump_wanted = False
+        self._fatal: KafkaError | None = None
+        self.buffered_bytes = 0
+        self.on_complete: Callable[[int], None] | None = None  # called with bytes released (blocking facade)
+        self.stats = {"batches_sent": 0, "requests": 0, "retries": 0, "epoch_bumps": 0}
+        self.txn: TransactionManager | None = TransactionManager(self) if self.transactional_id else None
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        await self.cluster.start()
+        if self.idempotent and self.txn is None:  # a transactional producer gets its id in init_transactions()
+            await self._init_producer_id()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def flush(self, timeout: float | None = None) -> int:
+        """Send everything now and wait until every record is acknowledged or failed; returns the count left."""
+        assert self._idle is not None
+        self._flushing += 1
+        self._kick()
+        try:
+            if timeout is None:
+                await self._idle.wait()
+            else:
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._idle.wait()), timeout)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            self._flushing -= 1
+        return self._outstanding
+
+    async def close(self, timeout: float | None = None) -> None:
+        if self._closed:
+            return
+        if self._task is not None and self._fatal is None:
+            await self.flush(timeout)
+        self._closed = True
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        err = ClientClosedError("producer closed before the record was delivered")
+        for p in self.partitions.values():
+            for b in ([p.open] if p.open else []) + list(p.ready) + list(p.unacked):
+                self._fail_batch(b, err)
+        for recs in self._waiting.values():
+            for r in recs:
+                self._fail_record(r[6], r[1], r[2], err)
+        self._waiting.clear()
+        await self.cluster.close()
+
+    def _kick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- producing ------------------------------------------------------------------------
+
+    def check_open_only(self) -> None:
+        if self._closed or self._closing:
+            raise ClientClosedError("producer is closed")
+
+    def check_open(self) -> None:
+        if self._closed or self._closing:
+            raise ClientClosedError("producer is closed")
+        if self._fatal is not None:
+            raise self._fatal
+        if self.txn is not None:
+            self.txn.check_send()
+
+    def set_producer(self, producer_id: int, epoch: int) -> None:
+        """Adopt a new producer id/epoch (transactions); every partition's sequences restart at 0."""
+        if (producer_id, epoch) == (self.producer_id, self.producer_epoch):
+            return
+        self.producer_id, self.producer_epoch = producer_id, epoch
+        for p in self.partitions.values():
+            p.acked_seq = 0
+            p.needs_bump = False
+            self._resequence(p)
+
+    def append(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None,
+               headers: Any, timestamp: int, future: Any) -> None:
+        """Add one record (see module docstring); ``future`` gets its RecordMetadata or error."""
+        self._outstanding += 1
+        self.buffered_bytes += (len(value) if value else 0) + (len(key) if key else 0)
+        self._idle.clear()  # type: ignore[union-attr]
+        self._place(topic, value, key, partition, headers, timestamp, future)
+
+    def _place(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None,
+               headers: Any, timestamp: int, future: Any) -> None:
+        info = self.cluster.topics.get(topic)
+        if info is None or not info.leaders or topic in self._waiting:
+            self._wait_for_topic(topic, (topic, value, key, partition, headers, timestamp, future))
+            return
+        n = info.partitions
+        if partition is None or partition < 0:
+            partition = self.sticky.partition(topic, n) if key is None else partition_for_key(key, n)
+        elif partition >= n:
+            self._fail_record(future, value, key,
+                              UnknownTopicOrPartitionError(f"partition {partition} of {topic} does not exist "
+                                                           f"(it has {n})"))
+            return
+        nbytes = (len(value) if value else 0) + (len(key) if key else 0)
+        if nbytes + HEADER_SIZE + RECORD_OVERHEAD_MAX > self.max_request:
+            self._fail_record(future, value, key, MessageTooLargeError(
+                f"the record is {nbytes + HEADER_SIZE + RECORD_OVERHEAD_MAX} bytes, more than "
+                f"max.request.size={self.max_request}"))
+            return
+        p = self.partitions.get((topic, partition))
+        if p is None:
+            p = self.partitions[(topic, partition)] = _Partition(topic, partition)
+        b = p.open
+        if b is None or not b.builder.append(timestamp, key, value, headers):
+            if b is not None:
+                self._close_open(p)
+            b = p.open = _Batch(topic, partition, BatchBuilder(self.batch_size, self.codec))
+            b.builder.append(timestamp, key, value, headers)
+            self._kick()  # the sender learns the new batch's linger deadline
+        b.nbytes += nbytes
+        b.futures.append(future)
+        b.timestamps.append(timestamp)
+        if b.builder.size >= self.batch_size:
+            self._close_open(p)
+            self._kick()
+
+    def append_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None,
+                    partition: int, timestamp: int, futures: list[Any]) -> None:
+        """Add many records with no headers to one known partition, encoded in bulk."""
+        info = self.cluster.topic(topic)
+        assert info is not None
+        p = self.partitions.get((topic, partition))
+        if p is None:
+            p = self.partitions[(topic, partition)] = _Partition(topic, partition)
+        self._outstanding += len(values)
+        self._idle.clear()  # type: ignore[union-attr]
+        i, n = 0, len(values)
+        while i < n:
+            if p.open is not None:
+                self._close_open(p)
+            # records per batch: stay near batch.size
+            b = p.open = _Batch(topic, partition, BatchBuilder(self.batch_size, self.codec))
+            j, size = i, HEADER_SIZE
+            while j < n and (j == i or size < self.batch_size):
+                v, k = values[j], keys[j] if keys is not None else None
+                size += 8 + (len(v) if v else 0) + (len(k) if k else 0)
+                j += 1
+            section = encode_records(values[i:j], None if keys is None else keys[i:j])
+            b.builder.append_encoded(section, j - i, timestamp)
+            b.nbytes = len(section)
+            self.buffered_bytes += b.nbytes
+            b.futures.extend(futures[i:j])
+            b.timestamps.extend([timestamp] * (j - i))
+            i = j
+        self._close_open(p)
+        self._kick()
+
+    def _wait_for_topic(self, topic: str, record: tuple[Any, ...]) -> None:
+        waiting = self._waiting.get(topic)
+        if waiting is not None:
+            waiting.append(record)
+            return
+        self._waiting[topic] = [record]
+        asyncio.ensure_future(self._fetch_topic(topic))
+
+    async def _fetch_topic(self, topic: str) -> None:
+        try:
+            await self.cluster.wait_topic(topic, self.max_block)
+            error: KafkaError | None = None
+        except KafkaError as exc:
+            error = exc
+        except Exception as exc:  # pragma: no cover - defensive
+            error = KafkaError(str(exc))
+        records = self._waiting.pop(topic, [])
+        for r in records:  # in produce order (append queues behind them while the topic is waited for)
+            if error is not None:
+                self._fail_record(r[6], r[1], r[2], error)
+            else:
+                self._place(*r)
+        self._kick()
+
+    def _close_open(self, p: _Partition) -> None:
+        b = p.open
+        if b is None:
+            return
+        p.open = None
+        p.ready.append(b)
+        if b.builder.count:
+            self.sticky.next(p.topic, self.cluster.topic(p.topic).partitions if self.cluster.topic(p.topic) else 1,
+                             p.partition)
+
+    # -- completion -----------------------------------------------------------------
+
+    def _fail_record(self, fut: Any, value: Any, key: Any, exc: KafkaError) -> None:
+        if self.txn is not None and not isinstance(exc, ClientClosedError):
+            self.txn.batch_failed(exc, False)  # a record of the transaction is lost: abortable (Java's doSend)
+        _set_error(fut, exc)
+        self._complete_n(1, (len(value) if value else 0) + (len(key) if key else 0))
+
+    def _fail_batch(self, b: _Batch, exc: KafkaError) -> None:
+        if self.txn is not None and b.futures:
+            self.txn.batch_failed(exc, b.seq >= 0)
+        per = b.nbytes
+        for fut in b.futures:
+            _set_error(fut, exc)
+        n = len(b.futures)
+        b.futures = []
+        self._complete_n(n, per)
+
+    def _complete_n(self, n: int, nbytes: int) -> None:
+        self._outstanding -= n
+        self.buffered_bytes -= nbytes
+        if self.on_complete is not None:
+            self.on_complete(nbytes)
+        if self._outstanding == 0 and self._idle is not None:
+            self._idle.set()
+
+    def _succeed_batch(self, b: _Batch, base_offset: int, log_append_time: int) -> None:
+        topic, part = b.topic, b.partition
+        if log_append_time >= 0:
+            for i, fut in enumerate(b.futures):
+                _set_result(fut, RecordMetadata(topic, part, base_offset + i if base_offset >= 0 else -1,
+                                                log_append_time))
+        elif base_offset >= 0:
+            for i, (fut, ts) in enumerate(zip(b.futures, b.timestamps)):
+                _set_result(fut, RecordMetadata(topic, part, base_offset + i, ts))
+        else:
+            for fut, ts in zip(b.futures, b.timestamps):
+                _set_result(fut, RecordMetadata(topic, part, -1, ts))
+        n = len(b.futures)
+        b.futures = []
+        self._complete_n(n, b.nbytes)
+
+    # -- idempotence ------------------------------------------------------------------
+
+    async def _init_producer_id(self) -> None:
+        deadline = time.monotonic() + self.max_block
+        backoff = self.backoff
+        while True:
+            try:
+                conn = await self.cluster.any_connection()
+                v = conn.version(INIT_PRODUCER_ID, INIT_PRODUCER_ID_VERSIONS)
+                body = {"transactional_id": self.transactional_id,
+                        "transaction_timeout": self.config["transaction.timeout.ms"],
+                        "producer_id": self.producer_id, "producer_epoch": self.producer_epoch,
+                        "enable2_pc": False, "keep_prepared_txn": False}
+                resp = await conn.request(INIT_PRODUCER_ID, v, body)
+                code = int(resp.error_code)
+                if code == 0:
+                    self.producer_id = int(resp.producer_id)
+                    self.producer_epoch = int(resp.producer_epoch)
+                    return
+                err: KafkaError = error_for(code)
+            except KafkaError as exc:
+                err = exc
+            if not err.retriable or time.monotonic() > deadline:
+                raise err
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.config["retry.backoff.max.ms"] / 1000)
+
+    def _maybe_bump(self) -> bool:
+        """Start the epoch bump when it is safe; True while a bump is wanted or running."""
+        if not self._bump_wanted:
+            return False
+        if self._init_task is not None:
+            return True
+        for p in self.partitions.values():
+            if p.inflight:
+                return True
+            if not p.needs_bump and p.unacked:
+                return True  # batches in doubt under the old epoch go first
+        self._init_task = asyncio.ensure_future(self._bump())
+        return True
+
+    async def _bump(self) -> None:
+        try:
+            await self._init_producer_id()
+        except KafkaError as exc:
+            self._fatal = exc
+            for p in self.partitions.values():
+                for b in ([p.open] if p.open else []) + list(p.ready) + list(p.unacked):
+                    self._fail_batch(b, exc)
+                p.open = None
+                p.ready.clear()
+                p.unacked.clear()
+            return
+        finally:
+            self._init_task = None
+        self.stats["epoch_bumps"] += 1
+        for p in self.partitions.values():
+            p.acked_seq = 0
+            p.needs_bump = False
+            self._resequence(p)
+        self._bump_wanted = False
+        self._kick()
+
+    def _sweep(self, err: KafkaError) -> None:
+        """Transactions: fail every record not in flight (the transaction is aborting or has failed)."""
+        for p in self.partitions.values():
+            if p.open is not None:
+                self._close_open(p)
+            while p.ready:
+                self._fail_batch(p.ready.popleft(), err)
+            keep = deque(b for b in p.unacked if b.in_flight)
+            for b in p.unacked:
+                if not b.in_flight:
+                    self._fail_batch(b, err)
+            p.unacked = keep
+            if not keep:
+                p.blocked = False
+        for recs in self._waiting.values():
+            for r in recs:
+                self._fail_record(r[6], r[1], r[2], err)
+            recs.clear()
+
+    def _resequence(self, p: _Partition) -> None:
+        seq = p.acked_seq
+        for b in p.unacked:
+            b.seq = seq
+            seq = (seq + b.count) % _SEQ_MOD
+        p.next_seq = seq
+        p.blocked = False
+
+    # -- the sender -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wake.clear()
+            try:
+                wait = self._pass(time.monotonic())
+            except Exception as exc:  # a bug must not silently stop all delivery
+                self._fatal = KafkaError(f"producer sender failed: {exc!r}")
+                raise
+            if not self._wake.is_set():
+                timer = loop.call_later(wait, self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
+
+    def _pass(self, now: float) -> float:
+        """Close due batches, expire old ones, send what can go; returns seconds until the next due time."""
+        next_due = 1.0
+        txn = self.txn
+        if txn is not None:
+            err = txn.sweep_error()
+            if err is not None:
+                self._sweep(err)
+        bumping = self.idempotent and txn is None and self._maybe_bump()
+        by_node: dict[int, list[tuple[_Partition, _Batch]]] = {}
+        refresh: set[str] = set()
+        flushing = self._flushing > 0 or self._closing
+        for p in list(self.partitions.values()):
+            if not p.has_data():
+                continue
+            self._expire(p, now)
+            # transactions v1: a partition with records is added at once (AddPartitionsToTxn overlaps linger)
+            adding = txn is not None and p.has_data() and txn.needs_add((p.topic, p.partition))
+            o = p.open
+            if o is not None:
+                due = o.created + self.linger
+                if flushing or due <= now:
+                    self._close_open(p)
+                else:
+                    next_due = min(next_due, due - now)
+            if p.blocked:
+                if p.inflight == 0:
+                    if p.needs_bump:
+                        self._bump_wanted = True
+                        continue
+                    if p.retry_at > now:
+                        next_due = min(next_due, p.retry_at - now)
+                        continue
+                    self._resequence(p)
+                else:
+                    continue
+            if p.needs_bump or p.inflight >= self.max_in_flight:
+                continue
+            b = None
+            for cand in p.unacked:
+                if not cand.in_flight:
+                    b = cand
+                    break
+            if b is None:
+                if not p.ready or (bumping and self.idempotent):
+                    continue
+                b = p.ready[0]
+            if adding:
+                continue  # transactions v1: AddPartitionsToTxn first
+            node = self.cluster.leader(p.topic, p.partition)
+            if node is None or self.cluster.stale(p.topic):
+                refresh.add(p.topic)
+                continue
+            if p.inflight and p.node != node:
+                continue  # wait for the answers from the old leader first
+            by_node.setdefault(node, []).append((p, b))
+        if txn is not None:
+            txn.send_adds()
+        elif self._bump_wanted and not bumping:
+            self._maybe_bump()
+        if now - self.cluster.last_refresh > self.metadata_max_age and self.partitions:
+            refresh.update(t for t, _ in self.partitions)  # metadata.max.age.ms
+        for topic in refresh - self._refreshing:
+            self._refreshing.add(topic)
+            asyncio.ensure_future(self._refresh(topic))
+        for node, items in by_node.items():
+            self._send(node, items, now)
+        return max(next_due, 0.001)
+
+    async def _refresh(self, topic: str) -> None:
+        try:
+            await self.cluster.refresh([topic])
+        except KafkaError:
+            await asyncio.sleep(self.backoff)
+        finally:
+            self._refreshing.discard(topic)
+        self._kick()
+
+    def _expire(self, p: _Partition, now: float) -> None:
+        limit = now - self.delivery_timeout
+        for queue in (p.ready, p.unacked):
+            if not queue or queue[0].created > limit:
+                continue
+            keep: deque[_Batch] = deque()
+            for b in queue:
+                if b.in_flight or b.created > limit:
+                    keep.append(b)
+                    continue
+                if self.idempotent and queue is p.unacked and self.txn is None:
+                    p.needs_bump = True  # its fate is unknown: sequences restart under a new epoch
+                    p.blocked = True
+                err = b.last_error
+                self._fail_batch(b, DeliveryTimeoutError(
+                    f"{b.count} record(s) for {b.topic}-{b.partition} not delivered within "
+                    f"delivery.timeout.ms={self.config['delivery.timeout.ms']}"
+                    f"{f' (last error: {err})' if err else ''}"))
+            queue.clear()
+            queue.extend(keep)
+        o = p.open
+        if o is not None and o.created <= limit:
+            p.open = None
+            self._fail_batch(o, DeliveryTimeoutError(f"{o.count} record(s) for {o.topic}-{o.partition} expired "
+                                                     "before they could be sent"))
+
+    def _send(self, node: int, items: list[tuple[_Partition, _Batch]], now: float) -> None:
+        conn_node = self.cluster.nodes.get(node)
+        conn = conn_node.conn if conn_node is not None else None
+        if conn is None or conn.closed:
+            if node not in self._connecting:
+                self._connecting.add(node)
+                asyncio.ensure_future(self._connect(node))
+            return
+        if self._node_inflight.get(node, 0) >= self.max_in_flight:
+            return
+        txn = self.txn
+        version = conn.version(PRODUCE, PRODUCE_VERSIONS if txn is None or txn.tv2 else PRODUCE_VERSIONS_TV1)
+        topics: dict[str, list[tuple[int, bytes]]] = {}
+        sent: list[_Batch] = []
+        total = 0
+        for p, b in items:
+            if b.seq < 0 and b in p.ready:
+                if total and total + b.builder.size > self.max_request:
+                    continue
+                p.ready.popleft()
+                b.builder.close()
+                if self.idempotent:
+                    b.seq = p.next_seq
+                    p.next_seq = (p.next_seq + b.count) % _SEQ_MOD
+                    p.unacked.append(b)
+            elif total and total + b.builder.size > self.max_request:
+                continue
+            data = b.builder.to_bytes(self.producer_id if self.idempotent else -1,
+                                      self.producer_epoch if self.idempotent else -1,
+                                      b.seq, self.transactional_id is not None)
+            total += len(data)
+            topics.setdefault(b.topic, []).append((b.partition, data))
+            b.in_flight = True
+            b.attempts += 1
+            if b.attempts > 1:
+                self.stats["retries"] += 1
+            p.inflight += 1
+            p.node = node
+            sent.append(b)
+        if not sent:
+            return
+        body = b"".join(encode_produce_request(version, self.transactional_id, self.acks, self.request_timeout_ms,
+                                               topics))
+        fut = conn.send(PRODUCE, version, body, expect_response=self.acks != 0)
+        self._node_inflight[node] = self._node_inflight.get(node, 0) + 1
+        self.stats["requests"] += 1
+        self.stats["batches_sent"] += len(sent)
+        fut.add_done_callback(lambda f: self._on_response(node, sent, f))
+
+    async def _connect(self, node: int) -> None:
+        try:
+            await self.cluster.connection(node)
+        except KafkaError:
+            # unreachable leader: the metadata may be stale
+            for p in self.partitions.values():
+                if self.cluster.leader(p.topic, p.partition) == node:
+                    self.cluster.invalidate(p.topic)
+        finally:
+            self._connecting.discard(node)
+            self._kick()
+
+    # -- responses ----------------------------------------------------------------------
+
+    def _on_response(self, node: int, sent: list[_Batch], fut: asyncio.Future[Any]) -> None:
+        self._node_inflight[node] -= 1
+        if self._closed:
+            return
+        exc = fut.exception()
+        results: dict[tuple[str, int], tuple[int, int, int, str | None]] = {}
+        if exc is None:
+            resp = fut.result()
+            if resp is None:  # acks=0
+                for b in sent:
+                    results[(b.topic, b.partition)] = (0, -1, -1, None)
+            else:
+                for t in resp.responses:
+                    for pr in t.partition_responses:
+                        lat = pr.log_append_time
+                        results[(t.name, int(pr.index))] = (int(pr.error_code), int(pr.base_offset),
+                                                            to_ms(lat) if lat is not None else -1,
+                                                            getattr(pr, "error_message", None))
+            network_error: KafkaError | None = None
+        else:
+            network_error = exc if isinstance(exc, KafkaError) else KafkaError(str(exc))
+        txn = self.txn
+        if txn is not None and txn.tv2 and not txn.started:
+            # KIP-890: a Produce v12 adds its partitions implicitly, unless it was refused (retriable)
+            txn.started = network_error is not None or any(
+                results.get((b.topic, b.partition), (-2,))[0] in (0, DUPLICATE_SEQUENCE_NUMBER, -2)
+                or not error_class(results[(b.topic, b.partition)][0]).retriable for b in sent)
+        for b in sent:
+            p = self.partitions[(b.topic, b.partition)]
+            p.inflight -= 1
+            b.in_flight = False
+            if network_error is not None:
+                self._batch_failed(p, b, network_error, in_doubt=True)
+                continue
+            code, base, lat, msg = results.get((b.topic, b.partition), (-2, -1, -1, None))
+            if code == -2:
+                self._batch_failed(p, b, KafkaError("the response did not mention the partition"), in_doubt=True)
+            elif code == 0 or (code == DUPLICATE_SEQUENCE_NUMBER and self.idempotent):
+                if self.idempotent:
+                    if p.unacked and p.unacked[0] is b:
+                        p.unacked.popleft()
+                        p.acked_seq = (b.seq + b.count) % _SEQ_MOD
+                    else:  # acknowledged out of order: cannot happen with in-order resends
+                        try:
+                            p.unacked.remove(b)
+                        except ValueError:
+                            pass
+                self._succeed_batch(b, base if code == 0 else -1, lat)
+            else:
+                self._batch_failed(p, b, error_for(code, msg), in_doubt=False)
+        self._kick()
+
+    def _batch_failed(self, p: _Partition, b: _Batch, err: KafkaError, in_doubt: bool) -> None:
+        b.last_error = err
+        b.in_doubt = b.in_doubt or in_doubt
+        if err.code in REFRESH_ERRORS:
+            self.cluster.invalidate(b.topic)
+        p.blocked = True
+        p.retry_at = time.monotonic() + self.backoff
+        if not self.idempotent:
+            if (err.retriable or in_doubt) and b.attempts <= self.retries:
+                p.ready.appendleft(b)  # resent as is (duplicates possible: that is what idempotence prevents)
+            else:
+                self._fail_batch(b, err)
+            return
+        head = bool(p.unacked) and p.unacked[0] is b
+        code = err.code
+        if not head and (code in (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID) or err.retriable or in_doubt):
+            return  # an earlier batch failed first; this one is resent after it
+        if self.txn is not None:
+            # in a transaction the epoch is not bumped here: the batch fails, which makes the
+            # transaction abortable (or fatal); the epoch changes after the abort
+            if (err.retriable or in_doubt) and code not in (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID) \
+                    and b.attempts <= self.retries:
+                return
+            p.unacked.remove(b)
+            self._fail_batch(b, err)
+            return
+        if code == UNKNOWN_PRODUCER_ID:
+            p.needs_bump = True  # refused, so safe to resend under the new epoch
+            return
+        if code in (OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH):
+            p.unacked.remove(b)
+            p.needs_bump = True
+            self._fail_batch(b, err)
+            return
+        if err.retriable or in_doubt:
+            if b.attempts <= self.retries:
+                return
+            p.unacked.remove(b)
+            if b.in_doubt:
+                p.needs_bump = True
+            self._fail_batch(b, err)
+            return
+        # refused for good (MESSAGE_TOO_LARGE, INVALID_RECORD, ...): later batches close the sequence gap
+        p.unacked.remove(b)
+        if b.in_doubt:
+            p.needs_bump = True
+        self._fail_batch(b, err)
+
+
+def _to_bytes(v: Any, what: str) -> bytes | None:
+    if v is None or isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode()
+    if isinstance(v, (bytearray, memoryview)):
+        return bytes(v)
+    raise TypeError(f"{what} must be bytes, str or None, not {type(v).__name__}")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _values_list(values: Any) -> list[bytes | None]:
+    """A list of bytes from a list/tuple or a pyarrow array (binary or string), without pyarrow as a dependency."""
+    if isinstance(values, (list, tuple)):
+        if values and not all(type(v) is bytes for v in values):
+            return [_to_bytes(v, "value") for v in values]
+        return list(values)
+    to_pylist = getattr(values, "to_pylist", None)
+    if to_pylist is not None:  # pyarrow Array / ChunkedArray
+        return [_to_bytes(v, "value") for v in to_pylist()]
+    return [_to_bytes(v, "value") for v in values]
+
+
+async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | None], keys: Any,
+                             partition: int | None, timestamp: int | None, futs: list[Any]) -> None:
+    """The batch API shared by both facades: ``futs[i]`` completes with record ``i``'s metadata."""
+    ks = None if keys is None else _values_list(keys)
+    if ks is not None and len(ks) != len(vals):
+        raise ValueError("keys and values differ in length")
+    info = await core.cluster.wait_topic(topic, core.max_block)
+    ts = _now_ms() if timestamp is None else timestamp
+    n = info.partitions
+    if partition is not None and not 0 <= partition < n:
+        raise UnknownTopicOrPartitionError(f"partition {partition} of {topic} does not exist")
+    if partition is None and ks is not None:
+        groups: dict[int, list[int]] = {}
+        for i, k in enumerate(ks):
+            groups.setdefault(core.sticky.partition(topic, n) if k is None else partition_for_key(k, n),
+                              []).append(i)
+        for part, idx in groups.items():
+            core.append_many(topic, [vals[i] for i in idx], [ks[i] for i in idx], part, ts, [futs[i] for i in idx])
+    else:
+        part = core.sticky.partition(topic, n) if partition is None else partition
+        core.append_many(topic, vals, ks, part, ts, futs)
+
+
+class Producer:
+    """The asyncio producer.
+
+    ``producer = Producer({"bootstrap.servers": "host:9092", ...})``; ``await
+    producer.start()`` (or ``async with Producer(conf) as producer``);
+    ``fut = producer.produce(topic, value, ...)``; ``md = await fut``;
+    ``await producer.flush()``; ``await producer.close()``.
+
+    With ``transactional.id``: ``await producer.init_transactions()``, then
+    ``begin_transaction()`` / ``produce()`` / ``send_offsets_to_transaction()``
+    / ``commit_transaction()`` or ``abort_transaction()``; KIP-939:
+    ``prepare_transaction()`` and ``complete_transaction()`` (docs/client.md).
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = parse_config(config, "producer")
+        self._core = ProducerCore(self.config)
+        self._started = False
+
+    async def start(self) -> None:
+        """Connect, read metadata and (idempotent producer) get a producer id."""
+        if not self._started:
+            await self._core.start()
+            self._started = True
+
+    async def __aenter__(self) -> "Producer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def produce(self, topic: str, value: Any = None, key: Any = None, partition: int | None = None,
+                headers: Any = None, timestamp: int | None = None,
+                on_delivery: Callable[[KafkaError | None, RecordMetadata | None], None] | None = None
+                ) -> asyncio.Future[RecordMetadata]:
+        """Queue one record; returns a future of its :class:`RecordMetadata`.
+
+        ``on_delivery(err, metadata)`` is called on the loop when it completes.
+        Raises :class:`BufferError` when ``buffer.memory`` bytes are waiting (await
+        :meth:`flush` and retry), like confluent-kafka.
+        """
+        core = self._core
+        if not self._started:
+            raise ClientClosedError("call await producer.start() first")
+        core.check_open()
+        value, key = _to_bytes(value, "value"), _to_bytes(key, "key")
+        n = (len(value) if value else 0) + (len(key) if key else 0)
+        if core.buffered_bytes + n > self.config["buffer.memory"] and core.buffered_bytes:
+            raise BufferError("buffer.memory is full: await flush() and produce again")
+        fut: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        if on_delivery is not None:
+            fut.add_done_callback(lambda f: on_delivery(f.exception(), None if f.exception() else f.result()))
+        core.append(topic, value, key, partition, headers, _now_ms() if timestamp is None else timestamp, fut)
+        return fut
+
+    async def produce_batch(self, topic: str, values: Any, keys: Any = None, partition: int | None = None,
+                            timestamp: int | None = None) -> list[asyncio.Future[RecordMetadata]]:
+        """Queue many records at once (a list, or a pyarrow array); returns their futures, in order.
+
+        With ``partition`` (or without keys) the records section is encoded in
+        bulk; with keys each record goes to its key's partition.
+        """
+        self._core.check_open()
+        vals = _values_list(values)
+        loop = asyncio.get_running_loop()
+        futs = [loop.create_future() for _ in vals]
+        await produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs)
+        return futs
+
+    def poll(self, timeout: float = 0) -> int:
+        """For confluent-kafka compatibility: callbacks run on the loop as records complete. Returns 0."""
+        return 0
+
+    async def flush(self, timeout: float | None = None) -> int:
+        """Send everything and wait for every outstanding record; returns how many are still outstanding."""
+        return await self._core.flush(timeout)
+
+    # -- transactions (see docs/client.md and oncelog.client.aio.transactions) ------------
+
+    def _txn(self) -> TransactionManager:
+        if not self._started:
+            raise ClientClosedError("call await producer.start() first")
+        self._core.check_open_only()
+        if self._core.txn is None:
+            raise IllegalStateError("transactions need a transactional.id in the producer's configuration")
+        return self._core.txn
+
+    async def init_transactions(self, timeout: float | None = None, *, keep_prepared_txn: bool = False) -> None:
+        """Get the producer id and epoch of ``transactional.id``, fencing older producers with the same id.
+
+        Their open transaction is aborted, unless ``keep_prepared_txn=True``
+        (KIP-939, with ``transaction.two.phase.commit.enable=true``): then an
+        open transaction is kept, the producer is left in the prepared state and
+        :meth:`complete_transaction` (or commit/abort) decides it. Raises
+        :class:`~oncelog.client.errors.KafkaTimeoutError` after ``max.block.ms``
+        (call again to resume).
+        """
+        await self._txn().init_transactions(keep_prepared_txn, timeout)
+
+    async def begin_transaction(self) -> None:
+        """Start a transaction: records produced from now on belong to it."""
+        self._txn().begin_transaction()
+
+    async def send_offsets_to_transaction(self, offsets: Any, group_metadata: Any,
+                                    timeout: float | None = None) -> None:
+        """Commit a consumer group's ``offsets`` as part of the transaction (consume-transform-produce).
+
+        ``offsets``: ``{(topic, partition): next offset}`` (or a list of
+        TopicPartition with ``offset``); ``group_metadata``: the consumer's
+        ``group_metadata()`` (a :class:`ConsumerGroupMetadata`, for KIP-447
+        generation fencing) or just the group id.
+        """
+        await self._txn().send_offsets_to_transaction(offsets, group_metadata, timeout)
+
+    async def commit_transaction(self, timeout: float | None = None) -> None:
+        """Flush, then commit. Raises the abortable error if a record failed (then call abort)."""
+        await self._txn().commit_transaction(timeout)
+
+    async def abort_transaction(self, timeout: float | None = None) -> None:
+        """Drop unsent records, wait for those in flight, then abort."""
+        await self._txn().abort_transaction(timeout)
+
+    async def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
+        """KIP-939: flush and return the transaction's :class:`PreparedTxnState` (needs 2PC enabled)."""
+        return await self._txn().prepare_transaction(timeout)
+
+    async def complete_transaction(self, prepared_state: PreparedTxnState, timeout: float | None = None) -> None:
+        """KIP-939: commit the prepared transaction if ``prepared_state`` is its state, else abort it."""
+        await self._txn().complete_transaction(prepared_state, timeout)
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Flush (up to ``timeout``), then close connections; unsent records fail with ClientClosedError."""
+        await self._core.close(timeout)
+
+    @property
+    def producer_id(self) -> tuple[int, int]:
+        """``(producer id, epoch)``, (-1, -1) when not idempotent."""
+        return self._core.producer_id, self._core.producer_epoch

@@ -1,0 +1,152 @@
+"""Typed client exceptions carrying Kafka's error name and code.
+
+Every Kafka error code in :class:`oncelog.protocol.errors.ErrorCode` (Kafka's
+full table, with its retriable flag) has a subclass of :class:`KafkaError`
+named after it in CamelCase with an ``Error`` suffix, e.g. code 6
+``NOT_LEADER_OR_FOLLOWER`` -> :class:`NotLeaderOrFollowerError`, code 45
+``OUT_OF_ORDER_SEQUENCE_NUMBER`` -> ``OutOfOrderSequenceNumberError``. Catch
+the base class, a specific subclass, or check ``.code`` / ``.name`` /
+``.retriable``.
+
+Client-side conditions that have no Kafka code (the client was closed, a
+record waited longer than ``delivery.timeout.ms``) are subclasses too and
+carry ``code = -1`` with their own ``name`` (librdkafka does the same with its
+negative "local" codes).
+
+Internal API: :func:`error_for(code, message)` builds the exception for a
+response's error code; :func:`error_class(code)` returns its class.
+"""
+
+from __future__ import annotations
+
+from oncelog.protocol.errors import ErrorCode
+
+__all__ = [
+    "ClientClosedError",
+    "DeliveryTimeoutError",
+    "KafkaError",
+    "KafkaConnectionError",
+    "error_class",
+    "error_for",
+]
+
+
+class KafkaError(Exception):
+    """A Kafka error: ``code`` (Kafka's int), ``name`` (Kafka's upper-case name), ``retriable``.
+
+    A transactional producer also classifies the errors it raises, as Java's
+    ``TransactionManager`` does (confluent-kafka has the same two flags):
+    ``txn_requires_abort`` is true for an *abortable* error (call
+    ``abort_transaction()``, then go on), ``fatal`` for a *fatal* one (the
+    producer can only be closed).
+    """
+
+    code: int = -1
+    name: str = "UNKNOWN_SERVER_ERROR"
+    retriable: bool = False
+    txn_requires_abort: bool = False
+    fatal: bool = False
+
+    def __init__(self, message: str = "") -> None:
+        self.message = message
+        super().__init__(f"{self.name}: {message}" if message else self.name)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.message,))
+
+
+_BY_CODE: dict[int, type[KafkaError]] = {}
+
+
+def _class_name(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_")) + "Error"
+
+
+def _build() -> None:
+    for ec in ErrorCode:
+        code = int(ec.value)
+        if code == 0:
+            continue
+        cls = type(_class_name(ec.name), (KafkaError,), {
+            "code": code, "name": ec.name.upper(), "retriable": bool(ec.retriable),
+            "__doc__": f"Kafka error {code} {ec.name.upper()}"
+                       f"{' (retriable)' if ec.retriable else ''}.",
+            "__module__": __name__,
+        })
+        _BY_CODE[code] = cls
+        globals()[cls.__name__] = cls
+        __all__.append(cls.__name__)
+
+
+_build()
+
+
+def error_class(code: int) -> type[KafkaError]:
+    """The exception class for Kafka error ``code`` (a generic one for codes Kafka added later)."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        cls = type(f"KafkaError{code}", (KafkaError,), {"code": code, "name": f"UNKNOWN_ERROR_{code}",
+                                                        "__module__": __name__})
+        _BY_CODE[code] = cls
+    return cls
+
+
+def error_for(code: int, message: str | None = None) -> KafkaError:
+    """The exception for a response's error ``code`` and optional error message."""
+    return error_class(int(code))(message or "")
+
+
+def is_retriable(code: int) -> bool:
+    return error_class(code).retriable
+
+
+class KafkaConnectionError(_BY_CODE[ErrorCode.network_exception.value]):  # type: ignore[misc]
+    """The connection to a broker failed or closed (NETWORK_EXCEPTION, retriable)."""
+
+
+class RequestTimeoutError(_BY_CODE[ErrorCode.request_timed_out.value]):  # type: ignore[misc]
+    """No response within ``request.timeout.ms`` (REQUEST_TIMED_OUT, retriable); the connection is closed."""
+
+
+class DeliveryTimeoutError(KafkaError):
+    """A record was not acknowledged within ``delivery.timeout.ms`` (the Java client's TimeoutException)."""
+
+    name = "DELIVERY_TIMEOUT"
+    retriable = False
+
+
+class ClientClosedError(KafkaError):
+    """The client was closed before the operation completed."""
+
+    name = "CLIENT_CLOSED"
+
+
+class UnsupportedApiError(_BY_CODE[ErrorCode.unsupported_version.value]):  # type: ignore[misc]
+    """The broker and this client share no version of an API (UNSUPPORTED_VERSION)."""
+
+
+class IllegalStateError(KafkaError):
+    """A call that the producer's transaction state does not allow (Java's IllegalStateException),
+    e.g. ``produce()`` before ``init_transactions()`` or outside a transaction."""
+
+    name = "ILLEGAL_STATE"
+
+
+class TransactionAbortedError(KafkaError):
+    """A record that was not sent because its transaction was aborted (Java's TransactionAbortedException)."""
+
+    name = "TRANSACTION_ABORTED"
+
+
+class KafkaTimeoutError(KafkaError):
+    """A blocking operation did not finish within ``max.block.ms`` (Java's TimeoutException).
+
+    Transactional calls may be called again after it: they resume where they stopped.
+    """
+
+    name = "TIMED_OUT"
+    retriable = True
+
+
+__all__ += ["IllegalStateError", "KafkaTimeoutError", "RequestTimeoutError", "TransactionAbortedError",
+            "UnsupportedApiError", "is_retriable"]

@@ -1,0 +1,117 @@
+"""oncelog's own consumer (``oncelog.client``): read_committed, seek/position/watermarks, asyncio.
+
+The round trips with every producer and codec are in test_clients.py; this
+module covers what is specific to the consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from oncelog.client import Consumer, TopicPartition
+from oncelog.client import aio
+from oncelog.client.errors import OffsetOutOfRangeError
+from oncelog.testing import EmbeddedBroker
+
+pytestmark = [pytest.mark.timeout(180)]
+
+
+def _read_all(c: Any, topic: str, partitions: int, ends: dict[int, int]) -> list[Any]:
+    import time
+
+    out: list[Any] = []
+    deadline = time.monotonic() + 60
+    # the position moves past transaction markers, so it reaches the high watermark
+    while any(c.position((topic, p)) < ends[p] for p in ends):
+        assert time.monotonic() < deadline, ({p: c.position((topic, p)) for p in ends}, ends)
+        out.extend(c.consume(1000, 0.2))
+    return out
+
+
+def test_read_committed_hides_aborted_transactions(broker: EmbeddedBroker, kit: Any) -> None:
+    """confluent-kafka transactions committed and aborted in turn; we read only the committed ones."""
+    from confluent_kafka import Producer as CProducer
+
+    kit.create_topic(broker.bootstrap, "txn", 2)
+    p = CProducer({"bootstrap.servers": broker.bootstrap, "transactional.id": "client-consumer-test",
+                   "compression.type": "lz4", "linger.ms": 5})
+    p.init_transactions(30)
+    committed = []
+    for t in range(6):
+        p.begin_transaction()
+        for i in range(200):
+            v = b"t%d-%d" % (t, i)
+            p.produce("txn", v, partition=i % 2)
+        if t % 2 == 0:
+            p.commit_transaction(30)
+            committed.extend(b"t%d-%d" % (t, i) for i in range(200))
+        else:
+            assert p.flush(30) == 0  # written, then aborted (librdkafka drops unsent records on abort)
+            p.abort_transaction(30)
+    with Consumer({"bootstrap.servers": broker.bootstrap, "isolation.level": "read_committed",
+                   "auto.offset.reset": "earliest"}) as c:
+        c.assign([TopicPartition("txn", 0), TopicPartition("txn", 1)])
+        # under read_committed the high watermark reported is the LSO: it reaches the end once the
+        # coordinator has written the last (abort) markers, which EndTxn does not wait for
+
+        def settled() -> dict[int, int] | None:
+            hws = {q: hw for q, (_, hw) in kit.confluent_watermarks(broker.bootstrap, "txn", 2).items()}
+            return hws if all(c.get_watermark_offsets(("txn", q)) == (0, hws[q]) for q in hws) else None
+
+        ends = kit.wait_until(settled, timeout=20, message="LSO at the high watermark")
+        got = [m.value for m in _read_all(c, "txn", 2, ends)]
+    assert sorted(got) == sorted(committed)
+    assert len(got) == len(set(got)) == 600
+    with Consumer({"bootstrap.servers": broker.bootstrap, "auto.offset.reset": "earliest"}) as c:
+        c.assign([TopicPartition("txn", 0), TopicPartition("txn", 1)])
+        every = [m.value for m in _read_all(c, "txn", 2, ends)]
+    assert len(every) == 1200  # read_uncommitted sees the aborted records too (markers are never returned)
+
+
+def test_seek_position_and_offset_reset(broker: EmbeddedBroker, kit: Any) -> None:
+    from oncelog.client import Producer
+
+    kit.create_topic(broker.bootstrap, "pos", 1)
+    with Producer({"bootstrap.servers": broker.bootstrap, "compression.type": "snappy"}) as p:
+        for i in range(500):
+            p.produce("pos", b"%d" % i, partition=0)
+    with Consumer({"bootstrap.servers": broker.bootstrap}) as c:  # auto.offset.reset=latest
+        c.assign([("pos", 0)])
+        assert c.position(("pos", 0)) == 500
+        assert c.poll(0.3) is None
+        c.seek(("pos", 0), 123)
+        m = c.poll(5)
+        assert (m.offset, m.value) == (123, b"123")
+        assert c.position(("pos", 0)) == 124
+        c.seek(TopicPartition("pos", 0, -2))  # earliest
+        assert c.poll(5).offset == 0
+    with Consumer({"bootstrap.servers": broker.bootstrap, "auto.offset.reset": "none"}) as c:
+        c.assign([TopicPartition("pos", 0, 1000)])  # past the end
+        with pytest.raises(OffsetOutOfRangeError):
+            c.poll(5)
+
+
+def test_asyncio_consumer_iterates(broker: EmbeddedBroker, kit: Any) -> None:
+    kit.create_topic(broker.bootstrap, "aiter", 3)
+
+    async def run() -> list[Any]:
+        async with aio.Producer({"bootstrap.servers": broker.bootstrap}) as p:
+            await p.produce_batch("aiter", [b"%d" % i for i in range(3000)], keys=[b"%d" % i for i in range(3000)])
+            await p.flush()
+        out = []
+        async with aio.Consumer({"bootstrap.servers": broker.bootstrap, "auto.offset.reset": "earliest"}) as c:
+            c.assign([("aiter", q) for q in range(3)])
+            async for m in c:
+                out.append(m)
+                if len(out) == 3000:
+                    break
+        return out
+
+    got = asyncio.run(asyncio.wait_for(run(), 60))
+    assert sorted(int(m.value) for m in got) == list(range(3000))
+    for q in range(3):
+        offs = [m.offset for m in got if m.partition == q]
+        assert offs == list(range(len(offs)))

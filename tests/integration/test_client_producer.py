@@ -1,0 +1,212 @@
+"""oncelog's own producer (``oncelog.client``) against the real broker, read by third-party clients.
+
+The codec/ordering matrix with confluent-kafka, kafka-python and aiokafka
+consumers is in test_clients.py and the idempotence-under-faults tests in
+test_idempotence.py (both include oncelog's producer). This module covers
+what is specific to our producer: key placement compared with librdkafka's
+``murmur2_random``, the asyncio API and the batch API, large multi-block
+batches per codec, and errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from oncelog.client import ConfigError, Producer
+from oncelog.client import aio
+from oncelog.client.errors import MessageTooLargeError, UnknownTopicOrPartitionError
+from oncelog.testing import EmbeddedBroker
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.filterwarnings("ignore:read_text is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning"),
+]
+
+PARTITIONS = 7
+
+
+def _kafkapython_read(bootstrap: str, topic: str, ends: dict[int, int]) -> dict[int, list[Any]]:
+    import time
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                      auto_offset_reset="none", max_poll_records=5000)
+    out: dict[int, list[Any]] = {p: [] for p in ends}
+    try:
+        tps = [TopicPartition(topic, p) for p in ends]
+        c.assign(tps)
+        for tp in tps:
+            c.seek(tp, 0)
+        deadline = time.monotonic() + 60
+        while any(len(out[p]) < ends[p] for p in ends):
+            assert time.monotonic() < deadline, {p: len(v) for p, v in out.items()}
+            for tp, records in c.poll(timeout_ms=500).items():
+                out[tp.partition].extend(records)
+    finally:
+        c.close()
+    return out
+
+
+def test_keys_land_where_confluent_murmur2_random_puts_them(broker: EmbeddedBroker, kit: Any) -> None:
+    from confluent_kafka import Producer as CProducer
+
+    keys = [b"key-%d" % i for i in range(400)] + [b"", b"\x00\xff" * 9, "ключ".encode(), b"x" * 1000]
+    kit.create_topic(broker.bootstrap, "keys-confluent", PARTITIONS)
+    kit.create_topic(broker.bootstrap, "keys-oncelog", PARTITIONS)
+    theirs: dict[bytes, int] = {}
+    cp = CProducer({"bootstrap.servers": broker.bootstrap, "partitioner": "murmur2_random", "linger.ms": 5})
+    for k in keys:
+        cp.produce("keys-confluent", b"v", key=k,
+                   on_delivery=lambda err, msg: theirs.__setitem__(msg.key(), msg.partition()))
+    assert cp.flush(30) == 0
+    with Producer({"bootstrap.servers": broker.bootstrap}) as p:
+        futs = {k: p.produce("keys-oncelog", b"v", key=k) for k in keys}
+        assert p.flush(30) == 0
+        ours = {k: f.result().partition for k, f in futs.items()}
+    assert len(theirs) == len(keys)
+    assert len(set(ours.values())) == PARTITIONS  # the keys really spread
+    assert ours == theirs
+    # and the broker holds them there: read back by partition
+    ends = {q: hw for q, (_, hw) in kit.confluent_watermarks(broker.bootstrap, "keys-oncelog", PARTITIONS).items()}
+    got = kit.confluent_consume_all(broker.bootstrap, "keys-oncelog", ends)
+    assert sorted((m.key(), p) for p, ms in got.items() for m in ms) == sorted(ours.items())
+
+
+def test_null_keys_are_sticky_per_batch(broker: EmbeddedBroker, kit: Any) -> None:
+    kit.create_topic(broker.bootstrap, "sticky", PARTITIONS)
+    with Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 50, "batch.size": 1024}) as p:
+        futs = [p.produce("sticky", b"%04d" % i + b"." * 100) for i in range(700)]
+        p.flush(30)
+        parts = [f.result().partition for f in futs]
+    runs = 1 + sum(1 for a, b in zip(parts, parts[1:]) if a != b)
+    # ~9 records fill a 1 KiB batch, then the partition changes: runs of records, not a random scatter
+    assert len(set(parts)) > 1
+    assert runs < len(parts) / 5, runs
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_large_batches_every_codec_read_by_confluent_and_kafkapython(codec: str, broker: EmbeddedBroker,
+                                                                     kit: Any) -> None:
+    """Batches of ~512 KiB (LZ4 frames of several 64 KiB blocks), every record once, in order."""
+    topic = f"big-{codec}"
+    kit.create_topic(broker.bootstrap, topic, 3)
+    n = 3000
+    values = [b"%06d:" % i + bytes([65 + i % 26]) * (1024 + i % 500) for i in range(n)]
+    with Producer({"bootstrap.servers": broker.bootstrap, "compression.type": codec, "batch.size": 512 * 1024,
+                   "linger.ms": 100}) as p:
+        futs = [p.produce(topic, v, partition=i % 3) for i, v in enumerate(values)]
+        assert p.flush(60) == 0
+        md = [f.result() for f in futs]
+    sent = {q: [i for i in range(n) if i % 3 == q] for q in range(3)}
+    for q, ids in sent.items():
+        assert [md[i].offset for i in ids] == list(range(len(ids))), f"partition {q}: offsets not in send order"
+    ends = {q: len(ids) for q, ids in sent.items()}
+    stored = kit.stored_codecs(broker.data_dir, topic, 3)
+    assert stored == {codec: n}, stored
+    got_c = kit.confluent_consume_all(broker.bootstrap, topic, ends)
+    got_k = _kafkapython_read(broker.bootstrap, topic, ends)
+    for q, ids in sent.items():
+        assert [m.value() for m in got_c[q]] == [values[i] for i in ids], f"confluent, partition {q}"
+        assert [r.value for r in got_k[q]] == [values[i] for i in ids], f"kafka-python, partition {q}"
+
+
+def test_asyncio_producer_and_batch_api(broker: EmbeddedBroker, kit: Any) -> None:
+    kit.create_topic(broker.bootstrap, "aio", 4)
+    n = 20_000
+
+    async def run() -> tuple[list[Any], list[Any], list[Any]]:
+        async with aio.Producer({"bootstrap.servers": broker.bootstrap, "compression.type": "zstd"}) as p:
+            single = [p.produce("aio", b"single-%d" % i, key=b"s%d" % i) for i in range(1000)]
+            bulk = await p.produce_batch("aio", [b"bulk-%d" % i for i in range(n)], partition=2)
+            keyed = await p.produce_batch("aio", [b"keyed-%d" % i for i in range(500)],
+                                          keys=[b"s%d" % i for i in range(500)])
+            assert await p.flush(60) == 0
+            return ([await f for f in single], [await f for f in bulk], [await f for f in keyed])
+
+    single, bulk, keyed = asyncio.run(asyncio.wait_for(run(), 120))
+    assert all(m.partition == 2 for m in bulk)
+    offs = [m.offset for m in bulk]
+    assert offs == list(range(offs[0], offs[0] + n))  # one run, in order
+    # the keyed batch follows the same key -> partition mapping as single records
+    assert [m.partition for m in keyed] == [m.partition for m in single[:500]]
+    ends = {q: hw for q, (_, hw) in kit.confluent_watermarks(broker.bootstrap, "aio", 4).items()}
+    assert sum(ends.values()) == 1000 + n + 500
+    got = kit.confluent_consume_all(broker.bootstrap, "aio", ends)
+    values = [m.value() for m in got[2]]
+    bulk_read = [v for v in values if v.startswith(b"bulk-")]
+    assert bulk_read == [b"bulk-%d" % i for i in range(n)]
+    every = sorted(m.value() for ms in got.values() for m in ms)
+    expected = sorted([b"single-%d" % i for i in range(1000)] + [b"bulk-%d" % i for i in range(n)]
+                      + [b"keyed-%d" % i for i in range(500)])
+    assert every == expected
+
+
+def test_errors_are_typed(broker: EmbeddedBroker, kit: Any) -> None:
+    kit.create_topic(broker.bootstrap, "errs", 2)
+    with pytest.raises(ConfigError, match="linger.mss"):
+        Producer({"bootstrap.servers": broker.bootstrap, "linger.mss": 1})
+    with Producer({"bootstrap.servers": broker.bootstrap, "max.request.size": 10_000}) as p:
+        bad_part = p.produce("errs", b"x", partition=5)
+        too_big = p.produce("errs", b"x" * 20_000)
+        fine = p.produce("errs", b"ok", partition=1)
+        p.flush(30)
+        with pytest.raises(UnknownTopicOrPartitionError) as e1:
+            bad_part.result()
+        assert (e1.value.code, e1.value.name) == (3, "UNKNOWN_TOPIC_OR_PARTITION")
+        with pytest.raises(MessageTooLargeError):
+            too_big.result()
+        assert (fine.result().partition, fine.result().offset) == (1, 0)
+
+
+def test_delivery_timeout_then_epoch_bump_and_recovery(tmp_path: Any, kit: Any) -> None:
+    """Cut off mid-stream: records fail with DeliveryTimeoutError after delivery.timeout.ms; once the
+    broker is reachable again the producer bumps its epoch (KIP-360: the expired batches' fate was
+    unknown) and later records are delivered, in order, exactly once."""
+    import time
+
+    from oncelog.client.errors import DeliveryTimeoutError
+    from oncelog.testing import free_port
+    from oncelog.testing.fault_proxy import FaultProxy
+
+    port = free_port()
+    with FaultProxy(("127.0.0.1", port), seed=7) as proxy:
+        broker = kit.start_broker(tmp_path, config={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{proxy.port}"},
+                                  port=port)
+        try:
+            kit.create_topic(broker.bootstrap, "cut", 1)
+            with Producer({"bootstrap.servers": proxy.bootstrap, "delivery.timeout.ms": 3000,
+                           "request.timeout.ms": 1000, "linger.ms": 0, "retry.backoff.ms": 50}) as p:
+                first = [p.produce("cut", b"before-%d" % i, partition=0) for i in range(100)]
+                assert p.flush(10) == 0 and [f.result().offset for f in first] == list(range(100))
+                epoch_before = p.producer_id
+                proxy.set_faults(blackhole=True)
+                lost = [p.produce("cut", b"lost-%d" % i, partition=0) for i in range(100)]
+                t0 = time.monotonic()
+                p.flush(15)
+                assert all(isinstance(f.exception(0), DeliveryTimeoutError) for f in lost)
+                assert time.monotonic() - t0 < 10
+                proxy.set_faults(blackhole=False)
+                after = [p.produce("cut", b"after-%d" % i, partition=0) for i in range(100)]
+                assert p.flush(20) == 0
+                offs = [f.result().offset for f in after]
+                assert offs == list(range(offs[0], offs[0] + 100))
+                assert p.producer_id != epoch_before  # a new epoch (or id) after giving up in-doubt batches
+                assert p._core.stats["epoch_bumps"] >= 1
+        finally:
+            broker.close()
+    broker = kit.start_broker(tmp_path)  # same data dir, no proxy advertised
+    try:
+        ends = {0: kit.confluent_watermarks(broker.bootstrap, "cut", 1)[0][1]}
+        values = [m.value() for m in kit.confluent_consume_all(broker.bootstrap, "cut", ends)[0]]
+    finally:
+        broker.close()
+    assert values[:100] == [b"before-%d" % i for i in range(100)]
+    assert values[-100:] == [b"after-%d" % i for i in range(100)]
+    # records whose delivery timed out may or may not be in the log (their fate was unknown), never twice
+    middle = values[100:-100]
+    assert len(middle) == len(set(middle)) and all(v.startswith(b"lost-") for v in middle)

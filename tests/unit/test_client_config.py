@@ -1,0 +1,78 @@
+"""Client configuration validation and typed errors (no broker)."""
+
+from __future__ import annotations
+
+import pytest
+
+from oncelog.client.config import ConfigError, parse_config
+from oncelog.client import errors
+
+
+def test_defaults_are_kafkas() -> None:
+    cfg = parse_config({"bootstrap.servers": "127.0.0.1:9092"}, "producer")
+    assert cfg["acks"] == -1
+    assert cfg["enable.idempotence"] is True
+    assert cfg["linger.ms"] == 5 and cfg["batch.size"] == 16384
+    assert cfg["delivery.timeout.ms"] == 120000 and cfg["retries"] == 2**31 - 1
+    assert cfg.bootstrap == [("127.0.0.1", 9092)]
+    c = parse_config({"bootstrap.servers": "h:1", "group.id": "g"}, "consumer")
+    assert c["isolation.level"] == "read_uncommitted" and c["auto.offset.reset"] == "latest"
+    assert c["partition.assignment.strategy"] == ["range", "cooperative-sticky"]
+
+
+def test_values_are_normalised() -> None:
+    cfg = parse_config({"bootstrap.servers": "a:1,b:2", "acks": "all", "linger.ms": "10",
+                        "enable.idempotence": "true", "compression.type": "ZSTD"}, "producer")
+    assert (cfg["acks"], cfg["linger.ms"], cfg["compression.type"]) == (-1, 10, "zstd")
+    assert cfg.bootstrap == [("a", 1), ("b", 2)]
+    c = parse_config({"bootstrap.servers": "h:1", "auto.offset.reset": "smallest",
+                      "partition.assignment.strategy": "roundrobin, range"}, "consumer")
+    assert c["auto.offset.reset"] == "earliest"
+    assert c["partition.assignment.strategy"] == ["roundrobin", "range"]
+
+
+@pytest.mark.parametrize("conf, message", [
+    ({"bootstrap.servers": "h:1", "linger.mss": 5}, "unknown configuration property 'linger.mss' (did you mean linger.ms?)"),
+    ({"bootstrap.servers": "h:1", "acks": 2}, "acks: invalid value 2 (expected all, -1, 0 or 1)"),
+    ({"bootstrap.servers": "h:1", "linger.ms": -1}, "linger.ms: -1 is out of range"),
+    ({"bootstrap.servers": "h:1", "linger.ms": "soon"}, "linger.ms: invalid value 'soon'"),
+    ({"bootstrap.servers": "h:1", "compression.type": "brotli"}, "compression.type: invalid value 'brotli' (expected none or gzip"),
+    ({"bootstrap.servers": "h:1", "enable.idempotence": "yes"}, "enable.idempotence: invalid value 'yes' (expected true or false)"),
+    ({"linger.ms": 1}, "bootstrap.servers is required"),
+    ({"bootstrap.servers": "nohostport"}, "bootstrap.servers: 'nohostport' is not host:port"),
+    ({"bootstrap.servers": "h:1", "enable.idempotence": True, "acks": 1}, "enable.idempotence=true requires acks=all"),
+    ({"bootstrap.servers": "h:1", "transactional.id": "t", "enable.idempotence": False}, "transactional.id requires"),
+    ({"bootstrap.servers": "h:1", "isolation.level": "read_committed"}, None),  # consumer key in a producer: ignored
+])
+def test_invalid_producer_config(conf: dict, message: str | None) -> None:
+    if message is None:
+        parse_config(conf, "producer")
+        return
+    with pytest.raises(ConfigError) as exc:
+        parse_config(conf, "producer")
+    assert message in str(exc.value)
+
+
+def test_consumer_keys_validated_even_without_a_consumer() -> None:
+    with pytest.raises(ConfigError, match="isolation.level: invalid value 'read_dirty'"):
+        parse_config({"bootstrap.servers": "h:1", "isolation.level": "read_dirty"}, "producer")
+    with pytest.raises(ConfigError, match="partition.assignment.strategy: invalid value"):
+        parse_config({"bootstrap.servers": "h:1", "partition.assignment.strategy": "sticky-ish"}, "consumer")
+
+
+def test_conflicting_defaults_turn_idempotence_off_as_in_kafka() -> None:
+    cfg = parse_config({"bootstrap.servers": "h:1", "acks": 1}, "producer")
+    assert cfg["enable.idempotence"] is False
+
+
+def test_errors_carry_name_code_and_retriable() -> None:
+    e = errors.error_for(6, "moved")
+    assert isinstance(e, errors.NotLeaderOrFollowerError) and isinstance(e, errors.KafkaError)
+    assert (e.code, e.name, e.retriable) == (6, "NOT_LEADER_OR_FOLLOWER", True)
+    assert str(e) == "NOT_LEADER_OR_FOLLOWER: moved"
+    o = errors.error_for(45)
+    assert type(o).__name__ == "OutOfOrderSequenceNumberError" and not o.retriable
+    assert errors.error_for(10).name == "MESSAGE_TOO_LARGE"
+    assert errors.error_for(9999).name == "UNKNOWN_ERROR_9999"
+    assert issubclass(errors.KafkaConnectionError, errors.NetworkExceptionError)
+    assert errors.KafkaConnectionError().retriable
