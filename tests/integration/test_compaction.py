@@ -479,3 +479,44 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
     except (OSError, IndexError):
         return "zombie"
+
+
+NO_MAIN_GUARD = """
+import time
+print("TOP-LEVEL RAN", flush=True)
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from oncelog.testing import EmbeddedBroker
+b = EmbeddedBroker(mode="thread", config={"log.cleaner.backoff.ms": "100"}).start()
+admin = AdminClient({"bootstrap.servers": b.bootstrap})
+admin.create_topics([NewTopic("kv", 1, 1, config={
+    "cleanup.policy": "compact", "segment.bytes": "2000", "min.cleanable.dirty.ratio": "0.01"})])["kv"].result(10)
+p = Producer({"bootstrap.servers": b.bootstrap, "batch.size": 500})
+for i in range(300):
+    p.produce("kv", key=b"k%d" % (i % 5), value=b"v" * 50)
+p.flush(10)
+deadline = time.monotonic() + 20
+while not (b.data_dir / "kv-0" / "cleaner-offset-checkpoint").exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+print("CLEANED" if (b.data_dir / "kv-0" / "cleaner-offset-checkpoint").exists() else "NOT CLEANED", flush=True)
+b.stop()
+"""
+
+
+def test_a_script_without_a_main_guard_is_not_run_again_by_the_cleaner_process(tmp_path: Path) -> None:
+    # multiprocessing's spawn re-imports __main__ in the child; the cleaner process must not
+    # re-run an embedding script (EmbeddedBroker in thread mode, no __name__ guard)
+    import subprocess
+    import sys
+
+    import os
+
+    import oncelog
+
+    script = tmp_path / "embed.py"
+    script.write_text(NO_MAIN_GUARD)
+    env = {**os.environ, "PYTHONPATH": str(Path(oncelog.__file__).resolve().parents[1])}  # this tree's oncelog
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env=env)
+    assert "CLEANED" in out.stdout.split(), out.stdout + out.stderr[-2000:]
+    assert out.stdout.count("TOP-LEVEL RAN") == 1, out.stdout

@@ -28,11 +28,14 @@ transactions in; storage knows no producers. See docs/compaction.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
 import signal
+import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -284,7 +287,8 @@ class LogCleaner:
         if self._pool is None:
             try:
                 ctx = multiprocessing.get_context("spawn")
-                self._pool = ctx.Pool(1, initializer=_child_init)
+                with _main_hidden():
+                    self._pool = ctx.Pool(1, initializer=_child_init)
                 self._pool.apply(_warm)
             except (OSError, ImportError) as exc:
                 log.warning("cannot start the cleaner process (%s); cleaning in a thread of the broker", exc)
@@ -309,6 +313,25 @@ class LogCleaner:
 
 
 CHILD_NICE = 19
+
+
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    """Start processes without multiprocessing's re-import of ``__main__`` in the child:
+    an embedding program (``EmbeddedBroker(mode="thread")`` in a script with no
+    ``if __name__ == "__main__"`` guard) would otherwise run again in the cleaner process.
+    The cleaner process needs nothing from ``__main__``."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            if "__spec__" in saved:
+                main.__spec__ = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
 
 
 def _warm() -> None:
