@@ -67,7 +67,6 @@ from oncelog.protocol.records import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     MAGIC_V2,
-    RECORDS_OFFSET,
     TIMESTAMP_LOG_APPEND_TIME,
     BatchHeader,
     update_crc,
