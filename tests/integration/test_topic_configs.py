@@ -183,17 +183,15 @@ def test_min_compaction_lag_above_max_is_refused(cb: EmbeddedBroker) -> None:
 
 
 @pytest.mark.parametrize("policy", ["compact", "compact,delete", "delete,compact"])
-def test_cleanup_policy_compact_is_refused_naming_the_open_issue(cb: EmbeddedBroker, policy: str) -> None:
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import NewTopic
+def test_cleanup_policy_compact_is_accepted_and_described(cb: EmbeddedBroker, policy: str) -> None:
+    from confluent_kafka.admin import ConfigResource, NewTopic
 
     admin = _admin(cb)
-    fut = admin.create_topics([NewTopic("compacted", 1, 1, config={"cleanup.policy": policy})])["compacted"]
-    with pytest.raises(KafkaException) as e:
-        fut.result(timeout=20)
-    err = e.value.args[0]
-    assert err.code() == ErrorCode.invalid_config
-    assert "log compaction is an open issue" in err.str() and "cleanup.policy=" in err.str()
+    name = "compacted-" + policy.replace(",", "-")
+    admin.create_topics([NewTopic(name, 1, 1, config={"cleanup.policy": policy})])[name].result(timeout=20)
+    res = ConfigResource(ConfigResource.Type.TOPIC, name)
+    described = admin.describe_configs([res])[res].result(timeout=20)
+    assert described["cleanup.policy"].value == policy
 
 
 def test_replication_factor_above_one_is_refused_as_a_one_broker_kafka(cb: EmbeddedBroker) -> None:
@@ -278,10 +276,8 @@ def test_incremental_append_and_subtract_on_list_configs(cb: EmbeddedBroker) -> 
     assert _describe(cb, T, topic)["cleanup.policy"].value == ""
     _incremental(cb, T, topic, [("cleanup.policy", "delete", AlterConfigOpType.APPEND)])
     assert _describe(cb, T, topic)["cleanup.policy"].value == "delete"
-    with pytest.raises(KafkaException) as e:  # compaction: the open issue
-        _incremental(cb, T, topic, [("cleanup.policy", "compact", AlterConfigOpType.APPEND)])
-    assert _kafka_error_code(e) == ErrorCode.invalid_config
-    assert _describe(cb, T, topic)["cleanup.policy"].value == "delete"
+    _incremental(cb, T, topic, [("cleanup.policy", "compact", AlterConfigOpType.APPEND)])  # compaction works
+    assert _describe(cb, T, topic)["cleanup.policy"].value == "delete,compact"
 
     with pytest.raises(KafkaException) as e:  # not a list
         _incremental(cb, T, topic, [("segment.bytes", "1", AlterConfigOpType.APPEND)])

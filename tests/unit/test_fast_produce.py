@@ -15,7 +15,9 @@ TOPICS = [
             {"index": 0, "error_code": 0, "base_offset": 41, "log_append_time": -1, "log_start_offset": 3,
              "record_errors": [], "error_message": None},
             {"index": 5, "error_code": 87, "base_offset": -1, "log_append_time": -1, "log_start_offset": -1,
-             "record_errors": [], "error_message": "one batch per partition"},
+             "record_errors": [{"batch_index": 1, "batch_index_error_message": "no key"},
+                               {"batch_index": 3, "batch_index_error_message": None}],
+             "error_message": "one batch per partition"},
         ],
     },
     {"name": "é-topic", "partition_responses": [
@@ -32,4 +34,7 @@ def test_matches_kio(version: int) -> None:
     assert got == expected
     decoded = decode_response(0, version, got)
     assert decoded.responses[0].partition_responses[1].error_code == 87
+    if version >= 8:  # record errors (a compacted topic's keyless records)
+        errs = decoded.responses[0].partition_responses[1].record_errors
+        assert [(e.batch_index, e.batch_index_error_message) for e in errs] == [(1, "no key"), (3, None)]
     assert decoded.responses[1].partition_responses[0].base_offset == 2**40

@@ -25,7 +25,7 @@ from oncelog.broker.producer_ids import ProducerIdManager
 from oncelog.broker.txn import FileTxnLog, TransactionCoordinator, TxnConfig
 from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.storage.catalog import TopicCatalog
-from oncelog.storage.config import TOPIC_CONFIGS, ConfigError, LogConfig, unsupported_topic_config
+from oncelog.storage.config import TOPIC_CONFIGS, ConfigError, LogConfig
 from oncelog.storage.engine import LogManager
 from oncelog.storage.fileutil import DirLock, atomic_write
 
@@ -185,10 +185,6 @@ class Broker:
             cfg = LogConfig.from_properties(configs, self.logs.defaults)
         except ConfigError as exc:
             raise KafkaError(ErrorCode.invalid_config, str(exc)) from None
-        for key in configs:
-            refusal = unsupported_topic_config(key, cfg.get(key))
-            if refusal is not None:
-                raise KafkaError(ErrorCode.invalid_config, refusal)
         return cfg
 
     def create_topic(
@@ -326,12 +322,6 @@ class Broker:
             defaults = LogConfig.from_properties(self.dynamic.overlay(self.config.raw, **levels))
         except ConfigError as exc:  # Kafka answers INVALID_REQUEST here (KAFKA-13609)
             raise KafkaError(ErrorCode.invalid_request, str(exc)) from None
-        for key in configs:
-            topic_name = dynamic_config.LOG_CONFIGS.get(key)
-            if topic_name is not None:
-                refusal = unsupported_topic_config(topic_name, defaults.get(topic_name))
-                if refusal is not None:
-                    raise KafkaError(ErrorCode.invalid_config, refusal)
         if validate_only:
             return
         level = self.dynamic.level(per_broker)

@@ -117,6 +117,14 @@ def _check(key: str, value: str, spec: _Spec) -> int | bool | str:
         if text.lower() not in ("true", "false"):
             raise ConfigError(f"invalid value {value!r} for {key}: expected true or false")
         return text.lower() == "true"
+    if spec.kind == "double":
+        try:
+            x = float(text)
+        except ValueError:
+            x = None
+        if x is None or x != x or (spec.lo is not None and x < spec.lo) or (spec.hi is not None and x > spec.hi):
+            raise ConfigError(f"invalid value {value!r} for {key}: expected a number{_double_range(spec)} (double)")
+        return x  # type: ignore[return-value]
     if spec.kind == "string":
         if spec.choices and text not in spec.choices:
             raise ConfigError(f"invalid value {value!r} for {key}: expected one of {', '.join(spec.choices)}")
@@ -130,6 +138,19 @@ def _check(key: str, value: str, spec: _Spec) -> int | bool | str:
             or (spec.hi is not None and n > spec.hi)):
         raise ConfigError(f"invalid value {value!r} for {key}: expected {_range_text(spec, lo, hi)} ({spec.kind})")
     return n
+
+
+def _shown(value: object) -> str:
+    """A value as Kafka prints it (doubles as Java's Double.toString: 1.7976931348623157E308)."""
+    if isinstance(value, float):
+        return repr(value).replace("e+", "E").replace("e-", "E-")
+    return str(value)
+
+
+def _double_range(spec: _Spec) -> str:
+    if spec.lo is not None and spec.hi is not None:
+        return f" from {spec.lo} to {spec.hi}"
+    return f" >= {spec.lo}" if spec.lo is not None else ""
 
 
 def _range_text(spec: _Spec, lo: int, hi: int) -> str:
@@ -171,11 +192,19 @@ _INTS: dict[str, tuple[str, _Spec]] = {
     "transaction.remove.expired.transaction.cleanup.interval.ms": (
         "transaction_remove_expired_transaction_cleanup_interval_ms", _POS_INT),
     "oncelog.transaction.version": ("transaction_version", _Spec("int", lo=0, hi=2)),
+    # the log cleaner (Kafka's CleanerConfig; docs/compaction.md)
+    "log.cleaner.threads": ("log_cleaner_threads", _Spec("int", lo=0)),
+    "log.cleaner.dedupe.buffer.size": ("log_cleaner_dedupe_buffer_size", _LONG),
+    "log.cleaner.io.buffer.size": ("log_cleaner_io_buffer_size", _Spec("int", lo=0)),
+    "log.cleaner.io.buffer.load.factor": ("log_cleaner_io_buffer_load_factor", _Spec("double")),
+    "log.cleaner.io.max.bytes.per.second": ("log_cleaner_io_max_bytes_per_second", _Spec("double")),
+    "log.cleaner.backoff.ms": ("log_cleaner_backoff_ms", _Spec("long", lo=0)),
 }
 _BOOLS = {
     "auto.create.topics.enable": "auto_create_topics_enable",
     "delete.topic.enable": "delete_topic_enable",
     "transaction.two.phase.commit.enable": "transaction_two_phase_commit_enable",
+    "log.cleaner.enable": "log_cleaner_enable",
 }
 # broker-level log defaults, handed to LogConfig once checked here
 _RETENTION_KEYS = ("log.retention.ms", "log.retention.minutes", "log.retention.hours")
@@ -244,6 +273,14 @@ class BrokerConfig:
     transaction_two_phase_commit_enable: bool = False
     # the finalized level of the transaction.version feature (KIP-890): 2 = TV2
     transaction_version: int = 2
+    # the log cleaner (Kafka's names and defaults)
+    log_cleaner_enable: bool = True
+    log_cleaner_threads: int = 1
+    log_cleaner_dedupe_buffer_size: int = 134217728
+    log_cleaner_io_buffer_size: int = 524288
+    log_cleaner_io_buffer_load_factor: float = 0.9
+    log_cleaner_io_max_bytes_per_second: float = 1.7976931348623157e308
+    log_cleaner_backoff_ms: int = 15000
     log: LogConfig = field(default_factory=LogConfig)
     raw: dict[str, str] = field(default_factory=dict)
 
@@ -331,7 +368,7 @@ class BrokerConfig:
             "advertised.listeners": "PLAINTEXT://%s:%d" % self.advertised,
             "log.dirs": str(self.data_dir),
         }
-        out.update((key, str(getattr(self, attr))) for key, (attr, _spec) in _INTS.items())
+        out.update((key, _shown(getattr(self, attr))) for key, (attr, _spec) in _INTS.items())
         out.update((key, str(getattr(self, attr)).lower()) for key, attr in _BOOLS.items())
         for key, value in self.log.to_topic_configs().items():
             if key in BROKER_SYNONYM:  # oncelog's own meaning wins (log.flush.interval.messages)

@@ -16,9 +16,11 @@ dynamically", as Kafka answers; names Kafka does not know are kept as custom
 configs, as Kafka does.
 
 Applied at run time: the log defaults (every topic without its own override
-follows them at once) and ``producer.id.expiration.ms``. The rest are stored
-and described but change nothing here (no threads, cleaner or replication to
-tune on one asyncio node).
+follows them at once; that includes the cleaner's topic defaults such as
+``log.cleaner.min.cleanable.ratio``) and ``producer.id.expiration.ms``. The
+rest are stored and described but change nothing until a restart (the
+``log.cleaner.*`` thread, buffer and I/O settings are read at start; there are
+no thread pools or replication to tune on one asyncio node).
 """
 
 from __future__ import annotations

@@ -302,7 +302,8 @@ class Partition:
                 if hdr.base_offset < start:
                     continue
                 if hdr.is_control:
-                    self._replay_marker(hdr, data, previous.get(hdr.base_offset))
+                    if hdr.records_count:  # an empty one: compaction removed its whole transaction (Kafka skips it)
+                        self._replay_marker(hdr, data, previous.get(hdr.base_offset))
                     continue
                 table.replay(
                     hdr.producer_id,

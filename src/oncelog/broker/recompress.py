@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from oncelog.protocol.compression import XERIAL_MAGIC, codec_library, decompress
+from oncelog.protocol.compression import compress, decompress
 from oncelog.protocol.records import (
     ATTRIBUTES_OFFSET,
     BATCH_LENGTH_OFFSET,
@@ -33,7 +33,6 @@ from oncelog.protocol.records import (
     COMPRESSION_LZ4,
     COMPRESSION_MASK,
     COMPRESSION_NONE,
-    COMPRESSION_SNAPPY,
     COMPRESSION_ZSTD,
     CORRUPT_MESSAGE,
     HEADER_SIZE,
@@ -50,50 +49,6 @@ INVALID_TIMESTAMP = 32
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
-_BE32 = struct.Struct(">i")
-_LE32 = struct.Struct("<I")
-
-_XERIAL_HEADER = XERIAL_MAGIC + _BE32.pack(1) + _BE32.pack(1)  # version 1, compatible with 1
-_XERIAL_BLOCK = 32 * 1024
-# LZ4 frame: magic, FLG (version 01, independent blocks), BD (64 KiB blocks), header checksum
-_LZ4_HEADER = b"\x04\x22\x4d\x18\x60\x40\x82"
-_LZ4_BLOCK = 64 * 1024
-
-_lib = codec_library  # cramjam, imported on first use
-
-
-# --- codecs ---------------------------------------------------------------------------
-
-
-def compress(codec: int, data: bytes, level: int | None = None) -> bytes:
-    cj = _lib()
-    if codec == COMPRESSION_NONE:
-        return data
-    if codec == COMPRESSION_GZIP:
-        return bytes(cj.gzip.compress(data, level=None if level is None or level < 0 else level))
-    if codec == COMPRESSION_SNAPPY:
-        out = bytearray(_XERIAL_HEADER)
-        for i in range(0, len(data), _XERIAL_BLOCK):
-            block = bytes(cj.snappy.compress_raw(data[i : i + _XERIAL_BLOCK]))
-            out += _BE32.pack(len(block)) + block
-        return bytes(out)
-    if codec == COMPRESSION_LZ4:
-        out = bytearray(_LZ4_HEADER)
-        # Kafka: level 1 is LZ4's fast compressor, higher levels the high-compression one
-        hc = {"mode": "high_compression", "compression": level} if level is not None and level > 1 else {}
-        for i in range(0, len(data), _LZ4_BLOCK):
-            chunk = data[i : i + _LZ4_BLOCK]
-            block = bytes(cj.lz4.compress_block(chunk, store_size=False, **hc))
-            if len(block) >= len(chunk):  # incompressible: stored as is (high bit of the size)
-                out += _LE32.pack(len(chunk) | 0x80000000) + chunk
-            else:
-                out += _LE32.pack(len(block)) + block
-        out += b"\x00\x00\x00\x00"  # end mark
-        return bytes(out)
-    if codec == COMPRESSION_ZSTD:
-        return bytes(cj.zstd.compress(data, level=level))
-    raise ValueError(f"unknown codec {codec}")
-
 
 # --- batches --------------------------------------------------------------------------
 
@@ -167,3 +122,17 @@ def check_timestamps(batch: bytes, hdr: BatchHeader, now_ms: int, before_max_ms:
                 f"Timestamp {ts} of message with offset {offset} is out of range. "
                 f"The timestamp should be within [{low}, {high}]",
             )
+
+
+def keyless_record_indexes(batch: bytes, hdr: BatchHeader) -> list[int]:
+    """Positions (within the batch) of the records that have no key: a compacted topic
+    refuses them (Kafka's LogValidator ``validateKey``). Decompresses the batch, so the
+    append path calls it only for compacted topics."""
+    body = memoryview(batch)[HEADER_SIZE : hdr.size]
+    try:
+        plain = batch if hdr.compression == COMPRESSION_NONE else _with_body(batch, COMPRESSION_NONE, decompress(hdr.compression, body))
+        return [i for i, (_off, _ts, rec) in enumerate(iter_records(plain)) if rec.key is None]
+    except InvalidRecordError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise InvalidRecordError(CORRUPT_MESSAGE, f"cannot decompress the record batch ({exc})") from None

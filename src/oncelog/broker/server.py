@@ -25,6 +25,7 @@ from typing import Any
 from oncelog.broker.broker import Broker
 from oncelog.broker.config import BrokerConfig, StartupError
 from oncelog.broker.dispatch import CloseConnection, handle_frame
+from oncelog.broker.log_cleaner import LogCleaner, cleaner_config
 from oncelog.protocol.framing import FrameDecoder, FrameError, frame
 
 log = logging.getLogger("oncelog.server")
@@ -154,6 +155,8 @@ class BrokerServer:
         self._server: asyncio.base_events.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.port: int = broker.config.port
+        self.cleaner: LogCleaner | None = None
+        self._cleaner_task: asyncio.Task[None] | None = None
 
     async def start(self, sock: socket.socket | None = None) -> None:
         """Serve on ``sock`` (bound by :func:`bind_listener` before the broker
@@ -174,6 +177,8 @@ class BrokerServer:
         self._tasks.append(loop.create_task(self._every(cfg.group_coordinator_tick_ms, groups.tick)))
         self._tasks.append(loop.create_task(self._every(cfg.offsets_retention_check_interval_ms, groups.expire_offsets)))
         self._tasks.append(loop.create_task(self._every(1000, groups.store.maybe_snapshot)))
+        self.cleaner = LogCleaner(self.broker, cleaner_config(cfg))
+        self._cleaner_task = loop.create_task(self.cleaner.run())
         txn = self.broker.txn
         await txn.start()  # completes transactions left in PrepareCommit/PrepareAbort by a crash
         self._tasks.append(loop.create_task(self._every(self.broker.txn_tick_ms, txn.tick)))
@@ -193,6 +198,8 @@ class BrokerServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self.cleaner is not None:
+            await self.cleaner.stop(self._cleaner_task)
         for task in self._tasks:
             task.cancel()
         for conn in list(self.connections):

@@ -108,3 +108,42 @@ def decompressed_batch(buf: bytes | bytearray | memoryview, start: int = 0, end:
     struct.pack_into(">h", head, ATTRIBUTES_OFFSET, hdr.attributes & ~COMPRESSION_MASK)
     struct.pack_into(">i", head, BATCH_LENGTH_OFFSET, HEADER_SIZE - LOG_OVERHEAD + len(body))
     return bytes(head) + body
+
+
+_LE32 = struct.Struct("<I")
+_XERIAL_HEADER = XERIAL_MAGIC + _BE32.pack(1) + _BE32.pack(1)  # version 1, compatible with 1
+_XERIAL_BLOCK = 32 * 1024
+# LZ4 frame: magic, FLG (version 01, independent blocks), BD (64 KiB blocks), header checksum
+_LZ4_HEADER = b"\x04\x22\x4d\x18\x60\x40\x82"
+_LZ4_BLOCK = 64 * 1024
+
+def compress(codec: int, data: bytes, level: int | None = None) -> bytes:
+    """``data`` compressed with Kafka codec ``codec`` in the wire format Kafka writes
+    (``level`` None: the codec's default). Used by recompression and the log cleaner."""
+    cj = codec_library()
+    if codec == COMPRESSION_NONE:
+        return data
+    if codec == COMPRESSION_GZIP:
+        return bytes(cj.gzip.compress(data, level=None if level is None or level < 0 else level))
+    if codec == COMPRESSION_SNAPPY:
+        out = bytearray(_XERIAL_HEADER)
+        for i in range(0, len(data), _XERIAL_BLOCK):
+            block = bytes(cj.snappy.compress_raw(data[i : i + _XERIAL_BLOCK]))
+            out += _BE32.pack(len(block)) + block
+        return bytes(out)
+    if codec == COMPRESSION_LZ4:
+        out = bytearray(_LZ4_HEADER)
+        # Kafka: level 1 is LZ4's fast compressor, higher levels the high-compression one
+        hc = {"mode": "high_compression", "compression": level} if level is not None and level > 1 else {}
+        for i in range(0, len(data), _LZ4_BLOCK):
+            chunk = data[i : i + _LZ4_BLOCK]
+            block = bytes(cj.lz4.compress_block(chunk, store_size=False, **hc))
+            if len(block) >= len(chunk):  # incompressible: stored as is (high bit of the size)
+                out += _LE32.pack(len(chunk) | 0x80000000) + chunk
+            else:
+                out += _LE32.pack(len(block)) + block
+        out += b"\x00\x00\x00\x00"  # end mark
+        return bytes(out)
+    if codec == COMPRESSION_ZSTD:
+        return bytes(cj.zstd.compress(data, level=level))
+    raise ValueError(f"unknown codec {codec}")

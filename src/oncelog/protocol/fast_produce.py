@@ -50,7 +50,13 @@ def encode_produce_response(version: int, topics: list[dict[str, Any]], throttle
             if version >= 5:
                 out.append(_I64.pack(p["log_start_offset"]))
             if version >= 8:
-                out.append(array_len(0, flexible))  # record_errors
+                errors = p.get("record_errors") or ()
+                out.append(array_len(len(errors), flexible))
+                for e in errors:  # a compacted topic's records without a key
+                    out.append(_I32.pack(e["batch_index"]))
+                    out.append(string(e["batch_index_error_message"], flexible))
+                    if flexible:
+                        out.append(b"\x00")
                 out.append(string(p["error_message"], flexible))
             if flexible:
                 out.append(b"\x00")

@@ -123,7 +123,7 @@ _KEYS = [
     ConfigKey("compression.gzip.level", INT, -1, _gzip_level, (("compression.gzip.level", 1),), "compression_gzip_level"),
     ConfigKey("compression.lz4.level", INT, 9, between(1, 17), (("compression.lz4.level", 1),), "compression_lz4_level"),
     ConfigKey("compression.zstd.level", INT, 3, between(-131072, 22), (("compression.zstd.level", 1),), "compression_zstd_level"),
-    ConfigKey("delete.retention.ms", LONG, 86_400_000, at_least(0), (("log.cleaner.delete.retention.ms", 1),), effect=False),
+    ConfigKey("delete.retention.ms", LONG, 86_400_000, at_least(0), (("log.cleaner.delete.retention.ms", 1),)),
     ConfigKey("file.delete.delay.ms", LONG, 60_000, at_least(0), (("log.segment.delete.delay.ms", 1),), effect=False),
     ConfigKey("flush.messages", LONG, _LONG_MAX, at_least(1), (("log.flush.interval.messages", 1),), effect=False),
     ConfigKey("flush.ms", LONG, _LONG_MAX, at_least(0), (("log.flush.interval.ms", 1), ("log.flush.scheduler.interval.ms", 1)), effect=False),
@@ -132,13 +132,13 @@ _KEYS = [
     ConfigKey("leader.replication.throttled.replicas", LIST, [], _throttled_replicas, effect=False),
     ConfigKey("local.retention.bytes", LONG, -2, at_least(-2), _log("local.retention.bytes"), effect=False),
     ConfigKey("local.retention.ms", LONG, -2, at_least(-2), _log("local.retention.ms"), effect=False),
-    ConfigKey("max.compaction.lag.ms", LONG, _LONG_MAX, at_least(1), (("log.cleaner.max.compaction.lag.ms", 1),), effect=False),
+    ConfigKey("max.compaction.lag.ms", LONG, _LONG_MAX, at_least(1), (("log.cleaner.max.compaction.lag.ms", 1),)),
     ConfigKey("max.message.bytes", INT, 1_048_588, at_least(0), (("message.max.bytes", 1),), "max_message_bytes"),
     ConfigKey("message.timestamp.after.max.ms", LONG, _LONG_MAX, at_least(0), _log("message.timestamp.after.max.ms")),
     ConfigKey("message.timestamp.before.max.ms", LONG, _LONG_MAX, at_least(0), _log("message.timestamp.before.max.ms")),
     ConfigKey("message.timestamp.type", STRING, CREATE_TIME, one_of(CREATE_TIME, LOG_APPEND_TIME), _log("message.timestamp.type"), "message_timestamp_type"),
-    ConfigKey("min.cleanable.dirty.ratio", DOUBLE, 0.5, between(0, 1), (("log.cleaner.min.cleanable.ratio", 1),), effect=False),
-    ConfigKey("min.compaction.lag.ms", LONG, 0, at_least(0), (("log.cleaner.min.compaction.lag.ms", 1),), effect=False),
+    ConfigKey("min.cleanable.dirty.ratio", DOUBLE, 0.5, between(0, 1), (("log.cleaner.min.cleanable.ratio", 1),)),
+    ConfigKey("min.compaction.lag.ms", LONG, 0, at_least(0), (("log.cleaner.min.compaction.lag.ms", 1),)),
     ConfigKey("min.insync.replicas", INT, 1, at_least(1), (("min.insync.replicas", 1),)),
     ConfigKey("preallocate", BOOLEAN, False, None, _log("preallocate"), effect=False),
     ConfigKey("remote.log.copy.disable", BOOLEAN, False, None, effect=False),
@@ -167,18 +167,6 @@ BROKER_SYNONYM: dict[str, str] = {k.name: k.synonyms[0][0] for k in _KEYS if k.s
 
 # every broker-level name that sets a topic default (log.retention.hours, compression.type, ...)
 BROKER_LOG_KEYS: frozenset[str] = frozenset(name for k in _KEYS for name, _mult in k.synonyms)
-
-
-def unsupported_topic_config(name: str, value: object) -> str | None:
-    """Why oncelog refuses a config value Kafka would take, or None.
-
-    Log compaction is not implemented yet (an open issue): the one place that
-    says so, for the compaction work to remove.
-    """
-    if name == "cleanup.policy" and "compact" in (value if isinstance(value, list) else [value]):
-        shown = ",".join(value) if isinstance(value, list) else value
-        return f"cleanup.policy={shown} is not supported yet (log compaction is an open issue)"
-    return None
 
 
 # --- parsing (Kafka's ConfigDef.parseType) ---------------------------------------------
@@ -255,6 +243,21 @@ class LogConfig:
     @property
     def log_append_time(self) -> bool:
         return self.message_timestamp_type == LOG_APPEND_TIME
+
+    @property
+    def compact(self) -> bool:
+        """The log cleaner compacts this log (``compact`` in cleanup.policy)."""
+        return "compact" in self.cleanup_policy
+
+    @property
+    def max_segment_ms(self) -> int:
+        """How old the active segment may get before a roll: segment.ms, or for a
+        compacted log max.compaction.lag.ms if smaller (Kafka's maxSegmentMs)."""
+        if self.compact:
+            lag = self.extras.get("max.compaction.lag.ms")
+            if lag is not None and 0 < lag < self.segment_ms:  # type: ignore[operator]
+                return lag  # type: ignore[return-value]
+        return self.segment_ms
 
     @property
     def delete_enabled(self) -> bool:

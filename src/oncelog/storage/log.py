@@ -30,6 +30,33 @@ Listeners: ``on_roll(new_base)`` after every roll and
 segments, so the partition can snapshot its producer state on each roll and
 drop the snapshots of deleted segments (storage knows nothing of producers).
 
+Compaction (:mod:`oncelog.storage.cleaner`; the broker's cleaner writes each
+group of segments' replacement as ``<base>.*.cleaned`` files) swaps the
+cleaned segments of a pass in, Kafka's way, in steps each safe against
+kill -9:
+
+1. ``cleaned``: the new files are complete and fsynced;
+2. ``swapend``: ``cleaner-swap`` durably lists each group's base and end
+   offsets (so recovery knows exactly which old segments each replaces), and
+   ``cleaned-end-offset`` is raised to the last end;
+3. ``swap``: ``.cleaned`` renamed to ``.swap`` (each log file last), directory
+   fsynced: from here on the swaps are committed;
+4. ``install-deleted`` / ``install`` (on the event loop, one group at a
+   time, renames only): the old segments' files renamed to ``.deleted``, the
+   ``.swap`` files to their final names, the segment list replaced in memory;
+5. ``finish``: directory fsynced, ``.deleted`` files and ``cleaner-swap``
+   removed.
+
+On open, each group listed in ``cleaner-swap`` whose ``.log.swap`` is present
+is rolled forward (old segments in ``[base, end)`` deleted, ``.swap`` renamed),
+one whose ``.log.cleaned`` is still there is rolled back, one with neither has
+its deletions finished; leftover ``.cleaned``, ``.swap`` and ``.deleted`` files
+are removed. A group entirely below the log start offset is rolled back.
+Compaction leaves offset gaps, also between segments: a segment starting at
+or below ``cleaned-end-offset`` may start after the previous one ends.
+``cleaner-offset-checkpoint`` holds the first dirty offset (Kafka keeps it per
+log directory; here per partition).
+
 Aborted transactions: each segment's ``.txnindex`` lists the aborted
 transactions whose ABORT markers it holds. The log only stores and searches
 them (:meth:`append_aborted_txn`, :meth:`collect_aborted_txns`,
@@ -62,10 +89,11 @@ from oncelog.protocol.records import (
     log_append_time_header,
     parse_batch_header,
 )
+from oncelog.storage.cleaner import SegmentInfo
 from oncelog.storage.config import LOG_APPEND_TIME, LogConfig
-from oncelog.storage.fileutil import atomic_write, fsync_dir
+from oncelog.storage.fileutil import atomic_write, fsync_dir, write_all
 from oncelog.storage.leader_epoch import LeaderEpochCache
-from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name
+from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name, walk_batches
 from oncelog.storage.txn_index import TXNINDEX_SUFFIX, AbortedTxn
 
 CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
@@ -73,6 +101,16 @@ LOG_START_FILE = "log-start-offset"
 RECOVERY_POINT_FILE = "recovery-point"
 DELETE_SUFFIX = "-delete"
 OFFSET_OUT_OF_RANGE = 1
+# log compaction (see "Compaction" in the module docstring)
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+DELETED_SUFFIX = ".deleted"
+SWAP_MANIFEST = "cleaner-swap"
+CLEANER_CHECKPOINT_FILE = "cleaner-offset-checkpoint"
+CLEANED_END_FILE = "cleaned-end-offset"
+CRASH_ENV = "ONCELOG_CLEANER_CRASH_AT"  # test hook: os._exit at this step of a swap
+SWAP_STEPS = ("cleaned", "swapend", "swap", "install-deleted", "install", "finish")
+_SEGMENT_EXTS = (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX)
 
 _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
@@ -136,6 +174,91 @@ def _delete_segments_after(directory: Path, kept: Segment, bases: list[int]) -> 
     fsync_dir(directory)
 
 
+def crash_point(step: str) -> None:
+    """Test hook: ``ONCELOG_CLEANER_CRASH_AT=<step>`` kills the process (as kill -9 would)
+    at that step of a cleaner swap (:data:`SWAP_STEPS`)."""
+    if os.environ.get(CRASH_ENV) == step:
+        os._exit(137)
+
+
+def _paths(directory: Path, base: int, suffix: str = "") -> list[Path]:
+    return [directory / (segment_name(base) + ext + suffix) for ext in _SEGMENT_EXTS]
+
+
+def _read_manifest(path: Path) -> list[tuple[int, int]]:
+    try:
+        lines = path.read_text().split("\n")
+    except (OSError, UnicodeDecodeError):
+        return []
+    groups = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            groups.append((int(parts[0]), int(parts[1])))
+    return groups
+
+
+def _recover_swaps(directory: Path, log_start: int | None) -> None:
+    """Finish or roll back the cleaner swaps a crash interrupted (see the module docstring)."""
+    changed = False
+    for p in directory.glob("*" + DELETED_SUFFIX):
+        p.unlink(missing_ok=True)
+        changed = True
+    manifest = directory / SWAP_MANIFEST
+    for base, end in _read_manifest(manifest):
+        stem = segment_name(base)
+        swapped = (directory / (stem + LOG_SUFFIX + SWAP_SUFFIX)).exists()
+        cleaned = (directory / (stem + LOG_SUFFIX + CLEANED_SUFFIX)).exists()
+        old = [int(p.stem) for p in directory.glob("*" + LOG_SUFFIX) if p.stem.isdigit() and base <= int(p.stem) < end]
+        if swapped and (log_start is None or end > log_start):
+            logger.warning("%s: completing an interrupted compaction swap of offsets [%d, %d)", directory.name, base, end)
+            for b in old:
+                for path in _paths(directory, b):
+                    path.unlink(missing_ok=True)
+            for path in reversed(_paths(directory, base, SWAP_SUFFIX)):  # indexes first, the log last
+                if path.exists():
+                    os.rename(path, path.with_name(path.name[: -len(SWAP_SUFFIX)]))
+        elif not swapped and not cleaned:
+            # the .swap files got their final names: only old segments after the base may be left
+            for b in old:
+                if b != base:
+                    for path in _paths(directory, b):
+                        path.unlink(missing_ok=True)
+        else:
+            logger.warning("%s: rolling back an interrupted compaction of offsets [%d, %d)", directory.name, base, end)
+        changed = True
+    if manifest.exists():
+        manifest.unlink()
+        changed = True
+    for suffix in (CLEANED_SUFFIX, SWAP_SUFFIX):
+        for p in directory.glob("*" + suffix):
+            p.unlink(missing_ok=True)
+            changed = True
+    if changed:
+        fsync_dir(directory)
+
+
+@dataclass(slots=True)
+class PinnedSegment:
+    """A segment as the cleaner sees it: its own descriptor (valid even if the log
+    deletes or replaces the segment meanwhile) and the base of the segment after it."""
+
+    segment: Segment
+    base_offset: int
+    next_base: int
+    size: int
+    fd: int
+
+    def batches(self) -> Iterator[tuple[BatchHeader, memoryview | bytes]]:
+        for hdr, _pos, data in walk_batches(self.fd, 0, self.size, 1 << 20, with_data=True):
+            yield hdr, data
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 class PartitionLog:
     """Segments of one partition in ``directory`` (see module docstring)."""
 
@@ -166,6 +289,7 @@ class PartitionLog:
         # stamped into every appended batch once become_leader() set it; until then (the
         # broker's internal logs) batches keep the epoch they came with
         self.leader_epoch: int | None = None
+        self._cleaned_end = _read_checkpoint(directory / CLEANED_END_FILE) or 0
         # listeners of the partition (producer state): called outside the locks, on the
         # thread that rolled or deleted; None for logs without producer state
         self.on_roll: Callable[[int], None] | None = None
@@ -180,6 +304,8 @@ class PartitionLog:
         marker = directory / CLEAN_SHUTDOWN_FILE
         clean = marker.exists()
         recovery_point = _read_checkpoint(directory / RECOVERY_POINT_FILE) or 0
+        _recover_swaps(directory, _read_checkpoint(directory / LOG_START_FILE))
+        cleaned_end = _read_checkpoint(directory / CLEANED_END_FILE) or 0
         bases = sorted(int(p.stem) for p in directory.glob("*" + LOG_SUFFIX) if p.stem.isdigit())
         for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX):
             for p in directory.glob("*" + suffix):
@@ -187,9 +313,10 @@ class PartitionLog:
                     p.unlink()
         segments: list[Segment] = []
         for i, base in enumerate(bases):
-            if segments and base != segments[-1].next_offset:
+            if segments and base != segments[-1].next_offset and not segments[-1].next_offset < base <= cleaned_end:
                 # the segment before lost its tail (recovery truncated it, maybe in an earlier
-                # run that crashed before deleting what follows): no hole in the offsets
+                # run that crashed before deleting what follows): no hole in the offsets (a gap
+                # that compaction left, at or below cleaned-end-offset, is no hole)
                 _delete_segments_after(directory, segments[-1], bases[i:])
                 break
             seg = Segment(directory, base, config.index_interval_bytes, existing=True)
@@ -256,6 +383,11 @@ class PartitionLog:
     @property
     def has_unsynced(self) -> bool:
         return bool(self._unsynced) or self._dir_dirty
+
+    @property
+    def closed(self) -> bool:
+        """Closed or deleted: no more writes, and no cleaner swap."""
+        return self._closed
 
     @property
     def size_bytes(self) -> int:
@@ -332,7 +464,7 @@ class PartitionLog:
         return self.append(batch, now_ms)
 
     def _roll_due(self, seg: Segment, now_ms: int) -> bool:
-        return seg.size > 0 and seg.created_ms is not None and now_ms - seg.created_ms > self.config.segment_ms
+        return seg.size > 0 and seg.created_ms is not None and now_ms - seg.created_ms > self.config.max_segment_ms
 
     def _roll(self) -> Segment:
         """Seal the active segment and start a new one at the log end offset (lock held)."""
@@ -666,6 +798,163 @@ class PartitionLog:
             # in memory only: opening the log truncates the loaded checkpoint to the start again
             self.leader_epochs.truncate_from_start(offset)
             atomic_write(self.directory / LOG_START_FILE, b"%d\n" % offset)
+
+    # -- compaction (the cleaner's side; see the module docstring) ---------------------------
+
+    def cleaner_checkpoint(self) -> int | None:
+        """The first dirty offset the last cleaner pass left, None if never cleaned."""
+        return _read_checkpoint(self.directory / CLEANER_CHECKPOINT_FILE)
+
+    def write_cleaner_checkpoint(self, offset: int) -> None:
+        atomic_write(self.directory / CLEANER_CHECKPOINT_FILE, b"%d\n" % offset)
+
+    def segment_infos(self) -> list[SegmentInfo]:
+        """Every segment's base, size and timestamps, the active one last (event loop)."""
+        infos = []
+        for seg in self.segments:
+            first_ts = -1
+            if seg.size >= HEADER_SIZE:
+                first_ts = parse_batch_header(seg.read_batch(0, HEADER_SIZE)).max_timestamp
+            infos.append(SegmentInfo(seg.base_offset, seg.size, seg.largest_timestamp(), first_ts))
+        return infos
+
+    def pin_segments(self, upper: int) -> list[PinnedSegment]:
+        """The segments with a base offset below ``upper`` (never the active one), each with
+        a descriptor of its own for the cleaner's thread (event loop; the caller closes them)."""
+        pinned = []
+        with self._lock:
+            for i, seg in enumerate(self.segments[:-1]):
+                if seg.base_offset >= upper:
+                    break
+                nxt = self.segments[i + 1].base_offset
+                pinned.append(PinnedSegment(seg, seg.base_offset, nxt, seg.size, os.dup(seg.fd)))
+        return pinned
+
+    def new_cleaned_segment(self, base: int) -> Segment:
+        """An empty ``<base>.*.cleaned`` segment for the cleaner to write (any thread)."""
+        for path in _paths(self.directory, base, CLEANED_SUFFIX):
+            path.unlink(missing_ok=True)
+        return Segment(self.directory, base, self.config.index_interval_bytes, suffix=CLEANED_SUFFIX)
+
+    def open_cleaned_segment(self, base: int, now_ms: int) -> Segment:
+        """The ``<base>.*.cleaned`` segment another process wrote (checked as on recovery)."""
+        seg = Segment(self.directory, base, self.config.index_interval_bytes, existing=True, suffix=CLEANED_SUFFIX)
+        seg.load(now_ms, full_recovery=False)
+        return seg
+
+    def discard_cleaned(self, base: int) -> None:
+        """Delete ``<base>.*.cleaned`` files that will not be swapped in."""
+        for path in _paths(self.directory, base, CLEANED_SUFFIX):
+            path.unlink(missing_ok=True)
+
+    def commit_cleaned(self, segs: list[Segment], groups: list[tuple[int, int]]) -> None:
+        """Steps 1-3 of a pass's swaps (cleaner thread): make the cleaned files durable,
+        list the groups in ``cleaner-swap``, rename the files to ``.swap``. After this the
+        swaps survive a crash. ``groups`` holds each segment's (base, end of its group)."""
+        for seg in segs:
+            seg.seal()
+            for fd in seg.sync_fds(with_indexes=True):
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+        crash_point("cleaned")
+        self.raise_cleaned_end(max(end for _b, end in groups))
+        # the manifest is written (and its data synced) before the renames; one directory
+        # fsync then covers both: a .swap the manifest does not list is a stray to recovery
+        manifest = self.directory / SWAP_MANIFEST
+        tmp = manifest.with_name("." + manifest.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, "".join(f"{b} {e}\n" for b, e in groups).encode())
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, manifest)
+        crash_point("swapend")
+        for seg in segs:
+            for path in reversed(_paths(self.directory, seg.base_offset, CLEANED_SUFFIX)):  # the log last
+                if path.exists():
+                    os.rename(path, path.with_name(path.name[: -len(CLEANED_SUFFIX)] + SWAP_SUFFIX))
+            seg.set_suffix(SWAP_SUFFIX)
+        fsync_dir(self.directory)
+        crash_point("swap")
+
+    def raise_cleaned_end(self, offset: int) -> None:
+        """Durably allow compaction gaps between segments up to ``offset`` (before any swap
+        that can leave one: the cleaner calls it once per pass, and per swap)."""
+        if offset > self._cleaned_end:
+            atomic_write(self.directory / CLEANED_END_FILE, b"%d\n" % offset)
+            self._cleaned_end = offset
+
+    def install_cleaned(self, group: list[PinnedSegment], seg: Segment) -> bool:
+        """Step 4 (event loop; renames and the in-memory list only): replace the group's
+        segments by ``seg``. False, changing nothing, if the group is no longer in the log
+        (retention, DeleteRecords or a close got there first)."""
+        with self._lock:
+            if self._closed or not group:
+                return False
+            try:
+                i = next(n for n, s in enumerate(self.segments) if s is group[0].segment)
+            except StopIteration:
+                return False
+            olds = self.segments[i : i + len(group)]
+            if len(olds) != len(group) or any(a is not b.segment for a, b in zip(olds, group)) or olds[-1] is self.segments[-1]:
+                return False
+            for old in olds:
+                for path in _paths(self.directory, old.base_offset):
+                    try:
+                        os.rename(path, path.with_name(path.name + DELETED_SUFFIX))
+                    except FileNotFoundError:
+                        pass
+            crash_point("install-deleted")
+            for path in reversed(_paths(self.directory, seg.base_offset, SWAP_SUFFIX)):
+                if path.exists():
+                    os.rename(path, path.with_name(path.name[: -len(SWAP_SUFFIX)]))
+            seg.set_suffix("")
+            crash_point("install")
+            self.segments[i : i + len(olds)] = [seg]
+            self._bases[i : i + len(olds)] = [seg.base_offset]
+            self._size += seg.size - sum(o.size for o in olds)
+            for old in olds:
+                self._unsynced.pop(old, None)
+            self._dir_dirty = True
+        for old in olds:  # reads run on the loop, none is in flight: the descriptors can go
+            old.close()
+        return True
+
+    def finish_swaps(self, installed: list[tuple[int, int]], dropped: list[Segment]) -> None:
+        """Step 5 (cleaner thread): make the installs durable, remove the old files and the
+        manifest; then throw away the cleaned segments that were not installed (``dropped``).
+        The removals need no fsync of their own: if a crash loses them, recovery removes
+        ``.deleted`` files, and a leftover manifest entry of an installed group only names
+        old segments that no longer exist (no new segment ever gets a base offset inside a
+        replaced group)."""
+        fsync_dir(self.directory)
+        crash_point("finish")
+        for p in self.directory.glob("*" + DELETED_SUFFIX):
+            stem = p.name.split(".", 1)[0]
+            if stem.isdigit() and any(b <= int(stem) < e for b, e in installed):
+                p.unlink(missing_ok=True)
+        (self.directory / SWAP_MANIFEST).unlink(missing_ok=True)
+        if dropped:
+            self.abort_cleaned(dropped)
+
+    def abort_cleaned(self, segs: list[Segment]) -> None:
+        """Throw cleaned segments away (cleaner thread), whatever step they reached before install."""
+        try:
+            # the manifest first: without it, recovery takes leftover .swap files for strays
+            # (with it and no .swap, recovery would take a swap for installed)
+            (self.directory / SWAP_MANIFEST).unlink(missing_ok=True)
+            fsync_dir(self.directory)
+        except OSError:  # the directory itself went (topic deleted)
+            pass
+        for seg in segs:
+            suffix = seg.suffix
+            seg.close()
+            if suffix:
+                for path in _paths(self.directory, seg.base_offset, suffix):
+                    path.unlink(missing_ok=True)
 
     # -- lifecycle ------------------------------------------------------------------
 

@@ -69,6 +69,42 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
 
+def walk_batches(
+    fd: int, start: int, end: int, chunk: int, *, with_data: bool = False
+) -> Iterator[tuple[BatchHeader, int, memoryview | bytes]]:
+    """Yield ``(header, position, batch)`` for each structurally complete batch in the
+    file ``fd`` between ``start`` and ``end``.
+
+    ``batch`` (the whole batch's bytes) is only filled when ``with_data``.
+    Stops at an impossible length or a batch running past ``end``.
+    """
+    buf: bytes = b""
+    buf_pos = start
+    pos = start
+    unpack = _HEADER.unpack_from
+    while pos + HEADER_SIZE <= end:
+        rel = pos - buf_pos
+        if rel < 0 or rel + HEADER_SIZE > len(buf):
+            buf = read_all(fd, min(chunk, end - pos), pos)
+            buf_pos, rel = pos, 0
+            if len(buf) < HEADER_SIZE:
+                return
+        hdr = BatchHeader(*unpack(buf, rel))
+        if hdr.batch_length < MIN_BATCH_LENGTH:
+            return
+        bend = pos + hdr.size
+        if bend > end:
+            return
+        data: memoryview | bytes = b""
+        if with_data:
+            if bend - buf_pos <= len(buf):
+                data = memoryview(buf)[rel : bend - buf_pos]
+            else:
+                data = read_all(fd, hdr.size, pos)
+        yield hdr, pos, data
+        pos = bend
+
+
 class LazyFile:
     """An append-only file whose descriptor is opened on the first write and then
     kept until :meth:`close`.
@@ -154,15 +190,15 @@ class Segment:
     created empty now.
     """
 
-    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int, *, existing: bool = False) -> None:
+    def __init__(
+        self, directory: Path, base_offset: int, index_interval_bytes: int, *, existing: bool = False, suffix: str = ""
+    ) -> None:
         self.directory = directory
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
-        stem = directory / segment_name(base_offset)
-        self.log_path = stem.with_suffix(LOG_SUFFIX)
-        self.index_path = stem.with_suffix(INDEX_SUFFIX)
-        self.timeindex_path = stem.with_suffix(TIMEINDEX_SUFFIX)
-        self.txn_index = TransactionIndex(stem.with_suffix(TXNINDEX_SUFFIX), base_offset)
+        self.suffix = suffix  # ".cleaned" while the log cleaner writes it (see storage/log.py)
+        self.log_path, self.index_path, self.timeindex_path, txn_path = self.file_paths(suffix)
+        self.txn_index = TransactionIndex(txn_path, base_offset)
         self.fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self._index_file = LazyFile(self.index_path, create=not existing)
         self._time_file = LazyFile(self.timeindex_path, create=not existing)
@@ -180,6 +216,21 @@ class Segment:
 
     def __repr__(self) -> str:
         return f"Segment({self.base_offset}, size={self.size}, next={self.next_offset})"
+
+    def file_paths(self, suffix: str) -> tuple[Path, Path, Path, Path]:
+        """``.log``, ``.index``, ``.timeindex`` and ``.txnindex`` paths, each + ``suffix``."""
+        stem = segment_name(self.base_offset)
+        return tuple(  # type: ignore[return-value]
+            self.directory / (stem + ext + suffix) for ext in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX)
+        )
+
+    def set_suffix(self, suffix: str) -> None:
+        """The files were renamed to carry ``suffix``: follow them (open descriptors stay valid)."""
+        self.suffix = suffix
+        self.log_path, self.index_path, self.timeindex_path, txn_path = self.file_paths(suffix)
+        self._index_file.path = self.index_path
+        self._time_file.path = self.timeindex_path
+        self.txn_index.path = txn_path
 
     # -- loading and recovery ------------------------------------------------
 
@@ -289,36 +340,9 @@ class Segment:
     def _walk(
         self, start: int, end: int, chunk: int, *, with_data: bool = False
     ) -> Iterator[tuple[BatchHeader, int, memoryview | bytes]]:
-        """Yield ``(header, position, batch)`` for each structurally complete batch.
-
-        ``batch`` (the whole batch's bytes) is only filled when ``with_data``.
-        Stops at an impossible length or a batch running past ``end``.
-        """
-        buf: bytes = b""
-        buf_pos = start
-        pos = start
-        unpack = _HEADER.unpack_from
-        while pos + HEADER_SIZE <= end:
-            rel = pos - buf_pos
-            if rel < 0 or rel + HEADER_SIZE > len(buf):
-                buf = read_all(self.fd, min(chunk, end - pos), pos)
-                buf_pos, rel = pos, 0
-                if len(buf) < HEADER_SIZE:
-                    return
-            hdr = BatchHeader(*unpack(buf, rel))
-            if hdr.batch_length < MIN_BATCH_LENGTH:
-                return
-            bend = pos + hdr.size
-            if bend > end:
-                return
-            data: memoryview | bytes = b""
-            if with_data:
-                if bend - buf_pos <= len(buf):
-                    data = memoryview(buf)[rel : bend - buf_pos]
-                else:
-                    data = read_all(self.fd, hdr.size, pos)
-            yield hdr, pos, data
-            pos = bend
+        """Yield ``(header, position, batch)`` for each structurally complete batch
+        (:func:`walk_batches` on this segment's descriptor)."""
+        return walk_batches(self.fd, start, end, chunk, with_data=with_data)
 
     # -- appends --------------------------------------------------------------
 

@@ -87,6 +87,31 @@ def _error(index: int, code: int, message: str | None = None) -> dict[str, Any]:
     }
 
 
+def _refuse_keyless(topic: str, index: int, records: bytes, hdr: BatchHeader, config: Any) -> dict[str, Any] | None:
+    """A compacted topic refuses records without a key: INVALID_RECORD with one record
+    error per such record (Kafka's LogValidator). Other topics: None, records unread."""
+    if not config.compact or hdr.is_control:
+        return None
+    from oncelog.broker.recompress import keyless_record_indexes
+
+    try:
+        missing = keyless_record_indexes(records, hdr)
+    except InvalidRecordError as exc:
+        return _error(index, exc.error_code, str(exc))
+    if not missing:
+        return None
+    why = f"Compacted topic cannot accept message without key in topic partition {topic}-{index}."
+    out = _error(
+        index,
+        ErrorCode.invalid_record,
+        f"One or more records have been rejected due to {len(missing)} record errors in total, "
+        f"and only showing the first three errors at most: {why}",
+    )
+    out["record_errors"] = [{"batch_index": i, "batch_index_error_message": why} for i in missing]
+    log.info("produce to %s-%d rejected: %d record(s) without a key for a compacted topic", topic, index, len(missing))
+    return out
+
+
 def _txn_error(code: int, version: int) -> KafkaError:
     """Map a coordinator answer for a transactional batch to Kafka's produce error."""
     if code in (ErrorCode.producer_fenced, ErrorCode.invalid_producer_epoch):
@@ -142,6 +167,10 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
             except InvalidRecordError as exc:
                 log.info("produce to %s-%d rejected: %s", name, index, exc)
                 entries.append(_error(index, exc.error_code, str(exc)))
+                continue
+            keyless = _refuse_keyless(name, index, records, hdr, config)
+            if keyless is not None:
+                entries.append(keyless)
                 continue
             entry = [index, partition, records, hdr, None]
             if hdr.is_transactional and hdr.producer_id >= 0:
