@@ -54,6 +54,7 @@ from kio.serial.readers import (
 )
 from kio._kio_native import get_field_reader
 
+from oncelog.protocol.errors import ErrorCode, OncelogErrorCode
 from oncelog.protocol.headers import HeaderError, read_uvarint
 
 __all__ = [
@@ -153,7 +154,8 @@ def decode_response(
     cls = response_type(api_key, version)
     try:
         return entity_reader(cls)(buf, offset)[0]
-    except KeyError:
+    except (KeyError, ValueError):
+        # an unknown tag, or an error code kio's enum lacks (oncelog's own codes)
         return _tolerant_decode(cls, buf, offset, unknown_tags)
 
 
@@ -251,7 +253,22 @@ def _field_reader(cls: type, field: Field, flexible: bool, is_tag: bool) -> Any:
             return tuple(items), pos - start
 
         return read_array
+    if get_schema_field_type(field) == "error_code":
+        return _read_error_code
     return get_field_reader(cls, field, False, is_tag)
+
+
+def _read_error_code(buf: Any, pos: int) -> tuple[Any, int]:
+    """Kafka's code as kio's ErrorCode; oncelog's own as OncelogErrorCode; anything else as int."""
+    (code,) = _I16.unpack_from(buf, pos)
+    try:
+        return ErrorCode(code), 2
+    except ValueError:
+        pass
+    try:
+        return OncelogErrorCode(code), 2
+    except ValueError:
+        return code, 2
 
 
 # -- structure guard ---------------------------------------------------------
