@@ -145,8 +145,9 @@ def send_produce(conn: Connection, body: bytes, version: int = 9) -> dict[tuple[
     return out
 
 
-def fetch_partition(conn: Connection, topic: str, partition: int, committed: bool = False) -> tuple[int, list[bytes], list[int]]:
-    """(high watermark, values, base offsets of the data batches) of a read_uncommitted fetch from 0."""
+def fetch_partition(conn: Connection, topic: str, partition: int,
+                    committed: bool = False) -> tuple[int, list[bytes], list[int]]:
+    """(high watermark, values, base offsets of the data batches) of a fetch from offset 0."""
     r = conn.request(FETCH, 12, {
         "cluster_id": None, "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 22,
         "isolation_level": 1 if committed else 0, "session_id": 0, "session_epoch": -1,
@@ -360,7 +361,8 @@ def test_duplicate_next_to_a_matching_partition_refuses_nothing(conn: Connection
     first = batch([b"d0", b"d1"], pid, epoch, 0)
     r = send_produce(conn, produce_body([(topic, 0, first, cond(0))]))
     assert (r[(topic, 0)]["code"], r[(topic, 0)]["base_offset"]) == (0, 0)
-    r = send_produce(conn, produce_body([(topic, 0, first, cond(0)), (topic, 1, batch([b"e0"], pid, epoch, 0), cond(0))]))
+    r = send_produce(conn, produce_body([(topic, 0, first, cond(0)),
+                                         (topic, 1, batch([b"e0"], pid, epoch, 0), cond(0))]))
     assert (r[(topic, 0)]["code"], r[(topic, 0)]["base_offset"]) == (0, 0), r
     assert (r[(topic, 1)]["code"], r[(topic, 1)]["base_offset"]) == (0, 0), r
     assert ends(conn, topic) == [2, 1, 0]

@@ -142,7 +142,11 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
                 continue
             cond = conditions.get(id(pdata)) if conditions is not None else None
             if isinstance(cond, ConditionError) or (name, index) in repeated:
-                why = str(cond) if isinstance(cond, ConditionError) else "the partition appears more than once in a conditional produce"
+                why = (
+                    str(cond)
+                    if isinstance(cond, ConditionError)
+                    else "the partition appears more than once in a conditional produce"
+                )
                 refusals.append(f"{name}-{index}: {why}")
                 entries.append(_error(index, ErrorCode.invalid_request, why))
                 continue
