@@ -125,8 +125,9 @@ def cond(expected: int) -> bytes:
     return partition_tag_block(expected)
 
 
-def send_produce(conn: Connection, body: bytes, version: int = 9) -> dict[tuple[str, int], dict[str, Any]]:
-    """Send a raw Produce body; {(topic, partition): code, base_offset, message, next_offset}."""
+def send_produce_all(conn: Connection, body: bytes, version: int = 9) -> list[tuple[tuple[str, int], dict[str, Any]]]:
+    """Send a raw Produce body; every partition answer in order:
+    ((topic, partition), {code, base_offset, message, next_offset})."""
     conn.correlation_id += 1
     client = conn.client_id.encode()
     header = struct.pack(">hhih", PRODUCE, version, conn.correlation_id, len(client)) + client + b"\x00"
@@ -135,13 +136,21 @@ def send_produce(conn: Connection, body: bytes, version: int = 9) -> dict[tuple[
     assert corr == conn.correlation_id
     unknown: dict[int, Any] = {}
     r = decode_response(PRODUCE, version, raw, skip_tagged_fields(raw, 4), unknown)
-    out = {}
+    out = []
     for t in r.responses:
         for pr in t.partition_responses:
             tags = unknown_tags_of(unknown, pr)
             nxt = parse_offset_tag(tags[NEXT_OFFSET_TAG]) if tags and NEXT_OFFSET_TAG in tags else None
-            out[(t.name, int(pr.index))] = {"code": int(pr.error_code), "base_offset": int(pr.base_offset),
-                                            "message": pr.error_message, "next_offset": nxt}
+            out.append(((t.name, int(pr.index)), {"code": int(pr.error_code), "base_offset": int(pr.base_offset),
+                                                   "message": pr.error_message, "next_offset": nxt}))
+    return out
+
+
+def send_produce(conn: Connection, body: bytes, version: int = 9) -> dict[tuple[str, int], dict[str, Any]]:
+    """:func:`send_produce_all` by (topic, partition) (each named once in the request)."""
+    answers = send_produce_all(conn, body, version)
+    out = dict(answers)
+    assert len(out) == len(answers), answers
     return out
 
 
@@ -441,11 +450,13 @@ def test_malformed_condition_appends_nothing(broker: EmbeddedBroker, conn: Conne
 
 
 def test_partition_named_twice_in_a_conditional_request(conn: Connection, topic: str) -> None:
-    r_body = produce_body([(topic, 0, batch([b"a"]), cond(0)), (topic, 0, batch([b"b"]), cond(1)),
-                           (topic, 1, batch([b"c"]), None)])
-    r = send_produce(conn, r_body)
-    assert r[(topic, 0)]["code"] == E.invalid_request and "more than once" in r[(topic, 0)]["message"]
-    assert r[(topic, 1)]["code"] == REFUSED
+    body = produce_body([(topic, 0, batch([b"a"]), cond(0)), (topic, 0, batch([b"b"]), cond(1)),
+                         (topic, 1, batch([b"c"]), None)])
+    answers = send_produce_all(conn, body)
+    assert [k for k, _ in answers] == [(topic, 0), (topic, 0), (topic, 1)]
+    for _k, a in answers[:2]:
+        assert a["code"] == E.invalid_request and "more than once" in a["message"], a
+    assert answers[2][1]["code"] == REFUSED
     assert ends(conn, topic) == [0, 0, 0]
 
 
@@ -470,3 +481,54 @@ def test_unconditional_requests_unchanged(conn: Connection, topic: str) -> None:
     r = send_produce(conn, produce_body([(topic, 0, batch([b"x"]), other_tag)]))
     assert (r[(topic, 0)]["code"], r[(topic, 0)]["base_offset"], r[(topic, 0)]["next_offset"]) == (0, 0, None)
     assert EXPECTED_OFFSET_TAG == NEXT_OFFSET_TAG == 10_000
+
+
+# -- fuzz: random tag blocks on a partition ------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def tag_blocks(draw: Any) -> bytes:
+    """A partition tag block with tag 10000 (and maybe others) whose sizes and values are
+    arbitrary, sometimes honest, sometimes lying about the size."""
+    tags = []
+    for _ in range(draw(st.integers(1, 3))):
+        tag = draw(st.sampled_from([EXPECTED_OFFSET_TAG, EXPECTED_OFFSET_TAG, 0, 7, 9_999, 10_001]))
+        value = draw(st.one_of(st.binary(max_size=12), st.integers(-2**63, 2**63 - 1).map(lambda v: struct.pack(">q", v))))
+        size = draw(st.one_of(st.just(len(value)), st.integers(0, 20)))
+        tags.append(uvarint(tag) + uvarint(size) + value)
+    count = draw(st.one_of(st.just(len(tags)), st.integers(0, 4)))
+    return uvarint(count) + b"".join(tags)
+
+
+@settings(max_examples=60, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(tags=tag_blocks())
+def test_fuzzed_tag_blocks_get_clean_answers(broker: EmbeddedBroker, topic: str, tags: bytes) -> None:
+    """Whatever the tag block, the broker answers the request with Kafka's or
+    oncelog's documented codes or closes that connection; a refusal appends
+    nothing, a success appends exactly the answered batches, and the broker
+    keeps serving."""
+    with Connection(broker.bootstrap, timeout=10) as c:
+        before = ends(c, topic, 2)
+        body = produce_body([(topic, 0, batch([b"f"]), tags), (topic, 1, batch([b"g"]), None)])
+        try:
+            r = [v for _k, v in send_produce_all(c, body)]
+        except ConnectionError:
+            r = None
+    with Connection(broker.bootstrap, timeout=10) as c:
+        after = ends(c, topic, 2)
+    if r is None:  # undecodable: closed, nothing appended
+        assert after == before
+        return
+    # a lying size or count shifts the rest of the request: it may decode as other partitions
+    codes = {v["code"] for v in r}
+    assert codes <= {0, E.invalid_request, MISMATCH, REFUSED, E.corrupt_message, E.invalid_record,
+                     E.unknown_topic_or_partition}, r
+    grown = sum(after) - sum(before)
+    if codes & {MISMATCH, REFUSED}:
+        assert grown == 0, r
+    else:
+        assert grown == sum(1 for v in r if v["code"] == 0), (r, before, after)
