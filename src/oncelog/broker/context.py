@@ -10,6 +10,7 @@ from oncelog.protocol.headers import RequestHeader
 
 if TYPE_CHECKING:
     from oncelog.broker.broker import Broker
+    from oncelog.protocol.codec import UnknownTags
 
 
 class CloseConnection(Exception):
@@ -22,6 +23,9 @@ class RequestContext:
     header: RequestHeader
     peer: str = "?"
     on_applied: Callable[[], None] | None = None
+    # tags the codec did not know, by entity (see protocol.codec): empty unless the
+    # request carried one (conditional produce reads its tag from here)
+    unknown_tags: "UnknownTags | None" = None
 
     @property
     def version(self) -> int:

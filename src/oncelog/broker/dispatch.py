@@ -54,13 +54,14 @@ async def handle_frame(
             f"(supported {handler.min_version}-{handler.max_version})"
         )
     flexible = is_flexible(header.api_key, version)
+    unknown_tags: dict[int, Any] | None = {} if flexible else None
     try:
         if flexible:
             pos = skip_tagged_fields(frame, pos)
-        request = decode_request(header.api_key, version, frame, pos)
+        request = decode_request(header.api_key, version, frame, pos, unknown_tags)
     except (HeaderError, DecodeError) as exc:
         raise CloseConnection(f"cannot decode {handler.name} v{version}: {exc}") from None
-    ctx = RequestContext(broker, header, peer, applied)
+    ctx = RequestContext(broker, header, peer, applied, unknown_tags or None)
     result = await handler.handle(ctx, request)
     if result is None:
         return None

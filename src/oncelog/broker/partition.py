@@ -166,6 +166,21 @@ class Partition:
 
     # -- appends ---------------------------------------------------------------
 
+    def duplicate_offset(self, hdr: BatchHeader) -> int | None:
+        """The original base offset if ``hdr`` is a retry of one of its producer's
+        cached batches (what :meth:`append_batch` would answer without writing),
+        else None. Pure: conditional produce asks it before its offset check."""
+        if hdr.producer_id < 0:
+            return None
+        entry = self.producers.get(hdr.producer_id)
+        if entry is None:
+            return None
+        incoming = Incoming(
+            hdr.producer_id, hdr.producer_epoch, hdr.base_sequence, hdr.last_offset_delta + 1, hdr.is_transactional
+        )
+        result = check_batch(entry, incoming)
+        return result.batch.first_offset if isinstance(result, Duplicate) else None
+
     def append_batch(
         self,
         records: bytes,

@@ -6,6 +6,13 @@ know; Kafka requires receivers to skip unknown tags, so on that error we decode
 the same bytes again with :func:`_tolerant_reader`, a small walker over kio's
 dataclass fields that skips unknown tags at every nesting level.
 
+A caller that wants the unknown tags passes an ``unknown_tags`` dict to
+:func:`decode_request` / :func:`decode_response`: it is filled with
+``{id(entity): (entity, {tag: [raw value, ...]})}`` for every entity that
+carried one (conditional produce's tag is read this way). A body without
+unknown tags never leaves kio's native reader and leaves the dict empty, so
+this costs nothing for requests that don't use it.
+
 Before kio sees a request, :func:`_guard` walks it without building values and
 checks every length against the bytes that are really there: kio's native
 reader reserves memory for an array from its declared length, so a 14-byte
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import io
 import struct
+from contextvars import ContextVar
 from dataclasses import MISSING, Field, fields
 from types import NoneType, UnionType
 from typing import Union, get_args, get_origin
@@ -46,16 +54,19 @@ from kio.serial.readers import (
 )
 from kio._kio_native import get_field_reader
 
+from oncelog.protocol.errors import ErrorCode, OncelogErrorCode
 from oncelog.protocol.headers import HeaderError, read_uvarint
 
 __all__ = [
     "DecodeError",
+    "UnknownTags",
     "api_name",
     "decode_request",
     "encode_response",
     "is_flexible",
     "request_type",
     "response_type",
+    "unknown_tags_of",
 ]
 
 
@@ -82,8 +93,30 @@ def is_flexible(api_key: int, version: int) -> bool:
     return bool(request_type(api_key, version).__flexible__)
 
 
-def decode_request(api_key: int, version: int, buf: bytes | memoryview, offset: int) -> Any:
-    """Decode a request body starting at ``offset`` of ``buf``."""
+UnknownTags = dict[int, tuple[Any, dict[int, list[bytes]]]]
+_SINK: ContextVar[UnknownTags | None] = ContextVar("oncelog_unknown_tags", default=None)
+
+
+def unknown_tags_of(unknown_tags: UnknownTags, entity: Any) -> dict[int, list[bytes]] | None:
+    """The unknown tags ``entity`` carried (``{tag: [raw value, ...]}``), None if none."""
+    hit = unknown_tags.get(id(entity))
+    if hit is None or hit[0] is not entity:
+        return None
+    return hit[1]
+
+
+def _tolerant_decode(cls: type, buf: Any, offset: int, unknown_tags: UnknownTags | None) -> Any:
+    token = _SINK.set(unknown_tags)
+    try:
+        return _tolerant_reader(cls)(buf, offset)[0]
+    finally:
+        _SINK.reset(token)
+
+
+def decode_request(
+    api_key: int, version: int, buf: bytes | memoryview, offset: int, unknown_tags: UnknownTags | None = None
+) -> Any:
+    """Decode a request body starting at ``offset`` of ``buf`` (``unknown_tags``: see module doc)."""
     cls = request_type(api_key, version)
     try:
         _guard(cls)(buf, offset, len(buf))
@@ -97,8 +130,7 @@ def decode_request(api_key: int, version: int, buf: bytes | memoryview, offset: 
     except Exception as exc:  # kio raises several types for short/garbled input
         raise DecodeError(f"{api_name(api_key)} v{version}: {exc}") from exc
     try:
-        entity, _ = _tolerant_reader(cls)(buf, offset)
-        return entity
+        return _tolerant_decode(cls, buf, offset, unknown_tags)
     except Exception as exc:
         raise DecodeError(f"{api_name(api_key)} v{version}: {exc}") from exc
 
@@ -116,12 +148,15 @@ def encode_request(entity: Any) -> bytes:
     return out.getvalue()
 
 
-def decode_response(api_key: int, version: int, buf: bytes | memoryview, offset: int = 0) -> Any:
+def decode_response(
+    api_key: int, version: int, buf: bytes | memoryview, offset: int = 0, unknown_tags: UnknownTags | None = None
+) -> Any:
     cls = response_type(api_key, version)
     try:
         return entity_reader(cls)(buf, offset)[0]
-    except KeyError:
-        return _tolerant_reader(cls)(buf, offset)[0]
+    except (KeyError, ValueError):
+        # an unknown tag, or an error code kio's enum lacks (oncelog's own codes)
+        return _tolerant_decode(cls, buf, offset, unknown_tags)
 
 
 # -- tolerant walker --------------------------------------------------------
@@ -149,6 +184,7 @@ def _tolerant_reader(cls: type) -> Any:
         for name, reader in plain:
             values[name], size = reader(buf, pos)
             pos += size
+        unknown: dict[int, list[bytes]] | None = None
         if flexible:
             values.update(defaults)
             count, size = read_unsigned_varint(buf, pos)
@@ -162,8 +198,17 @@ def _tolerant_reader(cls: type) -> Any:
                 if known is not None:
                     name, reader = known
                     values[name], _ = reader(bytes(buf[pos : pos + length]), 0)
+                else:
+                    if unknown is None:
+                        unknown = {}
+                    unknown.setdefault(tag, []).append(bytes(buf[pos : pos + length]))
                 pos += length
-        return cls(**values), pos - start
+        entity = cls(**values)
+        if unknown is not None:
+            sink = _SINK.get()
+            if sink is not None:
+                sink[id(entity)] = (entity, unknown)
+        return entity, pos - start
 
     return read
 
@@ -208,7 +253,22 @@ def _field_reader(cls: type, field: Field, flexible: bool, is_tag: bool) -> Any:
             return tuple(items), pos - start
 
         return read_array
+    if get_schema_field_type(field) == "error_code":
+        return _read_error_code
     return get_field_reader(cls, field, False, is_tag)
+
+
+def _read_error_code(buf: Any, pos: int) -> tuple[Any, int]:
+    """Kafka's code as kio's ErrorCode; oncelog's own as OncelogErrorCode; anything else as int."""
+    (code,) = _I16.unpack_from(buf, pos)
+    try:
+        return ErrorCode(code), 2
+    except ValueError:
+        pass
+    try:
+        return OncelogErrorCode(code), 2
+    except ValueError:
+        return code, 2
 
 
 # -- structure guard ---------------------------------------------------------

@@ -1,8 +1,10 @@
 """Hand-written Produce response encoder (the hot path; kio's Python writers
 cost about 100 µs for an 8-partition response, this about 5 µs).
 
-Covers Produce v3-v12. Tagged fields (v9+: CurrentLeader, NodeEndpoints) are
-never sent. ``tests/unit/test_fast_produce.py`` checks byte equality with kio
+Covers Produce v3-v12. Kafka's tagged fields (v9+: CurrentLeader,
+NodeEndpoints) are never sent; a partition dict with a ``next_offset`` key
+(a refused conditional produce, :mod:`oncelog.protocol.conditional`) gets
+oncelog's tag 10000 with that offset. ``tests/unit/test_fast_produce.py`` checks byte equality with kio
 for every version.
 """
 
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import struct
 from typing import Any
+
+from oncelog.protocol.conditional import next_offset_tag_block
 
 _I32 = struct.Struct(">i")
 _PART_V3 = struct.Struct(">ihqq")  # index, error, base offset, log append time
@@ -59,7 +63,8 @@ def encode_produce_response(version: int, topics: list[dict[str, Any]], throttle
                         out.append(b"\x00")
                 out.append(string(p["error_message"], flexible))
             if flexible:
-                out.append(b"\x00")
+                nxt = p.get("next_offset")
+                out.append(b"\x00" if nxt is None else next_offset_tag_block(nxt))
         if flexible:
             out.append(b"\x00")
     out.append(_I32.pack(throttle_ms))

@@ -3,7 +3,10 @@
 Behavior: lists every API this broker handles with the exact version range
 its handler implements, plus the features (v3+): ``transaction.version`` is supported at levels
 0-2 and finalized at ``oncelog.transaction.version`` (default 2, KIP-890's
-transactions v2; 0 turns the v2 protocol off).
+transactions v2; 0 turns the v2 protocol off). ``oncelog.conditional.produce``
+is supported at level 1 (conditional produce, docs/conditional-publish.md; a
+supported feature only: a client checks it there, and Kafka's clients skip
+feature names they don't know).
 
 Version notes:
 - v0-v4 are handled. v3+ is flexible and carries the client's software
@@ -20,6 +23,7 @@ import struct
 from typing import Any
 
 from oncelog.broker.context import RequestContext
+from oncelog.protocol.conditional import FEATURE_NAME, FEATURE_VERSION
 
 API_KEY = 18
 MIN_VERSION = 0
@@ -42,7 +46,10 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
         "error_code": 0,
         "api_keys": _api_keys(),
         "throttle_time": 0,
-        "supported_features": [{"name": "transaction.version", "min_version": 0, "max_version": 2}],
+        "supported_features": [
+            {"name": "transaction.version", "min_version": 0, "max_version": 2},
+            {"name": FEATURE_NAME, "min_version": FEATURE_VERSION, "max_version": FEATURE_VERSION},
+        ],
         "finalized_features_epoch": 1,
         "finalized_features": finalized,
     }

@@ -49,6 +49,23 @@ INVALID_RECORD, MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE,
 UNSUPPORTED_COMPRESSION_TYPE, plus the idempotence errors above. Invalid
 ``acks`` gets INVALID_REQUIRED_ACKS for every partition.
 
+Conditional produce (oncelog's KIP-27, docs/conditional-publish.md): on
+v9+ a partition may carry the tagged field 10000, the offset its batch must
+get. The tag is found by the codec's tolerant fallback (kio refuses unknown
+tags, so a request without one never leaves kio's native decoder and pays
+nothing here). All conditions are checked in pass 2, right before the
+appends, with no ``await`` between the check and the last append, so no
+other request (on any connection) can append in between. A retry that is a
+duplicate by sequence is answered with its original offset before its
+condition is looked at. If any condition fails (offset mismatch, a malformed
+tag, a partition named twice) nothing of the request is appended:
+mismatched partitions get ONCELOG_OFFSET_MISMATCH (10001), the others
+ONCELOG_CONDITIONAL_PRODUCE_REFUSED (10002), both with the partition's
+actual next offset in the response tag 10000 (a malformed tag gets
+INVALID_REQUEST). Errors of other kinds stay per partition, as in Kafka. A
+conditional produce with acks=0 is never appended and closes the connection
+(its outcome could not be answered).
+
 Version notes:
 - v3-v12 handled (v3 is the first with magic v2 batches and transactional id).
 - v5+ returns log_start_offset; v8+ record_errors / error_message; v9+ flexible.
@@ -64,7 +81,9 @@ from typing import Any
 
 from oncelog.broker.context import CloseConnection, RequestContext
 from oncelog.broker.group import TopicPartition
-from oncelog.protocol.errors import ErrorCode, KafkaError, code_name
+from oncelog.protocol.codec import unknown_tags_of
+from oncelog.protocol.conditional import EXPECTED_OFFSET_TAG, NO_EXPECTED_OFFSET, ConditionError, parse_offset_tag
+from oncelog.protocol.errors import ErrorCode, KafkaError, OncelogErrorCode, code_name
 from oncelog.protocol.fast_produce import encode_produce_response
 from oncelog.protocol.records import BatchHeader, InvalidRecordError, validate_produce_records
 
@@ -143,6 +162,13 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
     version = ctx.version
     txn = broker.txn
     tv2 = version >= 12 and broker.config.transaction_version >= 2
+    conditions = _conditions(ctx.unknown_tags, request) if ctx.unknown_tags else None
+    refusals: list[str] = []  # why a conditional request appends nothing (malformed conditions)
+    repeated: set[tuple[str, int]] = set()
+    if conditions is not None:
+        if acks == 0:
+            raise CloseConnection("a conditional produce with acks=0 is refused (its outcome cannot be answered)")
+        repeated = _repeated_partitions(request)
     # pass 1: validate every batch (no state change)
     plan: list[tuple[str, list[Any]]] = []
     implicit_adds: list[tuple[Any, BatchHeader, TopicPartition]] = []
@@ -153,6 +179,16 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
             index = pdata.index
             if acks not in (-1, 0, 1):
                 entries.append(_error(index, ErrorCode.invalid_required_acks))
+                continue
+            cond = conditions.get(id(pdata)) if conditions is not None else None
+            if isinstance(cond, ConditionError) or (name, index) in repeated:
+                why = (
+                    str(cond)
+                    if isinstance(cond, ConditionError)
+                    else "the partition appears more than once in a conditional produce"
+                )
+                refusals.append(f"{name}-{index}: {why}")
+                entries.append(_error(index, ErrorCode.invalid_request, why))
                 continue
             try:
                 partition = broker.partition(name, index)
@@ -172,7 +208,7 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
             if keyless is not None:
                 entries.append(keyless)
                 continue
-            entry = [index, partition, records, hdr, None]
+            entry = [index, partition, records, hdr, None, cond]
             if hdr.is_transactional and hdr.producer_id >= 0:
                 tp = TopicPartition(name, index)
                 if tv2 and txn.check_in_txn(hdr.producer_id, hdr.producer_epoch, tp) == ErrorCode.invalid_txn_state:
@@ -195,6 +231,12 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
             entry[4] = _verifier(txn, tp, version) if not code else _failing(_txn_error(code, version))
     # pass 2: append, in request order, without awaiting; then the next request of the connection may start
     waits: list[asyncio.Future[None]] = []
+    if conditions is not None:
+        # checked here, synchronously with the appends below: nothing can append in between
+        refused = _refuse_if_any_condition_fails(broker, plan, refusals, waits)
+        if refused is not None:
+            ctx.applied()
+            return await _answer(version, refused, waits)
     topics_out = []
     now = broker.clock()
     for name, entries in plan:
@@ -203,7 +245,7 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
             if isinstance(entry, dict):
                 parts_out.append(entry)
                 continue
-            index, partition, records, hdr, verify = entry
+            index, partition, records, hdr, verify, _ = entry
             try:
                 base_offset, append_time = partition.append_batch(records, hdr, now, broker.producer_ids, verify)
             except KafkaError as exc:
@@ -236,6 +278,11 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
             # Kafka closes the connection so that the client, which gets no answer, refreshes its metadata
             raise CloseConnection(f"acks=0 produce failed ({', '.join(failed)})")
         return None
+    return await _answer(version, topics_out, waits)
+
+
+async def _answer(version: int, topics_out: list[dict[str, Any]], waits: list[asyncio.Future[None]]) -> bytes:
+    """Wait for the fsync round covering the appends (and duplicates), then encode."""
     if waits:
         try:
             await asyncio.gather(*waits)
@@ -246,6 +293,113 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
                     if p["error_code"] == 0:
                         p.update(_error(p["index"], ErrorCode.kafka_storage_error, str(exc)))
     return encode_produce_response(version, topics_out)
+
+
+# -- conditional produce ------------------------------------------------------------
+
+
+def _conditions(unknown_tags: Any, request: Any) -> dict[int, int | ConditionError] | None:
+    """``{id(partition data): expected offset or the reason it is malformed}``; None if
+    no partition carries the tag (or all carry -1, KIP-27's "no condition")."""
+    out: dict[int, int | ConditionError] = {}
+    for topic_data in request.topic_data:
+        for pdata in topic_data.partition_data:
+            tags = unknown_tags_of(unknown_tags, pdata)
+            if not tags or EXPECTED_OFFSET_TAG not in tags:
+                continue
+            try:
+                expected = parse_offset_tag(tags[EXPECTED_OFFSET_TAG])
+            except ConditionError as exc:
+                out[id(pdata)] = exc
+                continue
+            if expected != NO_EXPECTED_OFFSET:
+                out[id(pdata)] = expected
+    return out or None
+
+
+def _repeated_partitions(request: Any) -> set[tuple[str, int]]:
+    seen: set[tuple[str, int]] = set()
+    repeated: set[tuple[str, int]] = set()
+    for topic_data in request.topic_data:
+        for pdata in topic_data.partition_data:
+            key = (topic_data.name, pdata.index)
+            (repeated if key in seen else seen).add(key)
+    return repeated
+
+
+def _refuse_if_any_condition_fails(
+    broker: Any, plan: list[tuple[str, list[Any]]], refusals: list[str], waits: list[asyncio.Future[None]]
+) -> list[dict[str, Any]] | None:
+    """Check every condition of the request (no state change, no await).
+
+    Returns None when all hold (the caller appends), else the whole response:
+    nothing is appended. A duplicate by sequence (a retry of a batch already
+    appended) is answered with its original offset whatever its condition,
+    since it was appended when its condition held; the other partitions get
+    ONCELOG_OFFSET_MISMATCH or ONCELOG_CONDITIONAL_PRODUCE_REFUSED with the
+    partition's actual next offset."""
+    mismatched: dict[int, tuple[int, int]] = {}
+    failed = list(refusals)
+    for name, entries in plan:
+        for entry in entries:
+            if isinstance(entry, dict) or entry[5] is None:
+                continue
+            index, partition, _records, hdr, _verify, expected = entry
+            if partition.duplicate_offset(hdr) is not None:
+                continue
+            actual = partition.log.log_end_offset
+            if actual != expected:
+                mismatched[id(entry)] = (expected, actual)
+                failed.append(f"{name}-{index}: expected offset {expected}, next offset {actual}")
+    if not failed:
+        return None
+    log.debug("conditional produce refused: %s", "; ".join(failed))
+    because = "; ".join(failed)
+    topics_out = []
+    for name, entries in plan:
+        parts_out = []
+        for entry in entries:
+            if isinstance(entry, dict):
+                parts_out.append(entry)
+                continue
+            index, partition, _records, hdr, _verify, _expected = entry
+            dup = partition.duplicate_offset(hdr)
+            if dup is not None:
+                fut = broker.committer.wait_durable(partition)  # its first answer may not have been durable yet
+                if fut is not None:
+                    waits.append(fut)
+                parts_out.append(
+                    {
+                        "index": index,
+                        "error_code": 0,
+                        "base_offset": dup,
+                        "log_append_time": -1,
+                        "log_start_offset": partition.log_start_offset,
+                        "record_errors": [],
+                        "error_message": None,
+                    }
+                )
+                continue
+            actual = partition.log.log_end_offset
+            mismatch = mismatched.get(id(entry))
+            if mismatch is not None:
+                out = _error(
+                    index,
+                    OncelogErrorCode.oncelog_offset_mismatch,
+                    f"ONCELOG_OFFSET_MISMATCH: expected offset {mismatch[0]} but the next offset of "
+                    f"{name}-{index} is {actual}; nothing of the request was appended",
+                )
+            else:
+                out = _error(
+                    index,
+                    OncelogErrorCode.oncelog_conditional_produce_refused,
+                    f"ONCELOG_CONDITIONAL_PRODUCE_REFUSED: not appended because a condition of the same "
+                    f"request failed ({because})",
+                )
+            out["next_offset"] = actual
+            parts_out.append(out)
+        topics_out.append({"name": name, "partition_responses": parts_out})
+    return topics_out
 
 
 def _verifier(txn: Any, tp: TopicPartition, version: int) -> Any:
