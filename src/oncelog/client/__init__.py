@@ -14,6 +14,7 @@ from oncelog.client.config import ConfigError
 from oncelog.client.consumer import Consumer
 from oncelog.client.errors import KafkaError
 from oncelog.client.producer import DeliveryFuture, Producer
+from oncelog.client.session import TransactSession
 
 __all__ = ["ConfigError", "Consumer", "ConsumerGroupMetadata", "DeliveryFuture", "KafkaError", "Message",
-           "PreparedTxnState", "Producer", "RecordMetadata", "TopicPartition"]
+           "PreparedTxnState", "Producer", "RecordMetadata", "TopicPartition", "TransactSession"]

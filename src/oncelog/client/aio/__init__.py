@@ -9,7 +9,8 @@ Layout (each module documents its internal API for the clients built on it):
 * :mod:`.producer`: the producer engine and the asyncio ``Producer``;
 * :mod:`.transactions`: the producer's transactions and KIP-939 two-phase
   commit (``PreparedTxnState``, ``ConsumerGroupMetadata``);
-* :mod:`.consumer`: the asyncio ``Consumer`` (manual assignment so far).
+* :mod:`.consumer`: the asyncio ``Consumer`` (manual assignment so far);
+* :mod:`.session`: ``TransactSession``, exactly-once consume-transform-produce.
 
 The blocking clients in :mod:`oncelog.client` run these on a background
 event-loop thread (:mod:`oncelog.client._loop`). Nothing here imports
@@ -18,7 +19,8 @@ event-loop thread (:mod:`oncelog.client._loop`). Nothing here imports
 
 from oncelog.client.aio.consumer import Consumer, Message, TopicPartition
 from oncelog.client.aio.producer import Producer, RecordMetadata
+from oncelog.client.aio.session import TransactSession
 from oncelog.client.aio.transactions import ConsumerGroupMetadata, PreparedTxnState
 
 __all__ = ["Consumer", "ConsumerGroupMetadata", "Message", "PreparedTxnState", "Producer", "RecordMetadata",
-           "TopicPartition"]
+           "TopicPartition", "TransactSession"]
