@@ -159,3 +159,60 @@ def test_transaction_timeout_must_be_below_session_timeout() -> None:
                          "transaction.timeout.ms": 10000}, ["t"])
     s = TransactSession({"bootstrap.servers": "127.0.0.1:1", "group.id": "g", "session.timeout.ms": 10000}, ["t"])
     assert s.transaction_timeout_ms < 10000
+
+
+async def drain(bs: str, sessions: list[TransactSession], out: str, group: str, inp: str, n: int,
+                parts: int) -> None:
+    """Run ``copier`` on every session until the group committed all ``n`` input records."""
+    stop = asyncio.Event()
+    tasks = [asyncio.ensure_future(copier(s, out, stop)) for s in sessions]
+    deadline = time.monotonic() + 60
+    try:
+        while sum((await group_offsets(bs, group, inp, parts)).values()) < n:
+            assert time.monotonic() < deadline, "the copy did not finish"
+            for t in tasks:
+                if t.done():
+                    t.result()
+            await asyncio.sleep(0.3)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for t in tasks:
+        t.result()
+
+
+def test_abort_on_revoke(sbroker: EmbeddedBroker, kit: Any) -> None:
+    """A rebalance during an open transaction: end(commit=True) aborts, returns False, no duplicates."""
+    bs = sbroker.bootstrap
+    inp, out = make_topics(bs, kit, "revoke", parts=2)
+    n = 40
+    seed(bs, inp, n, parts=2)
+    group = f"g-{inp}"
+
+    async def main() -> tuple[bool, dict[str, Any], list[tuple[str, int]]]:
+        a = TransactSession(conf(bs, group), [inp])
+        b = TransactSession(conf(bs, group), [inp])
+        await a.start()
+        assert len(await a.wait_assigned(30)) == 2
+        got = []
+        while len(got) < 10:
+            got += await a.poll(1.0, 10)
+        for m in got:
+            a.produce(out, m.value, key=m.key, partition=m.partition)
+        await b.start()  # B joins: the group rebalances while A's transaction is open
+        b_parts = await b.wait_assigned(30)
+        await a.wait_assigned(30)
+        ok = await a.end(commit=True)
+        counters = dict(a.counters)
+        await drain(bs, [a, b], out, group, inp, n, 2)
+        await a.close()
+        await b.close()
+        return ok, counters, b_parts
+
+    ok, counters, b_parts = asyncio.run(main())
+    assert b_parts, "B got no partition, so nothing moved"
+    assert ok is False
+    assert counters["aborted"] == 1 and counters["aborts_by_cause"] == {"revoked": 1}
+    doc = verify(bs, inp, out, group)
+    assert doc["_counts"] == CLEAN, doc["examples"]
+    assert doc["output_records"] == n
