@@ -216,3 +216,123 @@ def test_abort_on_revoke(sbroker: EmbeddedBroker, kit: Any) -> None:
     doc = verify(bs, inp, out, group)
     assert doc["_counts"] == CLEAN, doc["examples"]
     assert doc["output_records"] == n
+
+
+# -- the seed's KIP-447 scenario ------------------------------------------------------------------------
+
+END_TXN = 26
+
+
+@pytest.fixture
+def proxied(tmp_path: Any) -> Iterator[tuple[EmbeddedBroker, Any]]:
+    """A broker that advertises a fault proxy in front of it: every client goes through the proxy."""
+    from oncelog.testing.embedded import free_port
+    from oncelog.testing.fault_proxy import FaultProxy
+
+    port = free_port()
+    proxy = FaultProxy(("127.0.0.1", port), seed=1)
+    broker = EmbeddedBroker(data_dir=tmp_path / "data", port=port, log_path=tmp_path / "broker.log",
+                            config={"group.initial.rebalance.delay.ms": "0",
+                                    "advertised.listeners": f"PLAINTEXT://127.0.0.1:{proxy.port}"})
+    proxy.start()
+    try:
+        broker.start()
+        yield broker, proxy
+    finally:
+        broker.close()
+        proxy.stop()
+
+
+async def poll_exactly(s: TransactSession, k: int) -> list[Any]:
+    got: list[Any] = []
+    deadline = time.monotonic() + 20
+    while len(got) < k:
+        assert time.monotonic() < deadline
+        got += await s.poll(0.5, k - len(got))
+    return got
+
+
+def kip447_scenario(proxy: Any, kit: Any, extra: dict[str, Any]) -> tuple[list[tuple[float, int, int]], float]:
+    """C1/P1 and C2/P2 on tp-0/tp-1; P2 commits 5, processes to 10, its EndTxn is held; C2 leaves.
+
+    Returns C1's polled records as (time, partition, offset) and the time the held EndTxn was released.
+    """
+    bs = proxy.bootstrap
+    inp, out = make_topics(bs, kit, "kip447", parts=2)
+    n = 40
+    seed(bs, inp, n, parts=2)
+    group = f"g-{inp}"
+
+    async def main() -> tuple[list[tuple[float, int, int]], float]:
+        s1 = TransactSession(conf(bs, group, **extra), [inp])
+        s2 = TransactSession(conf(bs, group, **extra), [inp])
+        await s1.start()
+        await s1.wait_assigned(30)
+        await s2.start()
+        await s2.wait_assigned(30)
+        await s1.wait_assigned(30)
+        if s2.assignment != [(inp, 1)]:
+            s1, s2 = s2, s1
+        assert s2.assignment == [(inp, 1)] and s1.assignment == [(inp, 0)]
+        # P2 commits one transaction: tp-1's offset is 5
+        for m in await poll_exactly(s2, 5):
+            s2.produce(out, m.value, key=m.key, partition=m.partition)
+        assert await s2.end(commit=True)
+        # P2 processes 5..9 and begins committing; its EndTxn stalls in the network
+        batch = await poll_exactly(s2, 5)
+        assert [m.offset for m in batch] == [5, 6, 7, 8, 9]
+        for m in batch:
+            s2.produce(out, m.value, key=m.key, partition=m.partition)
+        proxy.hold(END_TXN)
+        ending = asyncio.ensure_future(s2.end(commit=True))
+        deadline = time.monotonic() + 20
+        while proxy.held() < 1:
+            assert time.monotonic() < deadline, "P2's EndTxn never reached the proxy"
+            await asyncio.sleep(0.02)
+        # P2 "crashes": its tasks stop, it leaves the group, the group gives tp-1 to C1
+        ending.cancel()
+        for t in (s2.member._task, s2.member._hb_task):
+            if t is not None:
+                t.cancel()
+        await s2.member._leave("crashed")
+        seen: list[tuple[float, int, int]] = []
+        stop = asyncio.Event()
+
+        async def c1() -> None:
+            while not stop.is_set():
+                msgs = await s1.poll(0.2, 50)
+                for m in msgs:
+                    seen.append((time.monotonic(), m.partition, m.offset))
+                    s1.produce(out, m.value, key=m.key, partition=m.partition)
+                await s1.end(commit=True)
+
+        task = asyncio.ensure_future(c1())
+        await asyncio.sleep(3.0)  # the group rebalances meanwhile; P2's transaction is still open
+        released = time.monotonic()
+        answers = await asyncio.to_thread(proxy.release_held)
+        assert [a.error_codes for a in answers] == [(0,)], answers  # P2's commit lands now
+        deadline = time.monotonic() + 60
+        while sum((await group_offsets(bs, group, inp, 2)).values()) < n:
+            assert time.monotonic() < deadline, "C1 did not finish the copy"
+            assert not task.done(), task
+            await asyncio.sleep(0.3)
+        stop.set()
+        await task
+        await s1.close()
+        await asyncio.gather(s2._consumer.close(), s2._producer.close(1), return_exceptions=True)
+        return seen, released
+
+    seen, released = asyncio.run(main())
+    doc = verify(bs, inp, out, group)
+    assert doc["_counts"] == CLEAN, doc["examples"]
+    assert doc["output_records"] == n
+    return seen, released
+
+
+def test_kip447_new_owner_waits_for_the_pending_commit(proxied: tuple[EmbeddedBroker, Any], kit: Any) -> None:
+    _, proxy = proxied
+    seen, released = kip447_scenario(proxy, kit, {})
+    tp1 = [(t, o) for t, p, o in seen if p == 1]
+    assert tp1, "C1 never read tp-1"
+    assert all(t >= released for t, _ in tp1), "C1 read tp-1 before P2's transaction was resolved"
+    assert tp1[0][1] == 10  # from P2's committed offset, not the stale 5
