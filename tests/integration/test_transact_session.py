@@ -336,3 +336,74 @@ def test_kip447_new_owner_waits_for_the_pending_commit(proxied: tuple[EmbeddedBr
     assert tp1, "C1 never read tp-1"
     assert all(t >= released for t, _ in tp1), "C1 read tp-1 before P2's transaction was resolved"
     assert tp1[0][1] == 10  # from P2's committed offset, not the stale 5
+
+
+# -- a zombie ---------------------------------------------------------------------------------------------
+
+ZOMBIE = r"""
+import json, sys
+from oncelog.client import TransactSession
+bs, group, inp, out = sys.argv[1:5]
+s = TransactSession({"bootstrap.servers": bs, "group.id": group, "auto.offset.reset": "earliest",
+                     "session.timeout.ms": 6000, "heartbeat.interval.ms": 500}, [inp])
+s.wait_assigned(30)
+got = []
+while len(got) < 10:
+    got += s.poll(0.5, 10 - len(got))
+for m in got:
+    s.produce(out, m.value, key=m.key, partition=m.partition)
+print("READY", flush=True)
+sys.stdin.readline()
+try:
+    res = {"committed": s.end(commit=True)}
+except Exception as exc:
+    res = {"error": getattr(exc, "name", type(exc).__name__)}
+print(json.dumps(res), flush=True)
+try:
+    s.close()
+except Exception:
+    pass
+"""
+
+
+def test_zombie_paused_past_its_session_timeout_commits_nothing(sbroker: EmbeddedBroker, kit: Any,
+                                                                 tmp_path: Any) -> None:
+    import os
+    import signal
+
+    bs = sbroker.bootstrap
+    inp, out = make_topics(bs, kit, "zombie", parts=2)
+    n = 40
+    seed(bs, inp, n, parts=2)
+    group = f"g-{inp}"
+    z = subprocess.Popen([sys.executable, "-c", ZOMBIE, bs, group, inp, out], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=open(tmp_path / "zombie.err", "w"), text=True)
+    try:
+        assert z.stdout is not None and z.stdin is not None
+        assert z.stdout.readline().strip() == "READY", (tmp_path / "zombie.err").read_text()
+        os.kill(z.pid, signal.SIGSTOP)  # paused with an open transaction of 10 records
+        stopped = time.monotonic()
+
+        async def other() -> None:
+            s = TransactSession(conf(bs, group), [inp])
+            await s.start()
+            await s.wait_assigned(60)  # only after the zombie's session timed out
+            assert time.monotonic() - stopped > 5.0, "the group rebalanced before the zombie's session expired"
+            await drain(bs, [s], out, group, inp, n, 2)
+            await s.close()
+
+        asyncio.run(other())
+        os.kill(z.pid, signal.SIGCONT)
+        z.stdin.write("GO\n")
+        z.stdin.flush()
+        res = json.loads(z.stdout.readline())
+        assert res.get("committed") is False or res.get("error") in ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH",
+                                                                      "ILLEGAL_GENERATION", "UNKNOWN_MEMBER_ID"), res
+        z.wait(30)
+    finally:
+        if z.poll() is None:
+            os.kill(z.pid, signal.SIGCONT)
+            z.kill()
+    doc = verify(bs, inp, out, group)
+    assert doc["_counts"] == CLEAN, doc["examples"]
+    assert doc["output_records"] == n
