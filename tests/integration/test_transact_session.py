@@ -407,3 +407,56 @@ def test_zombie_paused_past_its_session_timeout_commits_nothing(sbroker: Embedde
     doc = verify(bs, inp, out, group)
     assert doc["_counts"] == CLEAN, doc["examples"]
     assert doc["output_records"] == n
+
+
+# -- without KIP-447: the 200 ms heuristic -----------------------------------------------------------------
+
+
+def test_pre_kip447_heuristic(sbroker: EmbeddedBroker, kit: Any, monkeypatch: Any,
+                              caplog: pytest.LogCaptureFixture) -> None:
+    """OffsetFetch capped below v7: the session says so once, holds rebalances 200 ms after a commit
+    (without blocking the next transaction), and the copy loop stays clean."""
+    from oncelog.client.aio import offsets
+    from oncelog.client.aio.session import HEURISTIC_SLEEP
+
+    monkeypatch.setattr(offsets, "OFFSET_FETCH_VERSIONS", (1, 6))
+    caplog.set_level(logging.INFO, logger="oncelog.client.session")
+    bs = sbroker.bootstrap
+    inp, out = make_topics(bs, kit, "pre447")
+    n = 1200
+    seed(bs, inp, n)
+    group = f"g-{inp}"
+
+    async def lock_hold() -> tuple[float, float, bool | None]:
+        s = TransactSession(conf(bs, group + "-hold"), [inp])
+        await s.start()
+        await s.wait_assigned(30)
+        msgs = await poll_exactly(s, 3)
+        for m in msgs:
+            s.produce(out + "-scratch", m.value, key=m.key)
+        assert await s.end(commit=True)
+        t0 = time.monotonic()
+        more = await s.poll(1.0, 3)  # a new transaction starts at once
+        started = time.monotonic() - t0
+        await s._on_revoke([])      # nothing revoked: no wait
+        await s._on_revoke([s.assignment[0]])  # a revoke waits for the lock held after the commit
+        waited = time.monotonic() - t0
+        assert more
+        mode = s.stable_offsets
+        await s.end(commit=False)
+        await s.close()
+        return started, waited, mode
+
+    kit.create_topic(bs, out + "-scratch", PARTS)
+    started, waited, mode = asyncio.run(lock_hold())
+    assert mode is False
+    assert started < HEURISTIC_SLEEP / 2, "the heuristic sleep blocked the next transaction"
+    assert waited >= HEURISTIC_SLEEP * 0.9, "a revoke did not wait for the heuristic sleep"
+    counters = asyncio.run(copy_with_churn(bs, inp, out, group, n, {}))
+    assert len(counters) == 3
+    doc = verify(bs, inp, out, group)
+    assert doc["_counts"] == CLEAN, doc["examples"]
+    assert doc["input_records"] == doc["output_records"] == n
+    modes = [r.getMessage() for r in caplog.records if "200 ms heuristic" in r.getMessage()]
+    assert len(modes) == 4, modes  # once per session (one to measure, three to copy)
+    assert not any("stable offsets with require_stable" in r.getMessage() for r in caplog.records)
