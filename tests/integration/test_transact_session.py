@@ -460,3 +460,32 @@ def test_pre_kip447_heuristic(sbroker: EmbeddedBroker, kit: Any, monkeypatch: An
     modes = [r.getMessage() for r in caplog.records if "200 ms heuristic" in r.getMessage()]
     assert len(modes) == 4, modes  # once per session (one to measure, three to copy)
     assert not any("stable offsets with require_stable" in r.getMessage() for r in caplog.records)
+
+
+# -- the blocking API ---------------------------------------------------------------------------------------
+
+
+def test_blocking_session_run(sbroker: EmbeddedBroker, kit: Any) -> None:
+    from oncelog.client import TransactSession as BlockingSession
+
+    bs = sbroker.bootstrap
+    inp, out = make_topics(bs, kit, "blocking", parts=3)
+    n = 300
+    seed(bs, inp, n, parts=3)
+    group = f"g-{inp}"
+    with BlockingSession(conf(bs, group), [inp]) as s:
+        assert len(s.wait_assigned(30)) == 3
+        # one transaction by hand, aborted: its records come again
+        got = s.poll(5.0, 7)
+        assert got
+        s.produce(out, got[0].value, key=got[0].key, partition=got[0].partition)
+        assert s.end(commit=False) is False
+        counters = s.run(lambda m: [(out, m.key, m.value)], poll_timeout=0.5,
+                         stop=lambda: s.counters["records_in"] >= n + len(got))
+        assert s.stable_offsets is True
+    assert counters["aborts_by_cause"] == {"requested": 1} and counters["committed"] >= 1
+    assert counters["records_out"] == n + 1
+    doc = verify(bs, inp, out, group)
+    # keyed copies go to the key's partition: order is checked per (output, input) partition
+    assert doc["_counts"] == CLEAN, doc["examples"]
+    assert doc["output_records"] == n
