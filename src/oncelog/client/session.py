@@ -71,14 +71,23 @@ class TransactSession:
             self._s.produce(topic, value, key, partition, headers, timestamp)
         self._lt.run(go())
 
-    def produce_many(self, items: Iterable[tuple[str, Any, Any]]) -> None:
-        """Queue many ``(topic, key, value)`` records with one hand-over to the loop thread."""
+    def produce_many(self, items: Iterable[tuple[str, Any, Any] | dict[str, Any]]) -> None:
+        """Queue many records with one hand-over to the loop thread: ``(topic, key, value)`` tuples or
+        ``produce()`` keyword dicts."""
         batch = list(items)
 
         async def go() -> None:
-            for topic, key, value in batch:
-                self._s.produce(topic, value, key=key)
+            for item in batch:
+                if isinstance(item, dict):
+                    self._s.produce(**item)
+                else:
+                    topic, key, value = item
+                    self._s.produce(topic, value, key=key)
         self._lt.run(go())
+
+    def committed(self, partitions: Iterable[tuple[str, int]], timeout: float | None = None) -> dict[Any, Any]:
+        """The group's committed offsets (``OffsetAndMetadata`` or None), stable ones where the broker can."""
+        return self._lt.run(self._s.committed(list(partitions), timeout))
 
     def end(self, commit: bool = True) -> bool:
         return self._lt.run(self._s.end(commit))
@@ -90,11 +99,9 @@ class TransactSession:
             stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """poll -> ``transform(record)`` (in this thread) -> produce -> end(commit=True) until ``stop()``."""
         while stop is None or not stop():
-            out: list[tuple[str, Any, Any]] = []
+            out: list[Any] = []
             for m in self.poll(poll_timeout, max_records):
-                for item in transform(m) or ():
-                    out.append((item["topic"], item.get("key"), item.get("value")) if isinstance(item, dict)
-                               else item)
+                out.extend(transform(m) or ())
             if out:
                 self.produce_many(out)
             self.end(commit=True)

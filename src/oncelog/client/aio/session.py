@@ -355,6 +355,12 @@ class TransactSession:
                             "KIP-447); using the 200 ms heuristic after each commit (seed 003)", self.transactional_id)
         return await fetch_offsets(cluster, gid, parts)
 
+    async def committed(self, partitions: Iterable[tuple[str, int]],
+                        timeout: float | None = None) -> dict[tuple[str, int], Any]:
+        """The group's committed offsets (``OffsetAndMetadata`` or None), stable ones where the broker can."""
+        return await fetch_offsets(self._consumer.cluster, self._member.group_id, list(partitions),
+                                   require_stable=self._stable is not False, timeout=timeout)
+
     async def _seek_committed(self, parts: list[tuple[str, int]], keep: list[tuple[str, int]]) -> None:
         committed = await self._committed(parts) if parts else {}
         reset = {"earliest": EARLIEST, "latest": LATEST}.get(self.config["auto.offset.reset"], -1001)
