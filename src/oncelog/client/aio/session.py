@@ -41,6 +41,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from oncelog.client.aio.cluster import Cluster
 from oncelog.client.aio.consumer import Consumer, Message
 from oncelog.client.aio.group import GroupMember
 from oncelog.client.aio.offsets import fetch_offsets
@@ -97,7 +98,10 @@ class TransactSession:
         self.config = self._consumer.config
         self.transactional_id: str = pconf["transactional.id"]
         self.transaction_timeout_ms: int = self._producer.config["transaction.timeout.ms"]
-        self._member = GroupMember(self._consumer.cluster, self._consumer.config, self.topics,
+        # the group's own connections (as Java's coordinator socket): on the consumer's, a heartbeat would
+        # wait behind a Fetch the broker holds up to fetch.max.wait.ms (answers come in request order)
+        self._group_cluster = Cluster(self._consumer.config)
+        self._member = GroupMember(self._group_cluster, self._consumer.config, self.topics,
                                    on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._lock = asyncio.Lock()  # held across end(); the revoke callbacks wait for it
         self._in_txn = False
@@ -119,6 +123,7 @@ class TransactSession:
             return
         self._started = True
         await self._consumer.start()
+        await self._group_cluster.start()
         await self._producer.start()
         await self._producer.init_transactions()
         await self._member.start()
@@ -164,6 +169,7 @@ class TransactSession:
         finally:
             self._closed = True
             await self._consumer.close()
+            await self._group_cluster.close()
             await self._producer.close(5.0)
 
     # -- consume and produce ----------------------------------------------------------------------
@@ -341,7 +347,7 @@ class TransactSession:
     # -- offsets and rebalances ------------------------------------------------------------------
 
     async def _committed(self, parts: list[tuple[str, int]]) -> dict[tuple[str, int], Any]:
-        cluster, gid = self._consumer.cluster, self._member.group_id
+        cluster, gid = self._group_cluster, self._member.group_id
         if self._stable is not False:
             try:
                 out = await fetch_offsets(cluster, gid, parts, require_stable=True, unstable_unsupported="raise")
@@ -358,7 +364,7 @@ class TransactSession:
     async def committed(self, partitions: Iterable[tuple[str, int]],
                         timeout: float | None = None) -> dict[tuple[str, int], Any]:
         """The group's committed offsets (``OffsetAndMetadata`` or None), stable ones where the broker can."""
-        return await fetch_offsets(self._consumer.cluster, self._member.group_id, list(partitions),
+        return await fetch_offsets(self._group_cluster, self._member.group_id, list(partitions),
                                    require_stable=self._stable is not False, timeout=timeout)
 
     async def _seek_committed(self, parts: list[tuple[str, int]], keep: list[tuple[str, int]]) -> None:
