@@ -489,3 +489,56 @@ def test_blocking_session_run(sbroker: EmbeddedBroker, kit: Any) -> None:
     # keyed copies go to the key's partition: order is checked per (output, input) partition
     assert doc["_counts"] == CLEAN, doc["examples"]
     assert doc["output_records"] == n
+
+
+def test_revocation_waits_for_an_in_flight_end_txn(proxied: tuple[EmbeddedBroker, Any], kit: Any) -> None:
+    """A's EndTxn is held in the network while B joins: A's partitions do not move until it completes."""
+    _, proxy = proxied
+    bs = proxy.bootstrap
+    inp, out = make_topics(bs, kit, "endtxn", parts=2)
+    n = 40
+    seed(bs, inp, n, parts=2)
+    group = f"g-{inp}"
+
+    async def main() -> tuple[bool, float, float, float]:
+        a = TransactSession(conf(bs, group, **{"request.timeout.ms": 4000}), [inp])
+        b = TransactSession(conf(bs, group), [inp])
+        await a.start()
+        await a.wait_assigned(30)
+        for m in await poll_exactly(a, 10):
+            a.produce(out, m.value, key=m.key, partition=m.partition)
+        proxy.hold(END_TXN)
+        ending = asyncio.ensure_future(a.end(commit=True))
+        deadline = time.monotonic() + 20
+        while proxy.held() < 1:
+            assert time.monotonic() < deadline, "A's EndTxn never reached the proxy"
+            await asyncio.sleep(0.02)
+        gen1 = a.member.generation_id
+        moved: list[float] = []
+
+        async def watch() -> None:  # when A's member gives up its generation (after its revoke callback)
+            while a.member.generation_id == gen1:
+                await asyncio.sleep(0.01)
+            moved.append(time.monotonic())
+        watcher = asyncio.ensure_future(watch())
+        await b.start()
+        b_assigned = asyncio.ensure_future(b.wait_assigned(60))
+        await asyncio.sleep(2.0)
+        released = time.monotonic()
+        await asyncio.to_thread(proxy.release_held)
+        ok = await ending
+        ended = time.monotonic()
+        await b_assigned
+        await watcher
+        assigned = moved[0]
+        await drain(bs, [a, b], out, group, inp, n, 2)
+        await a.close()
+        await b.close()
+        return ok, released, ended, assigned
+
+    ok, released, ended, assigned = asyncio.run(main())
+    assert ok is True  # the heartbeat before EndTxn succeeded before B joined: the commit stands
+    assert assigned >= ended > released, "A's partitions moved while its EndTxn was still in flight"
+    doc = verify(bs, inp, out, group)
+    assert doc["_counts"] == CLEAN, doc["examples"]
+    assert doc["output_records"] == n
