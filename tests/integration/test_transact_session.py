@@ -542,3 +542,49 @@ def test_revocation_waits_for_an_in_flight_end_txn(proxied: tuple[EmbeddedBroker
     doc = verify(bs, inp, out, group)
     assert doc["_counts"] == CLEAN, doc["examples"]
     assert doc["output_records"] == n
+
+
+def test_connectivity_blip_kicked_member_aborts(proxied: tuple[EmbeddedBroker, Any], kit: Any) -> None:
+    """The seed's blip: A's heartbeats hang, the coordinator removes A; A's pending commit aborts."""
+    from oncelog.client.groups import GroupAdmin
+
+    HEARTBEAT = 12
+    _, proxy = proxied
+    bs = proxy.bootstrap
+    inp, out = make_topics(bs, kit, "blip", parts=2)
+    n = 40
+    seed(bs, inp, n, parts=2)
+    group = f"g-{inp}"
+
+    async def main() -> tuple[bool, dict[str, Any]]:
+        a = TransactSession(conf(bs, group, **{"request.timeout.ms": 2000}), [inp])
+        await a.start()
+        await a.wait_assigned(30)
+        for m in await poll_exactly(a, 10):
+            a.produce(out, m.value, key=m.key, partition=m.partition)
+        proxy.hold(HEARTBEAT, 10**6)  # heartbeats hang from now on
+
+        def expired() -> bool:
+            with GroupAdmin(bs) as admin:
+                return not admin.describe(group).members
+
+        deadline = time.monotonic() + 40
+        while not await asyncio.to_thread(expired):
+            assert time.monotonic() < deadline, "the coordinator never removed A"
+            await asyncio.sleep(0.2)
+        await asyncio.to_thread(proxy.release_held)
+        ok = await a.end(commit=True)
+        counters = dict(a.counters)
+        b = TransactSession(conf(bs, group), [inp])
+        await b.start()
+        await drain(bs, [a, b], out, group, inp, n, 2)
+        await a.close()
+        await b.close()
+        return ok, counters
+
+    ok, counters = asyncio.run(main())
+    assert ok is False, "a member removed from the group committed"
+    assert counters["aborted"] == 1 and set(counters["aborts_by_cause"]) <= {"heartbeat", "lost", "offset_commit"}
+    doc = verify(bs, inp, out, group)
+    assert doc["_counts"] == CLEAN, doc["examples"]
+    assert doc["output_records"] == n
