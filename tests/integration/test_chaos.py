@@ -66,3 +66,24 @@ def test_chaos_ci_profile(tmp_path: Path) -> None:
     # the copiers fenced zombies and aborted transactions, so read_committed filtering was exercised
     assert summary["verify"]["aborted_seen"] > 0, summary["verify"]
     assert sum(c["processes"] for c in summary["copier"]) >= ci.copiers + ci.copier_hard + ci.copier_clean
+
+
+def test_chaos_session_copiers(tmp_path: Path) -> None:
+    """Copiers built on oncelog's TransactSession only, under broker and copier bounces and proxy bursts."""
+    work = tmp_path / "chaos-session"
+    proc = subprocess.run(
+        [sys.executable, "-m", "oncelog.cli", "chaos", "--records", "4000", "--copiers", "3", "--broker-bounces", "2",
+         "--copier-bounces", "2", "--clean-bounces", "1", "--proxy-bursts", "1", "--clients", "session",
+         "--seed", "7", "--rate", "400", "--json", "--quiet", "--work-dir", str(work)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.stdout.strip(), f"no summary (exit {proc.returncode}); stderr:\n{proc.stderr[-4000:]}"
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    anomalies = {k: summary[k] for k in ("lost", "duplicated", "aborted_visible", "out_of_order",
+                                         "offsets_ahead", "unexpected")}
+    assert anomalies == dict.fromkeys(anomalies, 0), (anomalies, summary["verify"]["examples"])
+    assert proc.returncode == 0 and summary["ok"] and summary["all_copied"], proc.stderr[-4000:]
+    assert summary["committed_offsets"] == summary["input_ends"]
+    assert {c["client"] for c in summary["copier"]} == {"session"}
+    assert sum(c["commits"] for c in summary["copier"]) > 0
+    assert summary["faults_applied"].get("broker_hard", 0) == 2, summary["faults"]

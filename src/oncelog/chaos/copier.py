@@ -1,4 +1,4 @@
-"""One transactional copier process: ``python -m oncelog.chaos.copier --client confluent|kafka-python ...``.
+"""One transactional copier process: ``python -m oncelog.chaos.copier --client confluent|kafka-python|session``.
 
 The consume-transform-produce loop of Kafka's ``TransactionalMessageCopier``:
 a group consumer (``subscribe``, so rebalances happen; ``read_committed``; no
@@ -386,7 +386,87 @@ def run_kafka_python(a: argparse.Namespace, ctl: Control) -> int:
             pass
 
 
-CLIENTS = {"confluent": run_confluent, "kafka-python": run_kafka_python}
+# -- oncelog's TransactSession ------------------------------------------------------------------------
+
+
+def run_session(a: argparse.Namespace, ctl: Control) -> int:
+    """The same copy on :class:`oncelog.client.TransactSession`: the session owns the group member, the
+    consumer and the transactional producer (abort on revoke, heartbeat before commit, stable offsets,
+    rewinds after an abort). Its transaction timeout is derived from the session timeout (seed 003)."""
+    from oncelog.client import TransactSession
+    from oncelog.client.errors import KafkaError
+
+    conf = {"bootstrap.servers": a.bootstrap, "group.id": a.group, "client.id": a.client_id,
+            "transactional.id": a.transactional_id, "auto.offset.reset": "earliest", "linger.ms": 5,
+            "session.timeout.ms": a.session_timeout_ms,
+            "heartbeat.interval.ms": max(a.session_timeout_ms // 10, 100),
+            "max.poll.interval.ms": max(a.session_timeout_ms * 3, 20_000),
+            "request.timeout.ms": max(a.request_timeout_ms, 5000)}
+    session = None
+    for attempt in range(20):
+        ctl.beat()
+        try:
+            session = TransactSession(conf, [a.input])
+            break
+        except KafkaError as exc:
+            if attempt == 19 or ctl.halt.is_set():
+                fatal(f"start: {exc!r}")
+            time.sleep(0.2)
+    assert session is not None
+    emit("ready")
+    ends = a.ends
+    parts = [(a.input, p) for p in range(len(ends))]
+    last_check = 0.0
+    try:
+        while not ctl.halt.is_set():
+            ctl.beat()
+            try:
+                recs = session.poll(0.3, a.max_per_txn)
+            except KafkaError as exc:
+                if exc.fatal or session._s._error is not None:
+                    fatal(f"poll: {exc!r}")
+                emit(f"abort 0 poll {exc!r}")
+                time.sleep(0.2)
+                continue
+            if not recs:
+                now = time.monotonic()
+                if now - last_check > 1.0:
+                    last_check = now
+                    try:
+                        got = session.committed(parts, 10)
+                    except KafkaError:
+                        continue
+                    if all((got.get(tp).offset if got.get(tp) else 0) >= ends[tp[1]] for tp in parts):
+                        emit("done")
+                        return EXIT_DONE
+                continue
+            n = len(recs)
+            started = time.monotonic()
+            session.produce_many({"topic": a.output, "key": m.key, "value": transform(m.value),
+                                  "partition": m.partition,
+                                  "headers": [("src", b"%d:%d" % (m.partition, m.offset))]} for m in recs)
+            ctl.pace(n, started)
+            before = dict(session.counters["aborts_by_cause"])
+            try:
+                ok = session.end(commit=True)
+            except KafkaError as exc:
+                fatal(f"txn: {exc!r}")
+            if ok:
+                emit(f"commit {n}")
+            else:
+                after = session.counters["aborts_by_cause"]
+                cause = next((c for c in after if after[c] != before.get(c)), "abort")
+                emit(f"abort {n} {cause}")
+        emit("stopped")
+        return EXIT_DONE
+    finally:
+        try:
+            session.close()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+
+
+CLIENTS = {"confluent": run_confluent, "kafka-python": run_kafka_python, "session": run_session}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

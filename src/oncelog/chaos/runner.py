@@ -69,7 +69,7 @@ TXN_APIS = frozenset({0, 24, 25, 26, 28})  # Produce, AddPartitionsToTxn, AddOff
 LATE_APIS = frozenset({0, 24})  # Produce, AddPartitionsToTxn: what proxy_late delivers late
 LATE_MIN = 2  # a proxy_late burst lasts until it held back this many requests ...
 LATE_GRACE_S = 30.0  # ... or this long
-CLIENTS = ("confluent", "kafka-python")
+CLIENTS = ("confluent", "kafka-python", "session")
 REQUEST_TIMEOUT_MS = 3000
 
 
@@ -672,7 +672,7 @@ def profile_from_args(args: argparse.Namespace) -> Profile:
 def missing_clients(clients: tuple[str, ...]) -> list[str]:
     import importlib.util
 
-    mods = {"confluent": "confluent_kafka", "kafka-python": "kafka"}
+    mods = {"confluent": "confluent_kafka", "kafka-python": "kafka", "session": "oncelog.client"}
     return [c for c in clients if importlib.util.find_spec(mods[c]) is None]
 
 

@@ -15,7 +15,8 @@ from oncelog.client.config import ConfigError
 from oncelog.client.consumer import Consumer
 from oncelog.client.errors import KafkaError
 from oncelog.client.producer import DeliveryFuture, Producer
+from oncelog.client.session import TransactSession
 
 __all__ = ["Admin", "AlterConfigOp", "ConfigError", "ConfigResource", "Consumer", "ConsumerGroupMetadata",
            "DeliveryFuture", "KafkaError", "Message", "NewTopic", "OffsetSpec", "PreparedTxnState", "Producer",
-           "RecordMetadata", "TopicPartition"]
+           "RecordMetadata", "TopicPartition", "TransactSession"]

@@ -10,7 +10,8 @@ Layout (each module documents its internal API for the clients built on it):
 * :mod:`.transactions`: the producer's transactions and KIP-939 two-phase
   commit (``PreparedTxnState``, ``ConsumerGroupMetadata``);
 * :mod:`.consumer`: the asyncio ``Consumer`` (manual assignment so far);
-* :mod:`.admin`: the asyncio ``Admin`` (topics, configs, records, groups, transactions, producers).
+* :mod:`.admin`: the asyncio ``Admin`` (topics, configs, records, groups, transactions, producers);
+* :mod:`.session`: ``TransactSession``, exactly-once consume-transform-produce.
 
 The blocking clients in :mod:`oncelog.client` run these on a background
 event-loop thread (:mod:`oncelog.client._loop`). Nothing here imports
@@ -20,7 +21,8 @@ event-loop thread (:mod:`oncelog.client._loop`). Nothing here imports
 from oncelog.client.aio.admin import Admin
 from oncelog.client.aio.consumer import Consumer, Message, TopicPartition
 from oncelog.client.aio.producer import Producer, RecordMetadata
+from oncelog.client.aio.session import TransactSession
 from oncelog.client.aio.transactions import ConsumerGroupMetadata, PreparedTxnState
 
 __all__ = ["Admin", "Consumer", "ConsumerGroupMetadata", "Message", "PreparedTxnState", "Producer",
-           "RecordMetadata", "TopicPartition"]
+           "RecordMetadata", "TopicPartition", "TransactSession"]

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Exactly-once copy: oncelog's ``TransactSession`` vs a confluent-kafka copier written the Java way.
+
+One oncelog broker (``common.OncelogBroker``); an 8-partition input topic of
+``--records`` keyed records of ``--size`` bytes, seeded once. Every round
+runs each copier once, in the same order (paired: A B C, A B C, ...), each
+into a fresh output topic with a fresh group, until it has consumed the whole
+input. Wall time from the copier's construction (so the group join counts)
+to its last commit, and from its first record to its last commit (the copy
+itself: the first includes the group join, about 3 s with the broker's
+default ``group.initial.rebalance.delay.ms``). Copiers:
+
+* ``session``: one blocking ``oncelog.client.TransactSession``: poll(500) ->
+  ``produce_many`` -> ``end(commit=True)``;
+* ``confluent-eos``: confluent-kafka ``Consumer`` (subscribe, read_committed,
+  no auto commit) + transactional ``Producer``: consume(500) -> begin ->
+  produce -> ``send_offsets_to_transaction`` -> commit (Kafka's
+  ``TransactionalMessageCopier``);
+* ``confluent-alo``: the same consumer and an idempotent producer, at least
+  once: consume(500) -> produce -> flush -> commit offsets.
+
+Usage: ``python bench/session_copy.py --rounds 3 --records 20000 --size 512``.
+Prints a markdown table (median records/s, ratio to ``confluent-eos``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import OncelogBroker, run_metadata  # noqa: E402
+
+PARTITIONS = 8
+BATCH = 500
+
+
+def seed(bootstrap: str, topic: str, n: int, size: int) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    pad = b"x" * size
+    for i in range(n):
+        p.produce(topic, key=b"%08d" % i, value=pad, partition=i % PARTITIONS)
+        if i % 10000 == 0:
+            p.poll(0)
+    assert p.flush(120) == 0
+
+
+def run_session(bootstrap: str, inp: str, out: str, n: int) -> float:
+    from oncelog.client import TransactSession
+
+    conf = {"bootstrap.servers": bootstrap, "group.id": f"b-{out}", "auto.offset.reset": "earliest",
+            "linger.ms": 5}
+    with TransactSession(conf, [inp]) as s:
+        seen, first = 0, 0.0
+        while seen < n:
+            recs = s.poll(1.0, BATCH)
+            first = first or (time.monotonic() if recs else 0.0)
+            s.produce_many({"topic": out, "key": m.key, "value": m.value, "partition": m.partition} for m in recs)
+            committed = s.end(commit=True)
+            if committed:
+                seen += len(recs)
+        return first
+
+
+def _confluent_consumer(bootstrap: str, inp: str, group: str):  # noqa: ANN202
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False, "isolation.level": "read_committed"})
+    c.subscribe([inp])
+    return c
+
+
+def run_confluent_eos(bootstrap: str, inp: str, out: str, n: int) -> float:
+    from confluent_kafka import Producer
+
+    c = _confluent_consumer(bootstrap, inp, f"b-{out}")
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"b-{out}", "linger.ms": 5})
+    p.init_transactions(30)
+    seen, first = 0, 0.0
+    try:
+        while seen < n:
+            msgs = [m for m in c.consume(BATCH, 1.0) if not m.error()]
+            if not msgs:
+                continue
+            first = first or time.monotonic()
+            p.begin_transaction()
+            for m in msgs:
+                p.produce(out, key=m.key(), value=m.value(), partition=m.partition())
+            p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata(), 30)
+            p.commit_transaction(30)
+            seen += len(msgs)
+    finally:
+        c.close()
+    return first
+
+
+def run_confluent_alo(bootstrap: str, inp: str, out: str, n: int) -> float:
+    from confluent_kafka import Producer
+
+    c = _confluent_consumer(bootstrap, inp, f"b-{out}")
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    seen, first = 0, 0.0
+    try:
+        while seen < n:
+            msgs = [m for m in c.consume(BATCH, 1.0) if not m.error()]
+            if not msgs:
+                continue
+            first = first or time.monotonic()
+            for m in msgs:
+                p.produce(out, key=m.key(), value=m.value(), partition=m.partition())
+            assert p.flush(30) == 0
+            c.commit(asynchronous=False)
+            seen += len(msgs)
+    finally:
+        c.close()
+    return first
+
+
+COPIERS = {"session": run_session, "confluent-eos": run_confluent_eos, "confluent-alo": run_confluent_alo}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--records", type=int, default=20000)
+    ap.add_argument("--size", type=int, default=512)
+    ap.add_argument("--copiers", default=",".join(COPIERS))
+    a = ap.parse_args()
+    names = [x for x in a.copiers.split(",") if x]
+    results: dict[str, list[float]] = {k: [] for k in names}
+    copy: dict[str, list[float]] = {k: [] for k in names}
+    with tempfile.TemporaryDirectory() as d, OncelogBroker(Path(d) / "data") as broker:
+        inp = f"in-{uuid.uuid4().hex[:8]}"
+        broker.create_topic(inp, PARTITIONS)
+        seed(broker.bootstrap, inp, a.records, a.size)
+        for r in range(a.rounds):
+            for name in names:
+                out = f"out-{name}-{r}-{uuid.uuid4().hex[:6]}"
+                broker.create_topic(out, PARTITIONS)
+                t0 = time.monotonic()
+                first = COPIERS[name](broker.bootstrap, inp, out, a.records)
+                t1 = time.monotonic()
+                rate = a.records / (t1 - t0)
+                results[name].append(rate)
+                copy[name].append(a.records / (t1 - first))
+                print(f"round {r + 1} {name}: {rate:,.0f} records/s, copy {copy[name][-1]:,.0f}", file=sys.stderr)
+    meta = run_metadata()
+    print(f"Exactly-once copy of {a.records:,} x {a.size} B records, {PARTITIONS} partitions, batches of {BATCH}, "
+          f"{a.rounds} rounds paired; python {meta['python']}, {meta['cpu_count']} CPUs, oncelog "
+          f"{meta['oncelog_git']}, librdkafka {meta['librdkafka']}")
+    print(f"`{meta['command']}`\n")
+    for title, res in (("with the group join", results), ("copy only (first record to last commit)", copy)):
+        base = statistics.median(res["confluent-eos"]) if res.get("confluent-eos") else None
+        print(f"\n{title}:\n\n| copier | median records/s | runs | vs confluent-eos |\n|---|---:|---|---:|")
+        for name in names:
+            med = statistics.median(res[name])
+            ratio = f"{med / base:.2f}x" if base else "-"
+            print(f"| {name} | {med:,.0f} | {', '.join(f'{x:,.0f}' for x in res[name])} | {ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
