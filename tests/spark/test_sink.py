@@ -16,7 +16,6 @@ import pytest
 from tests.spark.helpers import direct_read, make_topic, offsets, produce
 
 from oncelog.spark.sink import (
-    CRASH_ENV,
     DecisionLog,
     abort_batch,
     commit_batch,
@@ -52,18 +51,17 @@ def check_exactly_once(rows: list[Any], n: int, prefix: str = "v") -> None:
 def frame(spark: Any, n: int, partitions: int) -> Any:
     from pyspark.sql import functions as F
 
-    # the value's id modulo the output partition count gives its output partition: order is checkable
-    return (spark.range(n).repartition(2)
-            .select(F.concat(F.lit("v"), F.col("id").cast("string")).alias("value"),
-                    (F.col("id") % partitions).cast("int").alias("partition"))
-            .sortWithinPartitions("partition", F.col("value").substr(2, 20).cast("long")))
+    # each output partition is written by one task, in id order: the order per partition is checkable
+    return (spark.range(n).withColumn("partition", (F.col("id") % partitions).cast("int"))
+            .repartition(2, "partition").sortWithinPartitions("id")
+            .select(F.concat(F.lit("v"), F.col("id").cast("string")).alias("value"), "partition"))
 
 
 @pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
 def test_batch_write(spark: Any, spark_broker: Any, topic_name: str, guarantee: str) -> None:
     bs = spark_broker.bootstrap
     make_topic(bs, topic_name, 3)
-    (frame(spark, 500, 3).write.format("oncelog").option("kafka.bootstrap.servers", bs)
+    (frame(spark, 500, 3).write.format("oncelog").mode("append").option("kafka.bootstrap.servers", bs)
      .option("topic", topic_name).option("deliveryGuarantee", guarantee).save())
     check_exactly_once(committed(bs, topic_name, 3), 500)
 
@@ -74,12 +72,13 @@ def test_batch_write_key_headers_topic_column(spark: Any, spark_broker: Any, top
     df = spark.createDataFrame(
         [("k1", b"a", topic_name, [("h", b"x")]), (None, b"b", topic_name, [])],
         "key string, value binary, topic string, headers array<struct<key: string, value: binary>>")
-    df.write.format("oncelog").option("kafka.bootstrap.servers", bs).save()
+    df.write.format("oncelog").mode("append").option("kafka.bootstrap.servers", bs).save()
     rows = committed(bs, topic_name, 1)
     assert [(r[3], r[4]) for r in rows] == [(b"k1", b"a"), (None, b"b")]
 
 
-def _stream(spark: Any, bs: str, src: str, dst: str, ckpt: Path, guarantee: str | None = None) -> Any:
+def _stream(spark: Any, bs: str, src: str, dst: str, ckpt: Path, guarantee: str | None = None,
+            crash: str = "") -> Any:
     from pyspark.sql import functions as F
 
     df = (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", bs).option("subscribe", src)
@@ -89,6 +88,8 @@ def _stream(spark: Any, bs: str, src: str, dst: str, ckpt: Path, guarantee: str 
          .option("checkpointLocation", str(ckpt)).trigger(availableNow=True))
     if guarantee:
         w = w.option("deliveryGuarantee", guarantee)
+    if crash:
+        w = w.option("_testCrashAt", crash)
     return w.start()
 
 
@@ -105,16 +106,14 @@ def test_streaming_write(spark: Any, spark_broker: Any, tmp_path: Path, guarante
     check_exactly_once(committed(bs, dst, 2), 400)
 
 
-def test_task_fails_after_prepare_then_retried(spark: Any, spark_broker: Any, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_task_fails_after_prepare_then_retried(spark: Any, spark_broker: Any, tmp_path: Path) -> None:
     """Attempt 0 of every task prepares, then fails; attempt 1 fences it (its transaction is aborted)."""
     bs = spark_broker.bootstrap
     src, dst = f"s-{uuid.uuid4().hex[:8]}", f"d-{uuid.uuid4().hex[:8]}"
     make_topic(bs, src, 2)
     make_topic(bs, dst, 2)
     produce(bs, src, 300, 2)
-    monkeypatch.setenv(CRASH_ENV, "task-after-prepare")
-    q = _stream(spark, bs, src, dst, tmp_path / "ckpt")
+    q = _stream(spark, bs, src, dst, tmp_path / "ckpt", crash="task-after-prepare")
     q.awaitTermination(120)
     assert q.exception() is None
     check_exactly_once(committed(bs, dst, 2), 300)

@@ -57,6 +57,7 @@ class SinkOptions:
     producer: dict[str, Any]
     txn_prefix: str
     decision_topic: str
+    crash: str = ""  # test-only crash point (option "_testCrashAt"; else the env var)
 
 
 def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptions:
@@ -79,24 +80,29 @@ def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptio
     topic = lower.get("topic")
     return SinkOptions(bootstrap=bootstrap, topic=topic.strip() if topic else None, guarantee=guarantee,
                        producer=producer, txn_prefix=lower.get("transactionalidprefix", DEFAULT_TXN_PREFIX),
-                       decision_topic=lower.get("decisiontopic", DEFAULT_DECISION_TOPIC))
+                       decision_topic=lower.get("decisiontopic", DEFAULT_DECISION_TOPIC),
+                       crash=lower.get("_testcrashat", ""))
 
 
 # -- test-only crash points --------------------------------------------------------------------
 
 
-def crash_point(point: str, batch: int) -> bool:
-    """True when the test hook asks to crash at ``point`` (optionally only in batch ``@N``)."""
-    want = os.environ.get(CRASH_ENV, "")
+def crash_point(point: str, batch: int, opts: SinkOptions | None = None) -> bool:
+    """True when the test hook asks to crash at ``point`` (optionally only in batch ``@N``).
+
+    The hook is the option ``_testCrashAt`` (it travels with the writer to the
+    tasks) or the environment variable ONCELOG_SPARK_SINK_CRASH.
+    """
+    want = (opts.crash if opts is not None else "") or os.environ.get(CRASH_ENV, "")
     if not want:
         return False
     name, _, at = want.partition("@")
     return name == point and (not at or int(at) == batch)
 
 
-def maybe_kill(point: str, batch: int) -> None:
+def maybe_kill(point: str, batch: int, opts: SinkOptions | None = None) -> None:
     """SIGKILL the whole process group of the driver (test hook): nothing after this point runs."""
-    if crash_point(point, batch):
+    if crash_point(point, batch, opts):
         pgid = int(os.environ.get(CRASH_PGID_ENV) or os.getpgrp())
         os.killpg(pgid, signal.SIGKILL)
 
@@ -303,9 +309,9 @@ def write_task(opts: SinkOptions, query: str, batch: int, partition: int, attemp
         for i, rb in enumerate(batches):
             n += write_batches(p, opts, iter([rb]))
             if i == 0:
-                maybe_kill("during-write", batch)
+                maybe_kill("during-write", batch, opts)
         state = p.prepare_transaction()
-        if attempt == 0 and crash_point("task-after-prepare", batch):
+        if attempt == 0 and crash_point("task-after-prepare", batch, opts):
             raise RuntimeError("injected failure after prepare (test hook)")
         return SinkCommit(query, batch, partition, tid, str(state), records=n)
     finally:
@@ -321,15 +327,15 @@ def commit_batch(opts: SinkOptions, messages: list[Any], batch: int) -> None:
     log = DecisionLog(opts)
     decisions = log.read(query)
     if batch not in decisions:
-        maybe_kill("before-decision", batch)
+        maybe_kill("before-decision", batch, opts)
         txns = {m.transactional_id: m.state for m in msgs if m.state and not m.skipped and m.transactional_id}
         log.record(query, batch, txns)
         decisions[batch] = txns
-    maybe_kill("after-decision", batch)
+    maybe_kill("after-decision", batch, opts)
     for tid, state in sorted(decisions[batch].items()):
         resolve_id(opts, tid, {state} | decided_states(decisions, tid))
     sweep(opts, query, decisions, skip=set(decisions[batch]))
-    maybe_kill("after-complete", batch)
+    maybe_kill("after-complete", batch, opts)
 
 
 def abort_batch(opts: SinkOptions, messages: list[Any], batch: int) -> None:
