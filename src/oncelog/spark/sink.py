@@ -65,7 +65,7 @@ def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptio
     lower = {k.lower(): v for k, v in opts.items()}
     bootstrap = lower.get("kafka.bootstrap.servers")
     if not bootstrap:
-        raise SinkOptionError("Option 'kafka.bootstrap.servers' must be specified for configuring Kafka consumer")
+        raise SinkOptionError("Option 'kafka.bootstrap.servers' must be specified for configuring Kafka producer")
     guarantee = lower.get("deliveryguarantee", EXACTLY_ONCE if streaming else AT_LEAST_ONCE).strip().lower()
     if guarantee not in (EXACTLY_ONCE, AT_LEAST_ONCE):
         raise SinkOptionError(f"Option 'deliveryGuarantee' must be '{EXACTLY_ONCE}' or '{AT_LEAST_ONCE}', "
