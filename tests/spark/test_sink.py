@@ -73,8 +73,13 @@ def test_batch_write_key_headers_topic_column(spark: Any, spark_broker: Any, top
         [("k1", b"a", topic_name, [("h", b"x")]), (None, b"b", topic_name, [])],
         "key string, value binary, topic string, headers array<struct<key: string, value: binary>>")
     df.write.format("oncelog").mode("append").option("kafka.bootstrap.servers", bs).save()
-    rows = committed(bs, topic_name, 1)
-    assert [(r[3], r[4]) for r in rows] == [(b"k1", b"a"), (None, b"b")]
+    committed(bs, topic_name, 1)  # waits for the markers
+    from oncelog.client.reader import PartitionReader
+
+    with PartitionReader(bs) as r:
+        recs = r.read_partition(topic_name, 0).records
+    got = sorted((rec.value, rec.key, rec.headers) for rec in recs)
+    assert got == [(b"a", b"k1", [("h", b"x")]), (b"b", None, [])]
 
 
 def _stream(spark: Any, bs: str, src: str, dst: str, ckpt: Path, guarantee: str | None = None,
@@ -175,3 +180,10 @@ def test_orphans_of_a_larger_partition_count_are_swept(spark_broker: Any, topic_
     msgs = [write_task(opts, query, 0, 0, 0, _task_batches([b"v0"]))]
     commit_batch(opts, msgs, 0)
     check_exactly_once(committed(bs, topic_name, 1), 1)
+
+
+def test_missing_value_column_is_one_clear_error(spark: Any, spark_broker: Any, topic_name: str) -> None:
+    df = spark.createDataFrame([("k",)], "key string")
+    with pytest.raises(Exception, match="Required attribute 'value' not found"):
+        (df.write.format("oncelog").mode("append").option("kafka.bootstrap.servers", spark_broker.bootstrap)
+         .option("topic", topic_name).save())
