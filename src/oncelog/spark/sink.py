@@ -31,7 +31,8 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from oncelog.client.admin import Admin
-from oncelog.client.aio.transactions import PreparedTxnState, TxnState
+from oncelog.client.aio.transactions import PreparedTxnState
+from oncelog.client.errors import InvalidTxnStateError
 from oncelog.client.producer import Producer
 from oncelog.client.reader import EARLIEST, LATEST, READ_UNCOMMITTED, PartitionReader
 
@@ -180,21 +181,24 @@ def _txn_producer(opts: SinkOptions, tid: str) -> Producer:
     return Producer(conf)
 
 
-def resolve(p: Producer, decided: set[str]) -> str:
-    """After ``init_transactions(keep_prepared_txn=True)``: roll the kept transaction forward when its
-    state is in ``decided``, else abort it. Returns "committed", "aborted" or "none"."""
-    txn = p._core.txn
-    if txn is None or txn.state is not TxnState.PREPARED or txn.prepared is None:
-        return "none"
-    ongoing = str(txn.prepared)
-    if ongoing in decided:
-        p.complete_transaction(PreparedTxnState.from_string(ongoing))
-        return "committed"
-    p.complete_transaction(PreparedTxnState())  # a state that is not the kept one: abort
-    return "aborted"
+def resolve(p: Producer, decided: str) -> str:
+    """After ``init_transactions(keep_prepared_txn=True)``: settle the kept transaction, if any.
+
+    ``decided`` is the state of ``T``'s transaction in the latest decision that
+    names ``T`` ("" if none). Only that one can still be pending: every use of
+    ``T`` settles the kept transaction before it prepares a new one, so an
+    older decided transaction of ``T`` is complete. ``complete_transaction``
+    commits when the kept state is ``decided`` and aborts otherwise (KIP-939).
+    Returns "completed" or "none" (nothing was kept).
+    """
+    try:
+        p.complete_transaction(PreparedTxnState.from_string(decided))
+    except InvalidTxnStateError:
+        return "none"  # no transaction was kept for this id
+    return "completed"
 
 
-def resolve_id(opts: SinkOptions, tid: str, decided: set[str]) -> str:
+def resolve_id(opts: SinkOptions, tid: str, decided: str) -> str:
     """Fence ``tid``'s producers, then settle its kept transaction (see :func:`resolve`)."""
     p = _txn_producer(opts, tid)
     try:
@@ -204,8 +208,12 @@ def resolve_id(opts: SinkOptions, tid: str, decided: set[str]) -> str:
         p.close(5)
 
 
-def decided_states(decisions: dict[int, dict[str, str]], tid: str) -> set[str]:
-    return {txns[tid] for txns in decisions.values() if tid in txns}
+def latest_decided(decisions: dict[int, dict[str, str]], tid: str) -> str:
+    """The state of ``tid`` in the latest decision that names it ("" when none does)."""
+    for batch in sorted(decisions, reverse=True):
+        if tid in decisions[batch]:
+            return decisions[batch][tid]
+    return ""
 
 
 def sweep(opts: SinkOptions, query: str, decisions: dict[int, dict[str, str]], skip: set[str]) -> dict[str, str]:
@@ -219,7 +227,7 @@ def sweep(opts: SinkOptions, query: str, decisions: dict[int, dict[str, str]], s
     out = {}
     for t in sorted({r["transactional_id"] for r in listed}):
         if t.startswith(prefix) and t not in skip:
-            out[t] = resolve_id(opts, t, decided_states(decisions, t))
+            out[t] = resolve_id(opts, t, latest_decided(decisions, t))
     return out
 
 
@@ -301,7 +309,7 @@ def write_task(opts: SinkOptions, query: str, batch: int, partition: int, attemp
     p = _txn_producer(opts, tid)
     try:
         p.init_transactions(keep_prepared_txn=True)  # fences an orphaned attempt of this task
-        resolve(p, decided_states(decisions, tid))
+        resolve(p, latest_decided(decisions, tid))
         if batch in decisions:  # Spark replays a batch we already committed: write nothing
             return SinkCommit(query, batch, partition, tid, decisions[batch].get(tid, ""), skipped=True)
         p.begin_transaction()
@@ -332,8 +340,8 @@ def commit_batch(opts: SinkOptions, messages: list[Any], batch: int) -> None:
         log.record(query, batch, txns)
         decisions[batch] = txns
     maybe_kill("after-decision", batch, opts)
-    for tid, state in sorted(decisions[batch].items()):
-        resolve_id(opts, tid, {state} | decided_states(decisions, tid))
+    for tid in sorted(decisions[batch]):
+        resolve_id(opts, tid, latest_decided(decisions, tid))
     sweep(opts, query, decisions, skip=set(decisions[batch]))
     maybe_kill("after-complete", batch, opts)
 
@@ -347,7 +355,7 @@ def abort_batch(opts: SinkOptions, messages: list[Any], batch: int) -> None:
     decisions = DecisionLog(opts).read(query)
     tids = {m.transactional_id for m in msgs if m.transactional_id} | set(decisions.get(batch, {}))
     for tid in sorted(tids):
-        resolve_id(opts, tid, decided_states(decisions, tid))
+        resolve_id(opts, tid, latest_decided(decisions, tid))
 
 
 # -- Spark's writers -----------------------------------------------------------------------------
