@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 JSDIR  := tests/js
 JSSTAMP := $(JSDIR)/node_modules/.installed
 
-.PHONY: venv run test unit integration bench clean
+.PHONY: venv run serve test unit integration bench clean
 
 venv: $(STAMP) $(JSSTAMP)
 
@@ -21,6 +21,9 @@ $(JSSTAMP): $(JSDIR)/package.json
 	touch $@
 
 run: $(STAMP)
+	$(PY) examples/spark_pipeline.py
+
+serve: $(STAMP)
 	$(VENV)/bin/oncelog serve --listen 127.0.0.1:9092 --data-dir ./data
 
 test: venv

@@ -57,7 +57,9 @@ def spark() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def spark_broker() -> Iterator[EmbeddedBroker]:
     tmp = Path(tempfile.mkdtemp(prefix="oncelog-spark-"))
-    broker = EmbeddedBroker(data_dir=tmp / "data", log_path=tmp / "broker.log")
+    # the exactly-once sink prepares KIP-939 transactions: the broker must allow two-phase commit
+    broker = EmbeddedBroker(data_dir=tmp / "data", log_path=tmp / "broker.log",
+                            config={"transaction.two.phase.commit.enable": "true"})
     broker.start()
     try:
         yield broker

@@ -82,6 +82,16 @@ class OncelogDataSource(DataSource):
     def streamReader(self, schema: StructType) -> "OncelogStreamReader":
         return OncelogStreamReader(parse_options(self.options, streaming=True))
 
+    def writer(self, schema: StructType, overwrite: bool) -> Any:
+        from oncelog.spark.sink import OncelogBatchWriter, parse_sink_options
+
+        return OncelogBatchWriter(parse_sink_options(self.options, streaming=False))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        from oncelog.spark.sink import OncelogStreamWriter, parse_sink_options
+
+        return OncelogStreamWriter(parse_sink_options(self.options, streaming=True))
+
 
 def _ranges(opts: SourceOptions, start: OffsetMap, end: OffsetMap) -> list[InputPartition]:
     planned = split_ranges([(tp, start[tp], end[tp]) for tp in sorted(end) if tp in start], opts.min_partitions)

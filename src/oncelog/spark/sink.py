@@ -1,0 +1,401 @@
+"""The oncelog sink for PySpark 4 (``df.write`` / ``df.writeStream`` ``.format("oncelog")``).
+
+Columns as Spark's Kafka sink: ``value`` (required), ``key``, ``topic`` (or
+the ``topic`` option), ``partition``, ``headers``. ``deliveryGuarantee``:
+
+* ``at_least_once``: each task produces with an idempotent producer and
+  flushes; a retried task or a replayed batch writes again.
+* ``exactly_once`` (the streaming default): the protocol of docs/spark.md.
+  Each task writes in a KIP-939 transaction under a transactional id stable
+  across its attempts (``<prefix>-<query>-<partition>``) and *prepares* it;
+  the driver's ``commit()`` first records the decision "batch B of query Q
+  commits these prepared transactions" in the decision topic, then completes
+  each one. Every transactional id is resolved against the decision log
+  before it is used again (decided: roll forward; undecided: abort), and a
+  batch whose decision is recorded writes nothing when Spark replays it.
+
+Layer rule: ``oncelog.client`` only, so it works against Apache Kafka >= 4.1
+with ``transaction.two.phase.commit.enable`` allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+
+from oncelog.client.admin import Admin
+from oncelog.client.aio.transactions import PreparedTxnState
+from oncelog.client.errors import InvalidTxnStateError
+from oncelog.client.producer import Producer
+from oncelog.client.reader import EARLIEST, LATEST, READ_UNCOMMITTED, PartitionReader
+
+EXACTLY_ONCE, AT_LEAST_ONCE = "exactly_once", "at_least_once"
+DEFAULT_DECISION_TOPIC = "__oncelog_spark_decisions"
+DEFAULT_TXN_PREFIX = "oncelog-spark"
+CRASH_ENV = "ONCELOG_SPARK_SINK_CRASH"  # test-only: "<point>[@<batch>]"
+CRASH_PGID_ENV = "ONCELOG_SPARK_SINK_CRASH_PGID"  # test-only: the process group to SIGKILL
+CRASH_POINTS = ("during-write", "task-after-prepare", "before-decision", "after-decision", "after-complete")
+# Producer properties the sink sets itself (Spark's Kafka sink refuses its serializers the same way).
+_RESERVED = {"key.serializer", "value.serializer", "transactional.id", "transaction.two.phase.commit.enable"}
+
+
+class SinkOptionError(ValueError):
+    """A sink option is missing or malformed (Spark: IllegalArgumentException)."""
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    bootstrap: str
+    topic: str | None
+    guarantee: str
+    producer: dict[str, Any]
+    txn_prefix: str
+    decision_topic: str
+    crash: str = ""  # test-only crash point (option "_testCrashAt"; else the env var)
+
+
+def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptions:
+    opts = {str(k): str(v) for k, v in options.items()}
+    lower = {k.lower(): v for k, v in opts.items()}
+    bootstrap = lower.get("kafka.bootstrap.servers")
+    if not bootstrap:
+        raise SinkOptionError("Option 'kafka.bootstrap.servers' must be specified for configuring Kafka producer")
+    guarantee = lower.get("deliveryguarantee", EXACTLY_ONCE if streaming else AT_LEAST_ONCE).strip().lower()
+    if guarantee not in (EXACTLY_ONCE, AT_LEAST_ONCE):
+        raise SinkOptionError(f"Option 'deliveryGuarantee' must be '{EXACTLY_ONCE}' or '{AT_LEAST_ONCE}', "
+                              f"not {guarantee!r}")
+    producer: dict[str, Any] = {}
+    for k, v in opts.items():
+        if k.lower().startswith("kafka."):
+            name = k[len("kafka."):]
+            if name in _RESERVED:
+                raise SinkOptionError(f"Kafka option '{name}' is not supported as the sink sets it itself")
+            producer[name] = v
+    topic = lower.get("topic")
+    return SinkOptions(bootstrap=bootstrap, topic=topic.strip() if topic else None, guarantee=guarantee,
+                       producer=producer, txn_prefix=lower.get("transactionalidprefix", DEFAULT_TXN_PREFIX),
+                       decision_topic=lower.get("decisiontopic", DEFAULT_DECISION_TOPIC),
+                       crash=lower.get("_testcrashat", ""))
+
+
+# -- test-only crash points --------------------------------------------------------------------
+
+
+def crash_point(point: str, batch: int, opts: SinkOptions | None = None) -> bool:
+    """True when the test hook asks to crash at ``point`` (optionally only in batch ``@N``).
+
+    The hook is the option ``_testCrashAt`` (it travels with the writer to the
+    tasks) or the environment variable ONCELOG_SPARK_SINK_CRASH.
+    """
+    want = (opts.crash if opts is not None else "") or os.environ.get(CRASH_ENV, "")
+    if not want:
+        return False
+    name, _, at = want.partition("@")
+    return name == point and (not at or int(at) == batch)
+
+
+def maybe_kill(point: str, batch: int, opts: SinkOptions | None = None) -> None:
+    """SIGKILL the whole process group of the driver (test hook): nothing after this point runs."""
+    if crash_point(point, batch, opts):
+        pgid = int(os.environ.get(CRASH_PGID_ENV) or os.getpgrp())
+        os.killpg(pgid, signal.SIGKILL)
+
+
+# -- the decision log ----------------------------------------------------------------------------
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):
+    """One task's result: its prepared transaction (exactly-once) or how many records it flushed."""
+
+    query: str
+    batch: int
+    partition: int
+    transactional_id: str | None = None
+    state: str = ""  # str(PreparedTxnState); "" when nothing was prepared
+    records: int = 0
+    skipped: bool = False  # the batch was already decided: the replay wrote nothing
+
+
+class DecisionLog:
+    """Decision records in one partition of the decision topic.
+
+    Key ``<query>/<batch>``; value ``{"query", "batch", "txns": {transactional id: state}}``.
+    Written by an idempotent producer with acks=all and flushed before any
+    transaction is completed. Read from the start (read_uncommitted: the
+    records are not transactional).
+    """
+
+    def __init__(self, opts: SinkOptions) -> None:
+        self.opts = opts
+
+    def ensure_topic(self) -> None:
+        with Admin(self.opts.bootstrap.split(",")[0]) as admin:
+            err = admin.create_topic(self.opts.decision_topic, 1, -1, {"retention.ms": "-1"})
+        if err is not None and "already_exists" not in err.lower():
+            raise RuntimeError(f"cannot create the decision topic {self.opts.decision_topic}: {err}")
+
+    def read(self, query: str) -> dict[int, dict[str, str]]:
+        """``{batch: {transactional id: state}}`` of every decision of ``query``."""
+        self.ensure_topic()
+        out: dict[int, dict[str, str]] = {}
+        with PartitionReader(self.opts.bootstrap.split(",")[0]) as r:
+            start = r.list_offset(self.opts.decision_topic, 0, EARLIEST)
+            end = r.list_offset(self.opts.decision_topic, 0, LATEST)
+            data = r.read_partition(self.opts.decision_topic, 0, READ_UNCOMMITTED, start, end)
+        prefix = f"{query}/".encode()
+        for rec in data.records:
+            if rec.key is None or not rec.key.startswith(prefix) or rec.value is None:
+                continue
+            d = json.loads(rec.value)
+            out[int(d["batch"])] = dict(d["txns"])
+        return out
+
+    def record(self, query: str, batch: int, txns: dict[str, str]) -> None:
+        value = json.dumps({"query": query, "batch": batch, "txns": txns}, sort_keys=True).encode()
+        conf = {"bootstrap.servers": self.opts.bootstrap, "acks": "all", "enable.idempotence": True}
+        p = Producer(conf)
+        try:
+            fut = p.produce(self.opts.decision_topic, value, key=f"{query}/{batch}".encode(), partition=0)
+            if p.flush(60) != 0:
+                raise RuntimeError("the decision record was not written in time")
+            fut.result(0)  # raises if it failed
+        finally:
+            p.close(5)
+
+
+# -- transactions ----------------------------------------------------------------------------------
+
+
+def _txn_producer(opts: SinkOptions, tid: str) -> Producer:
+    conf = dict(opts.producer)
+    conf.update({"bootstrap.servers": opts.bootstrap, "transactional.id": tid,
+                 "transaction.two.phase.commit.enable": True})
+    return Producer(conf)
+
+
+def resolve(p: Producer, decided: str) -> str:
+    """After ``init_transactions(keep_prepared_txn=True)``: settle the kept transaction, if any.
+
+    ``decided`` is the state of ``T``'s transaction in the latest decision that
+    names ``T`` ("" if none). Only that one can still be pending: every use of
+    ``T`` settles the kept transaction before it prepares a new one, so an
+    older decided transaction of ``T`` is complete. ``complete_transaction``
+    commits when the kept state is ``decided`` and aborts otherwise (KIP-939).
+    Returns "completed" or "none" (nothing was kept).
+    """
+    try:
+        p.complete_transaction(PreparedTxnState.from_string(decided))
+    except InvalidTxnStateError:
+        return "none"  # no transaction was kept for this id
+    return "completed"
+
+
+def resolve_id(opts: SinkOptions, tid: str, decided: str) -> str:
+    """Fence ``tid``'s producers, then settle its kept transaction (see :func:`resolve`)."""
+    p = _txn_producer(opts, tid)
+    try:
+        p.init_transactions(keep_prepared_txn=True)
+        return resolve(p, decided)
+    finally:
+        p.close(5)
+
+
+def latest_decided(decisions: dict[int, dict[str, str]], tid: str) -> str:
+    """The state of ``tid`` in the latest decision that names it ("" when none does)."""
+    for batch in sorted(decisions, reverse=True):
+        if tid in decisions[batch]:
+            return decisions[batch][tid]
+    return ""
+
+
+def sweep(opts: SinkOptions, query: str, decisions: dict[int, dict[str, str]], skip: set[str]) -> dict[str, str]:
+    """Find the transactional ids of ``query`` the coordinator still has open (ListTransactions,
+    filtered by prefix: ids from an earlier partition count, orphans) and settle each one."""
+    from oncelog.client.txns import TxnAdmin
+
+    prefix = f"{opts.txn_prefix}-{query}-"
+    with TxnAdmin(opts.bootstrap.split(",")[0]) as admin:
+        listed = admin.list_transactions(states=["Ongoing"])
+    out = {}
+    for t in sorted({r["transactional_id"] for r in listed}):
+        if t.startswith(prefix) and t not in skip:
+            out[t] = resolve_id(opts, t, latest_decided(decisions, t))
+    return out
+
+
+# -- writing rows ----------------------------------------------------------------------------------
+
+
+def _bytes(v: Any) -> bytes | None:
+    if v is None or isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode()
+    return bytes(v)
+
+
+def write_batches(p: Producer, opts: SinkOptions, batches: Iterator[Any]) -> int:
+    """Produce every row of the Arrow ``batches``; returns how many (delivery is checked by flush)."""
+    n = 0
+    for rb in batches:
+        names = rb.schema.names
+        if "value" not in names:
+            raise SinkOptionError("Required attribute 'value' not found")
+        cols = {name: rb.column(name).to_pylist() for name in names
+                if name in ("key", "value", "topic", "partition", "headers")}
+        rows = rb.num_rows
+        values = [_bytes(v) for v in cols["value"]]
+        keys = [_bytes(k) for k in cols["key"]] if "key" in cols else None
+        topics = cols.get("topic")
+        parts = cols.get("partition")
+        headers = cols.get("headers")
+        if topics is None and parts is None and headers is None:
+            if opts.topic is None:
+                raise SinkOptionError("topic option required when no 'topic' attribute is present. "
+                                      "Use the topic option for setting a topic.")
+            p.produce_batch(opts.topic, values, keys)
+            n += rows
+            continue
+        for i in range(rows):
+            topic = opts.topic or (topics[i] if topics is not None else None)
+            if topic is None:
+                raise SinkOptionError("null topic present in the data. Use the topic option for setting a topic.")
+            hdrs = None
+            if headers is not None and headers[i]:
+                hdrs = [(h["key"], _bytes(h["value"])) for h in headers[i]]
+            p.produce(topic, values[i], key=keys[i] if keys is not None else None,
+                      partition=parts[i] if parts is not None else None, headers=hdrs)
+            n += 1
+    return n
+
+
+def _task_context() -> tuple[str | None, int, int, int]:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:
+        return None, 0, 0, 0
+    batch = ctx.getLocalProperty("streaming.sql.batchId")
+    return (ctx.getLocalProperty("sql.streaming.queryId"), int(batch) if batch is not None else 0,
+            ctx.partitionId(), ctx.attemptNumber())
+
+
+def write_task(opts: SinkOptions, query: str, batch: int, partition: int, attempt: int,
+               batches: Iterator[Any]) -> SinkCommit:
+    """One write task (exactly-once or at-least-once)."""
+    if opts.guarantee == AT_LEAST_ONCE:
+        conf = dict(opts.producer)
+        conf["bootstrap.servers"] = opts.bootstrap
+        p = Producer(conf)
+        try:
+            n = write_batches(p, opts, batches)
+            left = p.flush(120)
+            if left:
+                raise RuntimeError(f"{left} records were not delivered")
+        finally:
+            p.close(5)
+        return SinkCommit(query, batch, partition, records=n)
+    tid = f"{opts.txn_prefix}-{query}-{partition}"
+    log = DecisionLog(opts)
+    decisions = log.read(query)
+    p = _txn_producer(opts, tid)
+    try:
+        p.init_transactions(keep_prepared_txn=True)  # fences an orphaned attempt of this task
+        resolve(p, latest_decided(decisions, tid))
+        if batch in decisions:  # Spark replays a batch we already committed: write nothing
+            return SinkCommit(query, batch, partition, tid, decisions[batch].get(tid, ""), skipped=True)
+        p.begin_transaction()
+        n = 0
+        for i, rb in enumerate(batches):
+            n += write_batches(p, opts, iter([rb]))
+            if i == 0:
+                maybe_kill("during-write", batch, opts)
+        state = p.prepare_transaction()
+        if attempt == 0 and crash_point("task-after-prepare", batch, opts):
+            raise RuntimeError("injected failure after prepare (test hook)")
+        return SinkCommit(query, batch, partition, tid, str(state), records=n)
+    finally:
+        p.close(5)
+
+
+def commit_batch(opts: SinkOptions, messages: list[Any], batch: int) -> None:
+    """The driver's decision, then completion. Idempotent: a second call finds the decision recorded."""
+    msgs = [m for m in messages if isinstance(m, SinkCommit)]
+    if opts.guarantee == AT_LEAST_ONCE or not msgs:
+        return
+    query = msgs[0].query
+    log = DecisionLog(opts)
+    decisions = log.read(query)
+    if batch not in decisions:
+        maybe_kill("before-decision", batch, opts)
+        txns = {m.transactional_id: m.state for m in msgs if m.state and not m.skipped and m.transactional_id}
+        log.record(query, batch, txns)
+        decisions[batch] = txns
+    maybe_kill("after-decision", batch, opts)
+    for tid in sorted(decisions[batch]):
+        resolve_id(opts, tid, latest_decided(decisions, tid))
+    sweep(opts, query, decisions, skip=set(decisions[batch]))
+    maybe_kill("after-complete", batch, opts)
+
+
+def abort_batch(opts: SinkOptions, messages: list[Any], batch: int) -> None:
+    """Abort what no decision commits; a batch with a decision record is rolled forward instead."""
+    msgs = [m for m in messages if isinstance(m, SinkCommit)]
+    if opts.guarantee == AT_LEAST_ONCE or not msgs:
+        return
+    query = msgs[0].query
+    decisions = DecisionLog(opts).read(query)
+    tids = {m.transactional_id for m in msgs if m.transactional_id} | set(decisions.get(batch, {}))
+    for tid in sorted(tids):
+        resolve_id(opts, tid, latest_decided(decisions, tid))
+
+
+# -- Spark's writers -----------------------------------------------------------------------------
+
+
+class OncelogBatchWriter(DataSourceArrowWriter):
+    """``df.write``: at-least-once by default; exactly-once commits the whole job as one decision."""
+
+    def __init__(self, opts: SinkOptions) -> None:
+        self.opts = opts
+        self.job = uuid.uuid4().hex  # made on the driver, pickled to every task
+
+    def write(self, iterator: Iterator[Any]) -> SinkCommit:
+        _, _, partition, attempt = _task_context()
+        return write_task(self.opts, self.job, 0, partition, attempt, iterator)
+
+    def commit(self, messages: list[Any]) -> None:
+        commit_batch(self.opts, messages, 0)
+
+    def abort(self, messages: list[Any]) -> None:
+        abort_batch(self.opts, messages, 0)
+
+
+class OncelogStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream``: exactly-once by default (see the module docstring)."""
+
+    def __init__(self, opts: SinkOptions) -> None:
+        self.opts = opts
+        self.fallback = uuid.uuid4().hex
+
+    def write(self, iterator: Iterator[Any]) -> SinkCommit:
+        query, batch, partition, attempt = _task_context()
+        return write_task(self.opts, query or self.fallback, batch, partition, attempt, iterator)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        commit_batch(self.opts, messages, batchId)
+
+    def abort(self, messages: list[Any], batchId: int) -> None:
+        abort_batch(self.opts, messages, batchId)
+
+
+__all__ = ["OncelogBatchWriter", "OncelogStreamWriter", "SinkCommit", "SinkOptions", "parse_sink_options",
+           "CRASH_POINTS"]

@@ -1,0 +1,189 @@
+"""The oncelog sink: at-least-once and exactly-once, batch and streaming, and crash points in-session.
+
+Counted with a librdkafka read_committed consumer (helpers.direct_read): every
+input id exactly once, nothing aborted visible, order per partition kept.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.spark.helpers import direct_read, make_topic, offsets, produce
+
+from oncelog.spark.sink import (
+    DecisionLog,
+    abort_batch,
+    commit_batch,
+    parse_sink_options,
+    write_task,
+)
+
+
+def committed(bootstrap: str, topic: str, partitions: int, isolation: str = "read_committed",
+              wait: bool = True) -> list[Any]:
+    """Everything readable once no transaction is open (the markers of a completed transaction are
+    written after complete_transaction() returns, as in Kafka: wait until the LSO reaches the end)."""
+    deadline = time.monotonic() + 30
+    while True:
+        end = offsets(bootstrap, topic, partitions, isolation)
+        if not wait or end == offsets(bootstrap, topic, partitions, "read_uncommitted") or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return direct_read(bootstrap, topic, {p: 0 for p in range(partitions)}, end, isolation)
+
+
+def check_exactly_once(rows: list[Any], n: int, prefix: str = "v") -> None:
+    """Every id 0..n-1 once; within each output partition the ids keep their input order."""
+    ids = [int(r[4].decode()[len(prefix):]) for r in rows]
+    assert sorted(ids) == list(range(n)), f"lost {set(range(n)) - set(ids)}, duplicated {len(ids) - len(set(ids))}"
+    by_part: dict[int, list[int]] = {}
+    for _, p, _, _, v in sorted(rows, key=lambda r: (r[1], r[2])):
+        by_part.setdefault(p, []).append(int(v.decode()[len(prefix):]))
+    for p, seq in by_part.items():
+        assert seq == sorted(seq), f"order broken in partition {p}"
+
+
+def frame(spark: Any, n: int, partitions: int) -> Any:
+    from pyspark.sql import functions as F
+
+    # each output partition is written by one task, in id order: the order per partition is checkable
+    return (spark.range(n).withColumn("partition", (F.col("id") % partitions).cast("int"))
+            .repartition(2, "partition").sortWithinPartitions("id")
+            .select(F.concat(F.lit("v"), F.col("id").cast("string")).alias("value"), "partition"))
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_batch_write(spark: Any, spark_broker: Any, topic_name: str, guarantee: str) -> None:
+    bs = spark_broker.bootstrap
+    make_topic(bs, topic_name, 3)
+    (frame(spark, 500, 3).write.format("oncelog").mode("append").option("kafka.bootstrap.servers", bs)
+     .option("topic", topic_name).option("deliveryGuarantee", guarantee).save())
+    check_exactly_once(committed(bs, topic_name, 3), 500)
+
+
+def test_batch_write_key_headers_topic_column(spark: Any, spark_broker: Any, topic_name: str) -> None:
+    bs = spark_broker.bootstrap
+    make_topic(bs, topic_name, 1)
+    df = spark.createDataFrame(
+        [("k1", b"a", topic_name, [("h", b"x")]), (None, b"b", topic_name, [])],
+        "key string, value binary, topic string, headers array<struct<key: string, value: binary>>")
+    df.write.format("oncelog").mode("append").option("kafka.bootstrap.servers", bs).save()
+    committed(bs, topic_name, 1)  # waits for the markers
+    from oncelog.client.reader import PartitionReader
+
+    with PartitionReader(bs) as r:
+        recs = r.read_partition(topic_name, 0).records
+    got = sorted((rec.value, rec.key, rec.headers) for rec in recs)
+    assert got == [(b"a", b"k1", [("h", b"x")]), (b"b", None, [])]
+
+
+def _stream(spark: Any, bs: str, src: str, dst: str, ckpt: Path, guarantee: str | None = None,
+            crash: str = "") -> Any:
+    from pyspark.sql import functions as F
+
+    df = (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", bs).option("subscribe", src)
+          .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "150").load()
+          .select(F.col("value"), F.col("partition")))
+    w = (df.writeStream.format("oncelog").option("kafka.bootstrap.servers", bs).option("topic", dst)
+         .option("checkpointLocation", str(ckpt)).trigger(availableNow=True))
+    if guarantee:
+        w = w.option("deliveryGuarantee", guarantee)
+    if crash:
+        w = w.option("_testCrashAt", crash)
+    return w.start()
+
+
+@pytest.mark.parametrize("guarantee", ["at_least_once", None])
+def test_streaming_write(spark: Any, spark_broker: Any, tmp_path: Path, guarantee: str | None) -> None:
+    bs = spark_broker.bootstrap
+    src, dst = f"s-{uuid.uuid4().hex[:8]}", f"d-{uuid.uuid4().hex[:8]}"
+    make_topic(bs, src, 2)
+    make_topic(bs, dst, 2)
+    produce(bs, src, 400, 2)
+    q = _stream(spark, bs, src, dst, tmp_path / "ckpt", guarantee)
+    q.awaitTermination(120)
+    assert q.exception() is None
+    check_exactly_once(committed(bs, dst, 2), 400)
+
+
+def test_task_fails_after_prepare_then_retried(spark: Any, spark_broker: Any, tmp_path: Path) -> None:
+    """Attempt 0 of every task prepares, then fails; attempt 1 fences it (its transaction is aborted)."""
+    bs = spark_broker.bootstrap
+    src, dst = f"s-{uuid.uuid4().hex[:8]}", f"d-{uuid.uuid4().hex[:8]}"
+    make_topic(bs, src, 2)
+    make_topic(bs, dst, 2)
+    produce(bs, src, 300, 2)
+    q = _stream(spark, bs, src, dst, tmp_path / "ckpt", crash="task-after-prepare")
+    q.awaitTermination(120)
+    assert q.exception() is None
+    check_exactly_once(committed(bs, dst, 2), 300)
+    # the orphaned attempts' records are in the log, aborted: read_uncommitted sees them
+    assert len(committed(bs, dst, 2, "read_uncommitted")) > 300
+
+
+def _task_batches(values: list[bytes]) -> Any:
+    import pyarrow as pa
+
+    return iter([pa.record_batch([pa.array(values, pa.binary())], names=["value"])])
+
+
+def test_commit_twice_and_abort_after_commit(spark_broker: Any, topic_name: str) -> None:
+    bs = spark_broker.bootstrap
+    make_topic(bs, topic_name, 1)
+    opts = parse_sink_options({"kafka.bootstrap.servers": bs, "topic": topic_name}, streaming=True)
+    query = uuid.uuid4().hex
+    msgs = [write_task(opts, query, 0, p, 0, _task_batches([f"v{i}".encode() for i in range(p * 5, p * 5 + 5)]))
+            for p in range(2)]
+    assert committed(bs, topic_name, 1, wait=False) == []  # prepared, not committed: nothing visible
+    commit_batch(opts, msgs, 0)
+    commit_batch(opts, msgs, 0)  # Spark after a crash: the same batch committed twice
+    abort_batch(opts, msgs, 0)  # and an abort after the commit succeeded
+    rows = committed(bs, topic_name, 1)
+    check_exactly_once(rows, 10)
+    assert DecisionLog(opts).read(query)[0] == {m.transactional_id: m.state for m in msgs}
+    # a replay of the decided batch writes nothing new
+    again = write_task(opts, query, 0, 0, 0, _task_batches([b"v99"]))
+    assert again.skipped
+    commit_batch(opts, [again, msgs[1]], 0)
+    assert committed(bs, topic_name, 1) == rows
+
+
+def test_abort_undecided_batch(spark_broker: Any, topic_name: str) -> None:
+    bs = spark_broker.bootstrap
+    make_topic(bs, topic_name, 1)
+    opts = parse_sink_options({"kafka.bootstrap.servers": bs, "topic": topic_name}, streaming=True)
+    query = uuid.uuid4().hex
+    msgs = [write_task(opts, query, 3, 0, 0, _task_batches([b"v0", b"v1"]))]
+    abort_batch(opts, msgs, 3)
+    assert committed(bs, topic_name, 1) == []
+    assert len(committed(bs, topic_name, 1, "read_uncommitted")) == 2
+    # the next batch goes through: the aborted transaction no longer pins the LSO
+    msgs = [write_task(opts, query, 4, 0, 0, _task_batches([b"v0", b"v1"]))]
+    commit_batch(opts, msgs, 4)
+    check_exactly_once(committed(bs, topic_name, 1), 2)
+
+
+def test_orphans_of_a_larger_partition_count_are_swept(spark_broker: Any, topic_name: str) -> None:
+    bs = spark_broker.bootstrap
+    make_topic(bs, topic_name, 1)
+    opts = parse_sink_options({"kafka.bootstrap.servers": bs, "topic": topic_name}, streaming=True)
+    query = uuid.uuid4().hex
+    # batch 0 ran with 3 tasks and the driver died before the decision
+    for p in range(3):
+        write_task(opts, query, 0, p, 0, _task_batches([f"x{p}".encode()]))
+    # the replay runs with 1 task: ids -1 and -2 are left over, and pin the LSO until swept
+    msgs = [write_task(opts, query, 0, 0, 0, _task_batches([b"v0"]))]
+    commit_batch(opts, msgs, 0)
+    check_exactly_once(committed(bs, topic_name, 1), 1)
+
+
+def test_missing_value_column_is_one_clear_error(spark: Any, spark_broker: Any, topic_name: str) -> None:
+    df = spark.createDataFrame([("k",)], "key string")
+    with pytest.raises(Exception, match="Required attribute 'value' not found"):
+        (df.write.format("oncelog").mode("append").option("kafka.bootstrap.servers", spark_broker.bootstrap)
+         .option("topic", topic_name).save())
