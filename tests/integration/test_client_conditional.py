@@ -81,6 +81,8 @@ def test_match_and_mismatch_blocking(broker: EmbeddedBroker, kit: Any) -> None:
         nxt = p.produce("wal", b"a3", partition=0, expected_offset=4)
         assert p.flush(10) == 0
         assert plain.result().offset == 3 and nxt.result().offset == 4
+        # the refused batch used no sequence numbers: the later batches were re-sequenced, no epoch bump
+        assert p._core.stats["epoch_bumps"] == 0 and p.producer_id[1] == 0
         # configuration errors are raised at the call
         with pytest.raises(ValueError):
             p.produce("wal", b"x", expected_offset=5)  # no partition
