@@ -71,8 +71,7 @@ class LogWriter(_Base):
         with self._lock:  # at most one append in flight
             self._check(values)
             base = self.next_offset
-            futs = [self.producer.produce(self.topic, v, partition=self.partition, expected_offset=base + i)
-                    for i, v in enumerate(values)]
+            futs = self.producer.produce_batch(self.topic, values, partition=self.partition, expected_offset=base)
             self.producer.flush(timeout)
             errors: list[BaseException | None] = []
             offsets: list[int] = []
@@ -96,8 +95,8 @@ class AsyncLogWriter(_Base):
         async with self._lock:  # at most one append in flight
             self._check(values)
             base = self.next_offset
-            futs = [self.producer.produce(self.topic, v, partition=self.partition, expected_offset=base + i)
-                    for i, v in enumerate(values)]
+            futs = await self.producer.produce_batch(self.topic, values, partition=self.partition,
+                                                     expected_offset=base)
             done = await asyncio.gather(*futs, return_exceptions=True)
             errors = [d if isinstance(d, BaseException) else None for d in done]
             offsets = [-1 if isinstance(d, BaseException) else d.offset for d in done]

@@ -173,14 +173,14 @@ class Producer:
             append(*rec)
 
     def produce_batch(self, topic: str, values: Any, keys: Any = None, partition: int | None = None,
-                      timestamp: int | None = None) -> list[DeliveryFuture]:
+                      timestamp: int | None = None, expected_offset: int | None = None) -> list[DeliveryFuture]:
         """Queue many records (a list, or a pyarrow array); returns their futures in order."""
         if self._closed:
             raise ClientClosedError("producer is closed")
         self._core.check_open()
         vals = _values_list(values)
         futs = [DeliveryFuture() for _ in vals]
-        self._lt.run(produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs))
+        self._lt.run(produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs, expected_offset))
         return futs
 
     def poll(self, timeout: float = 0) -> int:

@@ -385,8 +385,12 @@ class ProducerCore:
             self._kick()
 
     def append_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None,
-                    partition: int, timestamp: int, futures: list[Any]) -> None:
-        """Add many records with no headers to one known partition, encoded in bulk."""
+                    partition: int, timestamp: int, futures: list[Any], expected: int = -1) -> None:
+        """Add many records with no headers to one known partition, encoded in bulk.
+
+        ``expected`` >= 0: they must get offsets ``expected, expected+1, ...``
+        (conditional batches; all placed now, so a sender pass cannot split them
+        other than at ``batch.size``)."""
         info = self.cluster.topic(topic)
         assert info is not None
         p = self.partitions.get((topic, partition))
@@ -400,6 +404,7 @@ class ProducerCore:
                 self._close_open(p)
             # records per batch: stay near batch.size
             b = p.open = _Batch(topic, partition, BatchBuilder(self.batch_size, self.codec))
+            b.expected = expected + i if expected >= 0 else -1
             j, size = i, HEADER_SIZE
             while j < n and (j == i or size < self.batch_size):
                 v, k = values[j], keys[j] if keys is not None else None
@@ -647,6 +652,8 @@ class ProducerCore:
                 if not p.ready or (bumping and self.idempotent):
                     continue
                 b = p.ready[0]
+            if b.expected >= 0 and p.inflight:
+                continue  # a conditional batch waits for the partition's answers: a refusal may take it down
             if adding:
                 continue  # transactions v1: AddPartitionsToTxn first
             node = self.cluster.leader(p.topic, p.partition)
@@ -888,6 +895,20 @@ class ProducerCore:
         p.blocked = True
         p.retry_at = 0.0
         self._fail_batch(b, err)
+        # the queued conditional batches that continue it were written against the same belief: they
+        # fail with it (sent alone, one could match an offset another writer happened to reach)
+        end = b.expected + b.count
+        for queue in (p.unacked, p.ready):
+            for later in list(queue):
+                if not later.in_flight and later.expected == end and end > 0:
+                    queue.remove(later)
+                    end = later.expected + later.count
+                    self._fail_batch(later, type(err)(err.message, getattr(err, "actual_offset", -1),
+                                                      later.expected, later.topic, later.partition))
+        if p.open is not None and p.open.expected == end and end > 0:
+            o, p.open = p.open, None
+            self._fail_batch(o, type(err)(err.message, getattr(err, "actual_offset", -1), o.expected, o.topic,
+                                          o.partition))
 
     def _batch_failed(self, p: _Partition, b: _Batch, err: KafkaError, in_doubt: bool) -> None:
         b.last_error = err
@@ -965,8 +986,11 @@ def _values_list(values: Any) -> list[bytes | None]:
 
 
 async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | None], keys: Any,
-                             partition: int | None, timestamp: int | None, futs: list[Any]) -> None:
+                             partition: int | None, timestamp: int | None, futs: list[Any],
+                             expected_offset: int | None = None) -> None:
     """The batch API shared by both facades: ``futs[i]`` completes with record ``i``'s metadata."""
+    if expected_offset is not None:
+        core.check_conditional(partition, expected_offset)
     ks = None if keys is None else _values_list(keys)
     if ks is not None and len(ks) != len(vals):
         raise ValueError("keys and values differ in length")
@@ -975,7 +999,9 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
     n = info.partitions
     if partition is not None and not 0 <= partition < n:
         raise UnknownTopicOrPartitionError(f"partition {partition} of {topic} does not exist")
-    if partition is None and ks is not None:
+    if expected_offset is not None:
+        core.append_many(topic, vals, ks, partition, ts, futs, expected_offset)  # type: ignore[arg-type]
+    elif partition is None and ks is not None:
         groups: dict[int, list[int]] = {}
         for i, k in enumerate(ks):
             groups.setdefault(core.sticky.partition(topic, n) if k is None else partition_for_key(k, n),
@@ -1051,7 +1077,8 @@ class Producer:
         return fut
 
     async def produce_batch(self, topic: str, values: Any, keys: Any = None, partition: int | None = None,
-                            timestamp: int | None = None) -> list[asyncio.Future[RecordMetadata]]:
+                            timestamp: int | None = None, expected_offset: int | None = None
+                            ) -> list[asyncio.Future[RecordMetadata]]:
         """Queue many records at once (a list, or a pyarrow array); returns their futures, in order.
 
         With ``partition`` (or without keys) the records section is encoded in
@@ -1061,7 +1088,7 @@ class Producer:
         vals = _values_list(values)
         loop = asyncio.get_running_loop()
         futs = [loop.create_future() for _ in vals]
-        await produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs)
+        await produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs, expected_offset)
         return futs
 
     def poll(self, timeout: float = 0) -> int:
