@@ -90,7 +90,16 @@ class Leader:
         self.consumer = Consumer({"bootstrap.servers": args.bootstrap, "auto.offset.reset": "earliest"})
 
     def bootstrap(self, end: int | None = None) -> None:
-        for off, op in read_shard(self.consumer, self.args.topic, self.args.shard, self.k, end):
+        deadline = time.monotonic() + 60
+        while True:  # the broker may be restarting: retry for a while
+            try:
+                records = read_shard(self.consumer, self.args.topic, self.args.shard, self.k, end)
+                break
+            except (KafkaError, TimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        for off, op in records:
             apply(self.state, op)  # a follower applies what holds (a legal log: everything)
             self.k = off + 1
         if end is not None:
@@ -179,7 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "leader":
-            Leader(args).run()
+            deadline = time.monotonic() + 30
+            while True:  # the broker may be restarting
+                try:
+                    leader = Leader(args)
+                    break
+                except KafkaError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            leader.run()
         else:
             print(json.dumps(check(args)))
     except (KafkaError, TimeoutError, OSError) as exc:

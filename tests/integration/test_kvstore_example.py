@@ -1,7 +1,7 @@
 """examples/kvstore (issue 13): competing leaders per shard over conditional produce, and the control.
 
 Two shards, three processes per shard that all believe they lead it, one of
-them kill -9'd mid-run and restarted. Then every shard's log must replay to a
+them kill -9'd mid-run and restarted, then the broker bounced. Then every shard's log must replay to a
 legal history (every compare-and-set holds), with contiguous offsets; every
 acknowledged operation is in the log exactly once; no operation a leader saw
 refused is in it. The same scenario with plain (unconditional) produce must
@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from oncelog.testing import EmbeddedBroker
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,7 +34,8 @@ def _leader(bootstrap: str, topic: str, shard: int, name: str, out: Path, plain:
     return subprocess.Popen(cmd, env=os.environ.copy())
 
 
-def _run(broker: EmbeddedBroker, kit: Any, tmp_path: Path, topic: str, plain: bool) -> tuple[dict[str, Any], Path]:
+def _run(broker_factory: Any, kit: Any, tmp_path: Path, topic: str, plain: bool) -> tuple[dict[str, Any], Path]:
+    broker = broker_factory()
     kit.create_topic(broker.bootstrap, topic, SHARDS)
     out = tmp_path / topic
     out.mkdir()
@@ -47,6 +47,8 @@ def _run(broker: EmbeddedBroker, kit: Any, tmp_path: Path, topic: str, plain: bo
         victim.send_signal(signal.SIGKILL)
         victim.wait(30)
         procs[(s, 0)] = _leader(broker.bootstrap, topic, s, f"s{s}-l0", out, plain)
+    time.sleep(1.5)
+    broker.restart()  # bounce the broker under the leaders: same port, same data
     for p in procs.values():
         assert p.wait(120) in (0,), p.args
     res = subprocess.run([sys.executable, str(KV), "check", "--bootstrap", broker.bootstrap, "--topic", topic,
@@ -62,8 +64,8 @@ def _lines(out: Path, shard: int, suffix: str) -> list[str]:
     return got
 
 
-def test_competing_leaders_keep_every_shard_legal(broker: EmbeddedBroker, kit: Any, tmp_path: Path) -> None:
-    report, out = _run(broker, kit, tmp_path, "kv", plain=False)
+def test_competing_leaders_keep_every_shard_legal(broker_factory: Any, kit: Any, tmp_path: Path) -> None:
+    report, out = _run(broker_factory, kit, tmp_path, "kv", plain=False)
     total_refused = 0
     for s in range(SHARDS):
         r = report[str(s)]
@@ -80,6 +82,6 @@ def test_competing_leaders_keep_every_shard_legal(broker: EmbeddedBroker, kit: A
     assert total_refused > 0, "the leaders never raced: the test proves nothing"
 
 
-def test_control_plain_produce_corrupts_the_history(broker: EmbeddedBroker, kit: Any, tmp_path: Path) -> None:
-    report, _ = _run(broker, kit, tmp_path, "kvplain", plain=True)
+def test_control_plain_produce_corrupts_the_history(broker_factory: Any, kit: Any, tmp_path: Path) -> None:
+    report, _ = _run(broker_factory, kit, tmp_path, "kvplain", plain=True)
     assert sum(report[str(s)]["illegal"] for s in range(SHARDS)) > 0, report
