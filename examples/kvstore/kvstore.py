@@ -155,6 +155,8 @@ class Leader:
             self.k = writer.next_offset
             self._record(self.acks, ids)
             time.sleep(random.random() * 0.01)
+        self.bootstrap()  # end as a follower: catch up, and leave the state for comparison with a replay
+        (Path(args.out) / f"{args.name}.state").write_text(json.dumps({"k": self.k, "state": self.state}))
         self.producer.close()
         self.consumer.close()
 
@@ -165,7 +167,11 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         for shard in range(args.shards):
             recs = read_shard(c, args.topic, shard, 0)
             state, illegal = replay(recs)
+            prefixes = {}
+            for k in getattr(args, "prefix", None) or ():
+                prefixes[str(k)] = replay([r for r in recs if r[0] < k])[0]
             report[str(shard)] = {"ids": [op["id"] for _, op in recs], "illegal": illegal, "state": state,
+                                  "prefix_states": prefixes,
                                   "offsets_contiguous": [o for o, _ in recs] == list(range(len(recs)))}
     return report
 
@@ -185,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("--bootstrap", required=True)
     cp.add_argument("--topic", required=True)
     cp.add_argument("--shards", type=int, required=True)
+    cp.add_argument("--prefix", type=int, action="append", help="also replay each shard's first N offsets")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "leader":

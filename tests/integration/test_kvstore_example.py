@@ -4,7 +4,8 @@ Two shards, three processes per shard that all believe they lead it, one of
 them kill -9'd mid-run and restarted, then the broker bounced. Then every shard's log must replay to a
 legal history (every compare-and-set holds), with contiguous offsets; every
 acknowledged operation is in the log exactly once; no operation a leader saw
-refused is in it. The same scenario with plain (unconditional) produce must
+refused is in it; every leader's final state (caught up as a follower)
+equals a fresh replay of the log up to its next offset. The same scenario with plain (unconditional) produce must
 produce an illegal history: that is what shows the check can fail.
 """
 
@@ -51,8 +52,10 @@ def _run(broker_factory: Any, kit: Any, tmp_path: Path, topic: str, plain: bool)
     broker.restart()  # bounce the broker under the leaders: same port, same data
     for p in procs.values():
         assert p.wait(120) in (0,), p.args
+    ks = sorted({json.loads(f.read_text())["k"] for f in out.glob("*.state")})
     res = subprocess.run([sys.executable, str(KV), "check", "--bootstrap", broker.bootstrap, "--topic", topic,
-                          "--shards", str(SHARDS)], capture_output=True, timeout=120, env=os.environ.copy())
+                          "--shards", str(SHARDS)] + [a for k in ks for a in ("--prefix", str(k))],
+                         capture_output=True, timeout=120, env=os.environ.copy())
     assert res.returncode == 0, res.stderr.decode()
     return json.loads(res.stdout), out
 
@@ -79,6 +82,11 @@ def test_competing_leaders_keep_every_shard_legal(broker_factory: Any, kit: Any,
         log = set(ids)
         assert [a for a in acked if a not in log] == [], f"shard {s}: acknowledged operations missing"
         assert [x for x in refused if x in log] == [], f"shard {s}: refused operations in the log"
+        states = sorted(out.glob(f"s{s}-l*.state"))
+        assert len(states) == LEADERS
+        for f in states:  # every leader, ending as a follower, equals a fresh replay
+            st = json.loads(f.read_text())
+            assert st["state"] == r["prefix_states"][str(st["k"])], f"{f.name}: differs from a replay"
     assert total_refused > 0, "the leaders never raced: the test proves nothing"
 
 
