@@ -34,6 +34,14 @@ Internal design (for the transactions work that builds on it):
   doubt (those are resent under the old epoch first, so nothing is written
   twice), then InitProducerId (v3+ with the current id and epoch) gives a new
   epoch (or id) and every partition's sequences restart at 0.
+* Conditional produce (``expected_offset``, docs/conditional-publish.md):
+  ``_Batch.expected`` >= 0. Such a batch holds only records with contiguous
+  expected offsets, is sent only in requests of conditional batches (tag
+  10000, the answer decoded with its unknown tags for the actual next
+  offset), one request per partition at a time, and only over a connection
+  whose ApiVersions advertised the feature (else
+  ``ConditionalProduceNotSupported``). A refusal (10001/10002) fails it and
+  the queued batches continuing it, and re-sequences the partition's rest.
 * ``delivery.timeout.ms``: a batch not in flight whose first record is older
   fails with :class:`~oncelog.client.errors.DeliveryTimeoutError`.
 * Transactions (``transactional.id``): ``self.txn`` is a
