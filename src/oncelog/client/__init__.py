@@ -13,10 +13,17 @@ from oncelog.client.aio.producer import RecordMetadata
 from oncelog.client.aio.transactions import ConsumerGroupMetadata, PreparedTxnState
 from oncelog.client.config import ConfigError
 from oncelog.client.consumer import Consumer
-from oncelog.client.errors import KafkaError
+from oncelog.client.errors import (
+    ConditionalProduceNotSupported,
+    ConditionalProduceRefused,
+    KafkaError,
+    OffsetMismatch,
+)
+from oncelog.client.logwriter import AsyncLogWriter, LogWriter
 from oncelog.client.producer import DeliveryFuture, Producer
 from oncelog.client.session import TransactSession
 
-__all__ = ["Admin", "AlterConfigOp", "ConfigError", "ConfigResource", "Consumer", "ConsumerGroupMetadata",
-           "DeliveryFuture", "KafkaError", "Message", "NewTopic", "OffsetSpec", "PreparedTxnState", "Producer",
-           "RecordMetadata", "TopicPartition", "TransactSession"]
+__all__ = ["Admin", "AlterConfigOp", "AsyncLogWriter", "ConditionalProduceNotSupported",
+           "ConditionalProduceRefused", "ConfigError", "ConfigResource", "Consumer", "ConsumerGroupMetadata",
+           "DeliveryFuture", "KafkaError", "LogWriter", "Message", "NewTopic", "OffsetMismatch", "OffsetSpec",
+           "PreparedTxnState", "Producer", "RecordMetadata", "TopicPartition", "TransactSession"]

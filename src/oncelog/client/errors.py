@@ -148,5 +148,47 @@ class KafkaTimeoutError(KafkaError):
     retriable = True
 
 
+class OffsetMismatch(KafkaError):
+    """Conditional produce refused (10001 ``ONCELOG_OFFSET_MISMATCH``): the partition's next offset is not
+    the record's expected offset; nothing of the request was appended (docs/conditional-publish.md).
+
+    ``actual_offset`` is the partition's next offset at the broker's check, ``expected_offset`` the
+    batch's, ``topic`` / ``partition`` the partition. Not retriable."""
+
+    code = 10_001
+    name = "ONCELOG_OFFSET_MISMATCH"
+
+    def __init__(self, message: str = "", actual_offset: int = -1, expected_offset: int = -1,
+                 topic: str | None = None, partition: int = -1) -> None:
+        super().__init__(message)
+        self.actual_offset = actual_offset
+        self.expected_offset = expected_offset
+        self.topic = topic
+        self.partition = partition
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.message, self.actual_offset, self.expected_offset, self.topic, self.partition))
+
+
+class ConditionalProduceRefused(OffsetMismatch):
+    """Conditional produce refused because *another* partition of the same request failed its condition
+    (10002 ``ONCELOG_CONDITIONAL_PRODUCE_REFUSED``); ``actual_offset`` is this partition's next offset."""
+
+    code = 10_002
+    name = "ONCELOG_CONDITIONAL_PRODUCE_REFUSED"
+
+
+class ConditionalProduceNotSupported(KafkaError):
+    """``expected_offset`` was given but the broker does not advertise the ``oncelog.conditional.produce``
+    feature (or speaks no Produce v9+): the record is not sent, never without its condition."""
+
+    name = "CONDITIONAL_PRODUCE_NOT_SUPPORTED"
+
+
+_BY_CODE[OffsetMismatch.code] = OffsetMismatch
+_BY_CODE[ConditionalProduceRefused.code] = ConditionalProduceRefused
+
+__all__ += ["ConditionalProduceNotSupported", "ConditionalProduceRefused", "OffsetMismatch"]
+
 __all__ += ["IllegalStateError", "KafkaTimeoutError", "RequestTimeoutError", "TransactionAbortedError",
             "UnsupportedApiError", "is_retriable"]

@@ -127,21 +127,28 @@ class Producer:
 
     def produce(self, topic: str, value: Any = None, key: Any = None, partition: int | None = None,
                 headers: Any = None, timestamp: int | None = None,
-                on_delivery: Callable[[KafkaError | None, RecordMetadata | None], None] | None = None
-                ) -> DeliveryFuture:
+                on_delivery: Callable[[KafkaError | None, RecordMetadata | None], None] | None = None,
+                expected_offset: int | None = None) -> DeliveryFuture:
         """Queue one record; returns a :class:`DeliveryFuture` of its :class:`RecordMetadata`.
 
         Waits up to ``max.block.ms`` while ``buffer.memory`` bytes are queued,
         then raises :class:`BufferError`.
+
+        ``expected_offset=k`` (with ``partition``): the record must get offset
+        ``k`` or not be written (conditional produce, docs/conditional-publish.md);
+        a refusal fails it with :class:`~oncelog.client.errors.OffsetMismatch`.
         """
         if self._closed:
             raise ClientClosedError("producer is closed")
         self._core.check_open()
+        if expected_offset is not None:
+            self._core.check_conditional(partition, expected_offset)
         value, key = _to_bytes(value, "value"), _to_bytes(key, "key")
         if self._core.buffered_bytes > self.config["buffer.memory"]:
             self._wait_for_space()
         fut = DeliveryFuture(self, on_delivery)
-        rec = (topic, value, key, partition, headers, _now_ms() if timestamp is None else timestamp, fut)
+        rec = (topic, value, key, partition, headers, _now_ms() if timestamp is None else timestamp, fut,
+               -1 if expected_offset is None else expected_offset)
         with self._lock:
             self._incoming.append(rec)
             schedule = not self._scheduled
@@ -166,14 +173,14 @@ class Producer:
             append(*rec)
 
     def produce_batch(self, topic: str, values: Any, keys: Any = None, partition: int | None = None,
-                      timestamp: int | None = None) -> list[DeliveryFuture]:
+                      timestamp: int | None = None, expected_offset: int | None = None) -> list[DeliveryFuture]:
         """Queue many records (a list, or a pyarrow array); returns their futures in order."""
         if self._closed:
             raise ClientClosedError("producer is closed")
         self._core.check_open()
         vals = _values_list(values)
         futs = [DeliveryFuture() for _ in vals]
-        self._lt.run(produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs))
+        self._lt.run(produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs, expected_offset))
         return futs
 
     def poll(self, timeout: float = 0) -> int:

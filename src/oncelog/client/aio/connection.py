@@ -8,6 +8,8 @@ Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
   broker answers UNSUPPORTED_VERSION, as KIP-511 specifies).
 * ``conn.features``: the finalized features from ApiVersions v3+ (name ->
   max version level), e.g. ``transaction.version`` (KIP-890).
+* ``conn.conditional_produce``: whether ApiVersions v3+ advertised the supported
+  feature ``oncelog.conditional.produce`` (docs/conditional-publish.md).
 * ``conn.version(api_key, (lo, hi))``: the version to use, min(ours, theirs);
   raises :class:`~oncelog.client.errors.UnsupportedApiError` when the ranges
   do not meet.
@@ -41,6 +43,7 @@ from typing import Any
 from oncelog.client.errors import KafkaConnectionError, KafkaError, RequestTimeoutError, UnsupportedApiError
 from oncelog.protocol.build import materialize
 from oncelog.protocol.codec import decode_response, encode_request, is_flexible, request_type
+from oncelog.protocol.conditional import feature_supported
 from oncelog.protocol.framing import FrameDecoder, FrameError
 from oncelog.protocol.headers import API_VERSIONS_KEY, skip_tagged_fields
 
@@ -74,6 +77,7 @@ class BrokerConnection(asyncio.Protocol):
         self.request_timeout = request_timeout_ms / 1000
         self.connect_timeout = connect_timeout_ms / 1000
         self.versions: dict[int, tuple[int, int]] = {}
+        self.conditional_produce = False
         self.features: dict[str, int] = {}  # finalized feature -> max version level (ApiVersions v3+)
         self._transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder(max_frame_bytes=1 << 30)
@@ -111,6 +115,7 @@ class BrokerConnection(asyncio.Protocol):
             raise KafkaConnectionError(f"ApiVersions failed with error {int(resp.error_code)}")
         self.versions = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in resp.api_keys}
         self.features = {str(f.name): int(f.max_version_level) for f in getattr(resp, "finalized_features", ())}
+        self.conditional_produce = feature_supported(getattr(resp, "supported_features", None))
 
     @property
     def closed(self) -> bool:

@@ -34,6 +34,14 @@ Internal design (for the transactions work that builds on it):
   doubt (those are resent under the old epoch first, so nothing is written
   twice), then InitProducerId (v3+ with the current id and epoch) gives a new
   epoch (or id) and every partition's sequences restart at 0.
+* Conditional produce (``expected_offset``, docs/conditional-publish.md):
+  ``_Batch.expected`` >= 0. Such a batch holds only records with contiguous
+  expected offsets, is sent only in requests of conditional batches (tag
+  10000, the answer decoded with its unknown tags for the actual next
+  offset), one request per partition at a time, and only over a connection
+  whose ApiVersions advertised the feature (else
+  ``ConditionalProduceNotSupported``). A refusal (10001/10002) fails it and
+  the queued batches continuing it, and re-sequences the partition's rest.
 * ``delivery.timeout.ms``: a batch not in flight whose first record is older
   fails with :class:`~oncelog.client.errors.DeliveryTimeoutError`.
 * Transactions (``transactional.id``): ``self.txn`` is a
@@ -65,8 +73,11 @@ from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster
 from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
 from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_records
 from oncelog.client.config import ClientConfig, parse_config
+from oncelog.client.config import ConfigError
 from oncelog.client.errors import (
     ClientClosedError,
+    ConditionalProduceNotSupported,
+    OffsetMismatch,
     DeliveryTimeoutError,
     IllegalStateError,
     KafkaError,
@@ -77,6 +88,8 @@ from oncelog.client.errors import (
 )
 from oncelog.client.partitioner import StickyPartitioner, partition_for_key
 from oncelog.protocol.build import to_ms
+from oncelog.protocol.codec import decode_response, unknown_tags_of
+from oncelog.protocol.conditional import NEXT_OFFSET_TAG, parse_offset_tag, partition_tag_block
 from oncelog.protocol.fast_produce import array_len, string, uvarint
 from oncelog.protocol.records import HEADER_SIZE
 
@@ -88,6 +101,7 @@ PRODUCE_VERSIONS_TV1 = (3, 11)  # v12 is transactions v2 (implicit adds)
 INIT_PRODUCER_ID_VERSIONS = (0, 6)
 OUT_OF_ORDER_SEQUENCE_NUMBER, DUPLICATE_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID = 45, 46, 59
 INVALID_PRODUCER_EPOCH = 47
+OFFSET_MISMATCH, CONDITIONAL_PRODUCE_REFUSED = 10_001, 10_002  # conditional produce (KIP-27)
 _SEQ_MOD = 0x80000000
 
 
@@ -111,8 +125,12 @@ _I16, _I32 = struct.Struct(">h"), struct.Struct(">i")
 
 
 def encode_produce_request(version: int, transactional_id: str | None, acks: int, timeout_ms: int,
-                           topics: dict[str, list[tuple[int, bytes]]]) -> list[bytes]:
-    """A Produce v3-v12 request body as a list of parts (records are not copied)."""
+                           topics: dict[str, list[tuple[int, bytes]]],
+                           expected: dict[tuple[str, int], int] | None = None) -> list[bytes]:
+    """A Produce v3-v12 request body as a list of parts (records are not copied).
+
+    ``expected``: ``{(topic, partition): expected offset}`` for conditional
+    partitions (v9+ only; tag 10000, docs/conditional-publish.md)."""
     flex = version >= 9
     out = [string(transactional_id, flex), _I16.pack(acks) + _I32.pack(timeout_ms), array_len(len(topics), flex)]
     for name, parts in topics.items():
@@ -123,7 +141,8 @@ def encode_produce_request(version: int, transactional_id: str | None, acks: int
             out.append(uvarint(len(records) + 1) if flex else _I32.pack(len(records)))
             out.append(records)
             if flex:
-                out.append(b"\x00")
+                k = expected.get((name, index), -1) if expected else -1
+                out.append(partition_tag_block(k) if k >= 0 else b"\x00")
         if flex:
             out.append(b"\x00")
     if flex:
@@ -136,7 +155,7 @@ def encode_produce_request(version: int, transactional_id: str | None, acks: int
 
 class _Batch:
     __slots__ = ("topic", "partition", "builder", "futures", "timestamps", "seq", "attempts", "in_flight",
-                 "created", "last_error", "in_doubt", "nbytes")
+                 "created", "last_error", "in_doubt", "nbytes", "expected")
 
     def __init__(self, topic: str, partition: int, builder: BatchBuilder) -> None:
         self.topic = topic
@@ -151,6 +170,7 @@ class _Batch:
         self.last_error: KafkaError | None = None
         self.in_doubt = False  # sent and not answered (its fate on the broker is unknown)
         self.nbytes = 0
+        self.expected = -1  # conditional produce: the offset its first record must get (-1: none)
 
     @property
     def count(self) -> int:
@@ -311,19 +331,30 @@ class ProducerCore:
             p.needs_bump = False
             self._resequence(p)
 
+    def check_conditional(self, partition: int | None, expected_offset: int) -> None:
+        """Raise at the call when ``expected_offset`` cannot be honoured by this producer's configuration."""
+        if expected_offset < 0:
+            raise ValueError(f"expected_offset {expected_offset} must be >= 0")
+        if partition is None or partition < 0:
+            raise ValueError("expected_offset needs an explicit partition")
+        if not self.idempotent:
+            raise ConfigError("expected_offset needs enable.idempotence=true")
+        if self.acks == 0:
+            raise ConfigError("expected_offset needs acks=all (or 1), not acks=0")
+
     def append(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None,
-               headers: Any, timestamp: int, future: Any) -> None:
+               headers: Any, timestamp: int, future: Any, expected: int = -1) -> None:
         """Add one record (see module docstring); ``future`` gets its RecordMetadata or error."""
         self._outstanding += 1
         self.buffered_bytes += (len(value) if value else 0) + (len(key) if key else 0)
         self._idle.clear()  # type: ignore[union-attr]
-        self._place(topic, value, key, partition, headers, timestamp, future)
+        self._place(topic, value, key, partition, headers, timestamp, future, expected)
 
     def _place(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None,
-               headers: Any, timestamp: int, future: Any) -> None:
+               headers: Any, timestamp: int, future: Any, expected: int = -1) -> None:
         info = self.cluster.topics.get(topic)
         if info is None or not info.leaders or topic in self._waiting:
-            self._wait_for_topic(topic, (topic, value, key, partition, headers, timestamp, future))
+            self._wait_for_topic(topic, (topic, value, key, partition, headers, timestamp, future, expected))
             return
         n = info.partitions
         if partition is None or partition < 0:
@@ -343,10 +374,15 @@ class ProducerCore:
         if p is None:
             p = self.partitions[(topic, partition)] = _Partition(topic, partition)
         b = p.open
+        if b is not None and (b.expected >= 0 or expected >= 0) and \
+                (b.expected < 0 or expected < 0 or b.expected + b.count != expected):
+            self._close_open(p)  # conditional records share a batch only with their contiguous successors
+            b = None
         if b is None or not b.builder.append(timestamp, key, value, headers):
             if b is not None:
                 self._close_open(p)
             b = p.open = _Batch(topic, partition, BatchBuilder(self.batch_size, self.codec))
+            b.expected = expected
             b.builder.append(timestamp, key, value, headers)
             self._kick()  # the sender learns the new batch's linger deadline
         b.nbytes += nbytes
@@ -357,8 +393,12 @@ class ProducerCore:
             self._kick()
 
     def append_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None,
-                    partition: int, timestamp: int, futures: list[Any]) -> None:
-        """Add many records with no headers to one known partition, encoded in bulk."""
+                    partition: int, timestamp: int, futures: list[Any], expected: int = -1) -> None:
+        """Add many records with no headers to one known partition, encoded in bulk.
+
+        ``expected`` >= 0: they must get offsets ``expected, expected+1, ...``
+        (conditional batches; all placed now, so a sender pass cannot split them
+        other than at ``batch.size``)."""
         info = self.cluster.topic(topic)
         assert info is not None
         p = self.partitions.get((topic, partition))
@@ -372,6 +412,7 @@ class ProducerCore:
                 self._close_open(p)
             # records per batch: stay near batch.size
             b = p.open = _Batch(topic, partition, BatchBuilder(self.batch_size, self.codec))
+            b.expected = expected + i if expected >= 0 else -1
             j, size = i, HEADER_SIZE
             while j < n and (j == i or size < self.batch_size):
                 v, k = values[j], keys[j] if keys is not None else None
@@ -619,6 +660,8 @@ class ProducerCore:
                 if not p.ready or (bumping and self.idempotent):
                     continue
                 b = p.ready[0]
+            if b.expected >= 0 and p.inflight:
+                continue  # a conditional batch waits for the partition's answers: a refusal may take it down
             if adding:
                 continue  # transactions v1: AddPartitionsToTxn first
             node = self.cluster.leader(p.topic, p.partition)
@@ -684,10 +727,39 @@ class ProducerCore:
                 self._connecting.add(node)
                 asyncio.ensure_future(self._connect(node))
             return
-        if self._node_inflight.get(node, 0) >= self.max_in_flight:
-            return
         txn = self.txn
         version = conn.version(PRODUCE, PRODUCE_VERSIONS if txn is None or txn.tv2 else PRODUCE_VERSIONS_TV1)
+        cond = [(p, b) for p, b in items if b.expected >= 0]
+        if cond:
+            # conditional batches never share a request with unconditional ones (a refusal would take
+            # them down too), and go only to a broker that advertised the feature
+            if not conn.conditional_produce or version < 9:
+                for p, b in cond:
+                    self._not_supported(p, b, conn, version)
+            else:
+                self._send_request(node, conn, version, cond, True)
+            items = [(p, b) for p, b in items if b.expected < 0]
+        if items:
+            self._send_request(node, conn, version, items, False)
+
+    def _not_supported(self, p: _Partition, b: _Batch, conn: Any, version: int) -> None:
+        """Fail a conditional batch the broker could not honour; it was never sent with this sequence."""
+        if b in p.ready:
+            p.ready.remove(b)
+        elif b in p.unacked:  # a resend to a broker that lost the feature: its earlier fate is unknown
+            p.unacked.remove(b)
+            p.blocked = True
+            if b.in_doubt:
+                p.needs_bump = True
+        why = "the broker does not advertise the feature oncelog.conditional.produce" \
+            if not conn.conditional_produce else f"the broker speaks Produce v{version} (v9+ needed)"
+        self._fail_batch(b, ConditionalProduceNotSupported(
+            f"conditional produce is not supported by this broker ({conn.host}:{conn.port}): {why}"))
+
+    def _send_request(self, node: int, conn: Any, version: int, items: list[tuple[_Partition, _Batch]],
+                      conditional: bool) -> None:
+        if self._node_inflight.get(node, 0) >= self.max_in_flight:
+            return
         topics: dict[str, list[tuple[int, bytes]]] = {}
         sent: list[_Batch] = []
         total = 0
@@ -717,13 +789,15 @@ class ProducerCore:
             sent.append(b)
         if not sent:
             return
+        expected = {(b.topic, b.partition): b.expected for b in sent} if conditional else None
         body = b"".join(encode_produce_request(version, self.transactional_id, self.acks, self.request_timeout_ms,
-                                               topics))
-        fut = conn.send(PRODUCE, version, body, expect_response=self.acks != 0)
+                                               topics, expected))
+        # a conditional request's answer is decoded here, keeping the unknown tags (the actual next offset)
+        fut = conn.send(PRODUCE, version, body, expect_response=self.acks != 0, raw_response=conditional)
         self._node_inflight[node] = self._node_inflight.get(node, 0) + 1
         self.stats["requests"] += 1
         self.stats["batches_sent"] += len(sent)
-        fut.add_done_callback(lambda f: self._on_response(node, sent, f))
+        fut.add_done_callback(lambda f: self._on_response(node, sent, f, version if conditional else -1))
 
     async def _connect(self, node: int) -> None:
         try:
@@ -739,14 +813,34 @@ class ProducerCore:
 
     # -- responses ----------------------------------------------------------------------
 
-    def _on_response(self, node: int, sent: list[_Batch], fut: asyncio.Future[Any]) -> None:
+    def _on_response(self, node: int, sent: list[_Batch], fut: asyncio.Future[Any], raw_version: int = -1) -> None:
         self._node_inflight[node] -= 1
         if self._closed:
             return
         exc = fut.exception()
         results: dict[tuple[str, int], tuple[int, int, int, str | None]] = {}
+        actual: dict[tuple[str, int], int] = {}  # conditional refusals: the partition's actual next offset
+        resp = None
         if exc is None:
             resp = fut.result()
+            if raw_version >= 0 and resp is not None:
+                tags: dict[int, Any] = {}
+                try:
+                    frame, pos = resp
+                    resp = decode_response(PRODUCE, raw_version, frame, pos, tags)
+                except Exception as e:  # pragma: no cover - the connection decodes the same way
+                    exc = KafkaError(f"cannot decode the Produce response: {e}")
+                    resp = None
+                else:
+                    for t in resp.responses:
+                        for pr in t.partition_responses:
+                            found = unknown_tags_of(tags, pr)
+                            if found and NEXT_OFFSET_TAG in found:
+                                try:
+                                    actual[(t.name, int(pr.index))] = parse_offset_tag(found[NEXT_OFFSET_TAG])
+                                except ValueError:
+                                    pass
+        if exc is None:
             if resp is None:  # acks=0
                 for b in sent:
                     results[(b.topic, b.partition)] = (0, -1, -1, None)
@@ -787,9 +881,42 @@ class ProducerCore:
                         except ValueError:
                             pass
                 self._succeed_batch(b, base if code == 0 else -1, lat)
+            elif code in (OFFSET_MISMATCH, CONDITIONAL_PRODUCE_REFUSED):
+                err = error_for(code, msg)
+                assert isinstance(err, OffsetMismatch)
+                err.actual_offset = actual.get((b.topic, b.partition), -1)
+                err.expected_offset, err.topic, err.partition = b.expected, b.topic, b.partition
+                self._refused(p, b, err)
             else:
                 self._batch_failed(p, b, error_for(code, msg), in_doubt=False)
         self._kick()
+
+    def _refused(self, p: _Partition, b: _Batch, err: KafkaError) -> None:
+        """A conditional refusal: the broker appended nothing of the batch (a retry of an appended batch is
+        answered as a duplicate, never refused), so its sequences are free; the later batches of the
+        partition are re-sequenced to close the gap once nothing is in flight for it. Not retried."""
+        b.last_error = err
+        try:
+            p.unacked.remove(b)
+        except ValueError:
+            pass
+        p.blocked = True
+        p.retry_at = 0.0
+        self._fail_batch(b, err)
+        # the queued conditional batches that continue it were written against the same belief: they
+        # fail with it (sent alone, one could match an offset another writer happened to reach)
+        end = b.expected + b.count
+        for queue in (p.unacked, p.ready):
+            for later in list(queue):
+                if not later.in_flight and later.expected == end and end > 0:
+                    queue.remove(later)
+                    end = later.expected + later.count
+                    self._fail_batch(later, type(err)(err.message, getattr(err, "actual_offset", -1),
+                                                      later.expected, later.topic, later.partition))
+        if p.open is not None and p.open.expected == end and end > 0:
+            o, p.open = p.open, None
+            self._fail_batch(o, type(err)(err.message, getattr(err, "actual_offset", -1), o.expected, o.topic,
+                                          o.partition))
 
     def _batch_failed(self, p: _Partition, b: _Batch, err: KafkaError, in_doubt: bool) -> None:
         b.last_error = err
@@ -867,8 +994,11 @@ def _values_list(values: Any) -> list[bytes | None]:
 
 
 async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | None], keys: Any,
-                             partition: int | None, timestamp: int | None, futs: list[Any]) -> None:
+                             partition: int | None, timestamp: int | None, futs: list[Any],
+                             expected_offset: int | None = None) -> None:
     """The batch API shared by both facades: ``futs[i]`` completes with record ``i``'s metadata."""
+    if expected_offset is not None:
+        core.check_conditional(partition, expected_offset)
     ks = None if keys is None else _values_list(keys)
     if ks is not None and len(ks) != len(vals):
         raise ValueError("keys and values differ in length")
@@ -877,7 +1007,9 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
     n = info.partitions
     if partition is not None and not 0 <= partition < n:
         raise UnknownTopicOrPartitionError(f"partition {partition} of {topic} does not exist")
-    if partition is None and ks is not None:
+    if expected_offset is not None:
+        core.append_many(topic, vals, ks, partition, ts, futs, expected_offset)  # type: ignore[arg-type]
+    elif partition is None and ks is not None:
         groups: dict[int, list[int]] = {}
         for i, k in enumerate(ks):
             groups.setdefault(core.sticky.partition(topic, n) if k is None else partition_for_key(k, n),
@@ -923,18 +1055,24 @@ class Producer:
 
     def produce(self, topic: str, value: Any = None, key: Any = None, partition: int | None = None,
                 headers: Any = None, timestamp: int | None = None,
-                on_delivery: Callable[[KafkaError | None, RecordMetadata | None], None] | None = None
-                ) -> asyncio.Future[RecordMetadata]:
+                on_delivery: Callable[[KafkaError | None, RecordMetadata | None], None] | None = None,
+                expected_offset: int | None = None) -> asyncio.Future[RecordMetadata]:
         """Queue one record; returns a future of its :class:`RecordMetadata`.
 
         ``on_delivery(err, metadata)`` is called on the loop when it completes.
         Raises :class:`BufferError` when ``buffer.memory`` bytes are waiting (await
         :meth:`flush` and retry), like confluent-kafka.
+
+        ``expected_offset=k`` (with ``partition``): the record must get offset
+        ``k`` or not be written (conditional produce, docs/conditional-publish.md);
+        a refusal fails it with :class:`~oncelog.client.errors.OffsetMismatch`.
         """
         core = self._core
         if not self._started:
             raise ClientClosedError("call await producer.start() first")
         core.check_open()
+        if expected_offset is not None:
+            core.check_conditional(partition, expected_offset)
         value, key = _to_bytes(value, "value"), _to_bytes(key, "key")
         n = (len(value) if value else 0) + (len(key) if key else 0)
         if core.buffered_bytes + n > self.config["buffer.memory"] and core.buffered_bytes:
@@ -942,11 +1080,13 @@ class Producer:
         fut: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
         if on_delivery is not None:
             fut.add_done_callback(lambda f: on_delivery(f.exception(), None if f.exception() else f.result()))
-        core.append(topic, value, key, partition, headers, _now_ms() if timestamp is None else timestamp, fut)
+        core.append(topic, value, key, partition, headers, _now_ms() if timestamp is None else timestamp, fut,
+                    -1 if expected_offset is None else expected_offset)
         return fut
 
     async def produce_batch(self, topic: str, values: Any, keys: Any = None, partition: int | None = None,
-                            timestamp: int | None = None) -> list[asyncio.Future[RecordMetadata]]:
+                            timestamp: int | None = None, expected_offset: int | None = None
+                            ) -> list[asyncio.Future[RecordMetadata]]:
         """Queue many records at once (a list, or a pyarrow array); returns their futures, in order.
 
         With ``partition`` (or without keys) the records section is encoded in
@@ -956,7 +1096,7 @@ class Producer:
         vals = _values_list(values)
         loop = asyncio.get_running_loop()
         futs = [loop.create_future() for _ in vals]
-        await produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs)
+        await produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs, expected_offset)
         return futs
 
     def poll(self, timeout: float = 0) -> int:
