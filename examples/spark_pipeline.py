@@ -67,13 +67,15 @@ def driver(bootstrap: str, ckpt: str, per_trigger: int) -> None:
 def seed(bootstrap: str, n: int, partitions: int) -> int:
     """n committed records (ids r0..) and some aborted ones; returns how many were aborted."""
     from oncelog.client.admin import Admin
+    from oncelog.client.errors import KafkaError
     from oncelog.client.producer import Producer
 
     with Admin(bootstrap) as admin:
         for t in (IN, OUT):
-            err = admin.create_topic(t, partitions)
-            if err:
-                raise SystemExit(f"error: cannot create topic {t}: {err}")
+            try:
+                admin.create_topic(t, partitions)
+            except KafkaError as exc:
+                raise SystemExit(f"error: cannot create topic {t}: {exc}") from None
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     chunk = 5000
     for start in range(0, n, chunk):

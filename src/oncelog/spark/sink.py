@@ -32,7 +32,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 
 from oncelog.client.admin import Admin
 from oncelog.client.aio.transactions import PreparedTxnState
-from oncelog.client.errors import InvalidTxnStateError
+from oncelog.client.errors import InvalidTxnStateError, KafkaError, TopicAlreadyExistsError
 from oncelog.client.producer import Producer
 from oncelog.client.reader import EARLIEST, LATEST, READ_UNCOMMITTED, PartitionReader
 
@@ -138,9 +138,12 @@ class DecisionLog:
 
     def ensure_topic(self) -> None:
         with Admin(self.opts.bootstrap.split(",")[0]) as admin:
-            err = admin.create_topic(self.opts.decision_topic, 1, -1, {"retention.ms": "-1"})
-        if err is not None and "already_exists" not in err.lower():
-            raise RuntimeError(f"cannot create the decision topic {self.opts.decision_topic}: {err}")
+            try:
+                admin.create_topic(self.opts.decision_topic, 1, -1, {"retention.ms": "-1"})
+            except TopicAlreadyExistsError:
+                pass
+            except KafkaError as exc:
+                raise RuntimeError(f"cannot create the decision topic {self.opts.decision_topic}: {exc}") from None
 
     def read(self, query: str) -> dict[int, dict[str, str]]:
         """``{batch: {transactional id: state}}`` of every decision of ``query``."""
@@ -219,13 +222,11 @@ def latest_decided(decisions: dict[int, dict[str, str]], tid: str) -> str:
 def sweep(opts: SinkOptions, query: str, decisions: dict[int, dict[str, str]], skip: set[str]) -> dict[str, str]:
     """Find the transactional ids of ``query`` the coordinator still has open (ListTransactions,
     filtered by prefix: ids from an earlier partition count, orphans) and settle each one."""
-    from oncelog.client.txns import TxnAdmin
-
     prefix = f"{opts.txn_prefix}-{query}-"
-    with TxnAdmin(opts.bootstrap.split(",")[0]) as admin:
+    with Admin(opts.bootstrap.split(",")[0]) as admin:
         listed = admin.list_transactions(states=["Ongoing"])
     out = {}
-    for t in sorted({r["transactional_id"] for r in listed}):
+    for t in sorted({r.transactional_id for r in listed}):
         if t.startswith(prefix) and t not in skip:
             out[t] = resolve_id(opts, t, latest_decided(decisions, t))
     return out
