@@ -411,3 +411,54 @@ def test_group_consume_against_librdkafkas_mock_cluster(monkeypatch: pytest.Monk
         assert sorted(m.value for m in got) == sorted(produced)
         assert {m.value: m.partition for m in got} == produced
         assert committed == {p: sum(1 for q in produced.values() if q == p) for p in range(PARTITIONS)}
+
+
+# -- pause/resume, offsets_for_times, asynchronous commit, max.poll.interval.ms ----------------------------
+
+
+def test_pause_resume_offsets_for_times_and_asynchronous_commit(gbroker: EmbeddedBroker) -> None:
+    topic, group = fresh("sub-pause"), fresh("g-pause")
+    create_topic(gbroker.bootstrap, topic, 2)
+    with Producer({"bootstrap.servers": gbroker.bootstrap}) as p:
+        for q in range(2):
+            for i in range(10):
+                p.produce(topic, b"%d-%d" % (q, i), partition=q, timestamp=1_000 * (i + 1))
+        assert p.flush(10) == 0
+    p0, p1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    with Consumer(conf(gbroker.bootstrap, group, "pause", **{"enable.auto.commit": False})) as c:
+        # a blocking callback may call the consumer: pause partition 0 before anything is fetched
+        c.subscribe([topic], on_assign=lambda tps: c.pause([tp for tp in tps if tp.partition == 0]))
+        got: list[Any] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 10 or time.monotonic() < deadline - 28:
+            assert time.monotonic() < deadline, len(got)
+            got.extend(c.consume(100, 0.3))
+        assert sorted(m.value for m in got) == sorted(b"1-%d" % i for i in range(10))
+        assert c.paused() == [p0]
+        c.resume([p0])
+        wait_until(lambda: got.extend(c.consume(100, 0.3)) or len(got) >= 20, 30, message="partition 0 after resume")
+        assert sorted(m.value for m in got if m.partition == 0) == sorted(b"0-%d" % i for i in range(10))
+        assert [tp.offset for tp in c.offsets_for_times([TopicPartition(topic, 0, 5_500),
+                                                         TopicPartition(topic, 1, 99_000)])] == [5, -1]
+        fut = c.commit(asynchronous=True)
+        assert fut is not None
+        fut.result(10)
+        assert [tp.offset for tp in c.committed([p0, p1])] == [10, 10]
+
+
+def test_max_poll_interval_expiry_loses_the_partitions_and_poll_rejoins(gbroker: EmbeddedBroker) -> None:
+    topic, group = fresh("sub-maxpoll"), fresh("g-maxpoll")
+    create_topic(gbroker.bootstrap, topic, 2)
+    events: list[tuple[str, list[int]]] = []
+    cfg = conf(gbroker.bootstrap, group, "slow", **{"max.poll.interval.ms": 1500})
+    with Consumer(cfg) as c:
+        c.subscribe([topic], on_assign=lambda tps: events.append(("assign", [tp.partition for tp in tps])),
+                     on_lost=lambda tps: events.append(("lost", [tp.partition for tp in tps])))
+        wait_until(lambda: c.consume(1, 0.2) is not None and len(c.assignment()) == 2, 30, message="assigned")
+        time.sleep(3.5)  # no poll for longer than max.poll.interval.ms
+        assert ("lost", [0, 1]) in events
+        assert c.assignment() == []
+        assert c.member is not None and not c.member.in_group
+        wait_until(lambda: c.consume(1, 0.2) is not None and len(c.assignment()) == 2, 30,
+                   message="rejoined after polling again")
+    assert [e for e, _ in events] == ["assign", "lost", "assign"]
