@@ -29,6 +29,7 @@ import pytest
 from oncelog.client import Consumer, Producer, TopicPartition
 from oncelog.client import aio
 from oncelog.client.errors import KafkaError
+from oncelog.client.groups import GroupAdmin
 from oncelog.testing import EmbeddedBroker
 
 from conftest import create_topic, wait_until
@@ -245,7 +246,7 @@ def test_group_with_confluent_consumers_splits_records_exactly_once(gbroker: Emb
 
     topic, group = fresh("sub-interop"), fresh("g-interop")
     create_topic(gbroker.bootstrap, topic, PARTITIONS)
-    produced = produce_keyed(gbroker.bootstrap, topic, 0, 6000)
+    produced = produce_keyed(gbroker.bootstrap, topic, 0, 2000)
     assignor = "roundrobin"
     halt = threading.Event()
     got: dict[str, list[tuple[int, int]]] = {"ours": [], "c1": [], "c2": []}
@@ -301,9 +302,20 @@ def test_group_with_confluent_consumers_splits_records_exactly_once(gbroker: Emb
     threads = [threading.Thread(target=ours, daemon=True),
                threading.Thread(target=theirs, args=("c1",), daemon=True),
                threading.Thread(target=theirs, args=("c2",), daemon=True)]
-    for t in threads:
+    for i, t in enumerate(threads):
         t.start()
         time.sleep(1.5)  # members join one by one: rebalances while records flow
+        if i == 0:
+            produced.update(produce_keyed(gbroker.bootstrap, topic, 2000, 2000))
+
+    def stable() -> bool:
+        with GroupAdmin(gbroker.bootstrap) as admin:
+            info = admin.describe(group)
+        return (info.state == "Stable" and len(info.members) == 3
+                and all(len(m.assignment.get(topic, [])) == 2 for m in info.members))
+
+    wait_until(stable, 60, interval=0.2, message="three members with two partitions each")
+    produced.update(produce_keyed(gbroker.bootstrap, topic, 4000, 2000))  # reaches every member
     ends = end_offsets(gbroker.bootstrap, topic)
     try:
         wait_until(lambda: errors or sum(len(v) for v in got.values()) >= len(produced), 90,
