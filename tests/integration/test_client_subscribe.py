@@ -474,3 +474,39 @@ def test_max_poll_interval_expiry_loses_the_partitions_and_poll_rejoins(gbroker:
         wait_until(lambda: c.consume(1, 0.2) is not None and len(c.assignment()) == 2, 30,
                    message="rejoined after polling again")
     assert [e for e, _ in events] == ["assign", "lost", "assign"]
+
+
+def test_read_committed_group_consumer_waits_for_pending_transactional_offsets(gbroker: EmbeddedBroker) -> None:
+    """KIP-447: require_stable is on by default under read_committed, so a new owner starts at the
+    offsets the pending transaction commits, not at auto.offset.reset."""
+    from confluent_kafka import Consumer as CConsumer
+    from confluent_kafka import Producer as CProducer
+    from confluent_kafka import TopicPartition as CTP
+
+    topic, group = fresh("sub-stable"), fresh("g-stable")
+    create_topic(gbroker.bootstrap, topic, 2)
+    with Producer({"bootstrap.servers": gbroker.bootstrap}) as p:
+        for q in range(2):
+            for i in range(10):
+                p.produce(topic, b"%d-%d" % (q, i), partition=q)
+        assert p.flush(10) == 0
+    tp = CProducer({"bootstrap.servers": gbroker.bootstrap, "transactional.id": fresh("txn"), "linger.ms": 0})
+    tp.init_transactions(30)
+    meta = CConsumer({"bootstrap.servers": gbroker.bootstrap, "group.id": group})
+    try:
+        tp.begin_transaction()
+        tp.produce(topic, b"in-txn", partition=1)
+        tp.send_offsets_to_transaction([CTP(topic, 0, 5), CTP(topic, 1, 7)], meta.consumer_group_metadata(), 30)
+        tp.flush(10)
+        with Consumer(conf(gbroker.bootstrap, group, "stable", **{"isolation.level": "read_committed",
+                                                                  "enable.auto.commit": False})) as c:
+            c.subscribe([topic])
+            early = c.consume(100, 2.0)  # the assignment waits for the pending offsets
+            assert early == []
+            tp.commit_transaction(30)
+            got: list[Any] = []
+            wait_until(lambda: got.extend(c.consume(100, 0.3)) or len(got) >= 9, 30, message="records")
+        assert sorted((m.partition, m.offset) for m in got) == [(0, o) for o in range(5, 10)] + \
+            [(1, o) for o in range(7, 11)]
+    finally:
+        meta.close()
