@@ -177,6 +177,14 @@ def test_three_consumers_with_churn_consume_everything(gbroker: EmbeddedBroker, 
     asyncio.run(_churn(gbroker.bootstrap, topic, group, assignor, first))
 
 
+async def step(what: str, aw: Any, timeout: float = 90.0) -> Any:
+    """Await ``aw``; a hang fails the test naming the step instead of stalling it."""
+    try:
+        return await asyncio.wait_for(aw, timeout)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"{what} did not finish in {timeout} s") from None
+
+
 async def _churn(bootstrap: str, topic: str, group: str, assignor: str, first: dict[bytes, int]) -> None:
     own = Ownership()
     seen: list[tuple[str, int, int, bytes]] = []
@@ -187,21 +195,21 @@ async def _churn(bootstrap: str, topic: str, group: str, assignor: str, first: d
 
     a, b, c = member("a"), member("b"), member("c")
     for m in (a, b, c):
-        await m.start()
+        await step("start m", m.start())
     live = [a, b, c]
     await settled(live, own, topic)
-    await a.close()  # leaves the group
+    await step("close a", a.close())  # leaves the group
     live.remove(a)
     d = member("d")
-    await d.start()
+    await step("start d", d.start())
     live.append(d)
     await settled(live, own, topic)
-    await b.kill()  # no LeaveGroup: its partitions move once its session expires
+    await step("kill b", b.kill())  # no LeaveGroup: its partitions move once its session expires
     live.remove(b)
     await settled(live, own, topic)
-    second = await asyncio.to_thread(produce_keyed, bootstrap, topic, 3000, 2000)
+    second = await step("produce", asyncio.to_thread(produce_keyed, bootstrap, topic, 3000, 2000))
     e = member("e")
-    await e.start()
+    await step("start e", e.start())
     live.append(e)
     await settled(live, own, topic)
     values = set(first) | set(second)
@@ -209,13 +217,13 @@ async def _churn(bootstrap: str, topic: str, group: str, assignor: str, first: d
     # every record consumed at the offset of its partition; keyed records stay on the partition of their key
     by_value = {v: p for _, p, _, v in seen}
     assert {v: by_value[v] for v in values} == {**first, **second}
-    ends = await asyncio.to_thread(end_offsets, bootstrap, topic)
+    ends = await step("end offsets", asyncio.to_thread(end_offsets, bootstrap, topic))
     assert sum(ends.values()) == len(values)
 
     async def all_committed() -> None:
         deadline = time.monotonic() + 30
         while True:
-            got = await live[0].c.committed([TopicPartition(topic, p) for p in range(PARTITIONS)])
+            got = await step("committed", live[0].c.committed([TopicPartition(topic, p) for p in range(PARTITIONS)]))
             if {tp.partition: tp.offset for tp in got} == ends:
                 return
             assert time.monotonic() < deadline, (got, ends)
@@ -223,16 +231,16 @@ async def _churn(bootstrap: str, topic: str, group: str, assignor: str, first: d
 
     await all_committed()
     for m in live:
-        await m.close()
+        await step(f"close {m.name}", m.close())
     assert not own.violations, own.violations
     # the committed offsets survive the churn: a new member starts at the end, re-reading nothing
     f = member("f")
-    await f.start()
+    await step("start f", f.start())
     await settled([f], own, topic)
-    positions = {p: await f.c.position((topic, p)) for p in range(PARTITIONS)}
+    positions = {p: await step("position", f.c.position((topic, p))) for p in range(PARTITIONS)}
     n_before = len(seen)
     await asyncio.sleep(1.0)
-    await f.close()
+    await step("close f", f.close())
     assert positions == ends
     assert len(seen) == n_before
     assert not own.violations, own.violations
