@@ -1,18 +1,23 @@
 """The blocking consumer: :class:`Consumer`, the asyncio consumer on a background loop thread.
 
-Manual assignment only for now (``assign``/``seek``/``position``/
-``get_watermark_offsets``, ``poll``/``consume``); group ``subscribe`` comes
-later. See :mod:`oncelog.client.aio.consumer` for the design.
+Manual ``assign`` or group ``subscribe`` (list or regex), ``poll``/``consume``,
+``commit``/``committed``, ``pause``/``resume``, ``offsets_for_times``. Rebalance
+callbacks run on a worker thread while the rebalance waits for them, so they
+may call this consumer's blocking methods (``commit``, ``seek``, ...). See
+:mod:`oncelog.client.aio.consumer` for the design.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 from collections.abc import Iterable
 from typing import Any
 
 from oncelog.client._loop import LoopThread
 from oncelog.client.aio.consumer import Consumer as AioConsumer
 from oncelog.client.aio.consumer import Message, TopicPartition
+from oncelog.client.aio.transactions import ConsumerGroupMetadata
 
 __all__ = ["Consumer", "Message", "TopicPartition"]
 
@@ -61,6 +66,82 @@ class Consumer:
     def get_watermark_offsets(self, partition: Any, timeout: float | None = None) -> tuple[int, int]:
         return self._run(self._c.get_watermark_offsets(partition), timeout)
 
+    def incremental_assign(self, partitions: Iterable[Any]) -> None:
+        """Add partitions to the assignment."""
+        self._run(_call(self._c.incremental_assign, list(partitions)))
+
+    def incremental_unassign(self, partitions: Iterable[Any]) -> None:
+        """Remove partitions from the assignment."""
+        self._run(_call(self._c.incremental_unassign, list(partitions)))
+
+    def unassign(self) -> None:
+        self._run(_call(self._c.unassign))
+
+    def subscribe(self, topics: Any, on_assign: Any = None, on_revoke: Any = None, on_lost: Any = None) -> None:
+        """Join ``group.id`` consuming ``topics`` (names; ``^``-prefixed names and ``re.Pattern`` are regexes).
+
+        Callbacks get a list of :class:`TopicPartition`; see :meth:`oncelog.client.aio.Consumer.subscribe`.
+        """
+        cbs = [None if cb is None else _threaded(cb) for cb in (on_assign, on_revoke, on_lost)]
+        self._run(_call(self._c.subscribe, topics, *cbs))
+
+    def unsubscribe(self) -> None:
+        """Leave the group (revoking the partitions)."""
+        self._run(self._c.unsubscribe())
+
+    def subscription(self) -> list[str]:
+        return self._c.subscription()
+
+    def commit(self, offsets: Any = None, asynchronous: bool = False) -> concurrent.futures.Future[None] | None:
+        """Commit ``offsets`` (None: the current positions); ``asynchronous=True`` returns a future."""
+        if asynchronous:
+            async def start() -> Any:
+                return await self._c.commit(offsets, asynchronous=True)
+
+            task = self._run(start())
+            if task is None:
+                return None
+            fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+            def done(t: asyncio.Task[None]) -> None:
+                if t.cancelled():
+                    fut.cancel()
+                elif t.exception() is not None:
+                    fut.set_exception(t.exception())  # type: ignore[arg-type]
+                else:
+                    fut.set_result(None)
+
+            self._lt.call(task.add_done_callback, done)
+            return fut
+        self._run(self._c.commit(offsets))
+        return None
+
+    def committed(self, partitions: Iterable[Any], timeout: float | None = None) -> list[TopicPartition]:
+        """The group's committed offsets (offset -1001: none)."""
+        return self._run(self._c.committed(list(partitions), timeout))
+
+    def pause(self, partitions: Iterable[Any]) -> None:
+        self._run(_call(self._c.pause, list(partitions)))
+
+    def resume(self, partitions: Iterable[Any]) -> None:
+        self._run(_call(self._c.resume, list(partitions)))
+
+    def paused(self) -> list[TopicPartition]:
+        return self._c.paused()
+
+    def offsets_for_times(self, partitions: Iterable[Any], timeout: float | None = None) -> list[TopicPartition]:
+        """Earliest offsets with a timestamp at least each TopicPartition's ``offset`` (a timestamp in ms)."""
+        return self._run(self._c.offsets_for_times(list(partitions)), timeout)
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """For ``Producer.send_offsets_to_transaction``."""
+        return self._c.group_metadata()
+
+    @property
+    def member(self) -> Any:
+        """The asyncio group member while subscribed."""
+        return self._c.member
+
     def poll(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after ``timeout`` seconds (None: wait)."""
         return self._run(self._c.poll(timeout))
@@ -81,3 +162,11 @@ class Consumer:
 
 async def _call(fn: Any, *args: Any) -> Any:
     return fn(*args)
+
+
+def _threaded(cb: Any) -> Any:
+    """Run a blocking user callback on a worker thread, so it can call the blocking consumer."""
+    async def run(parts: list[TopicPartition]) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, cb, parts)
+
+    return run

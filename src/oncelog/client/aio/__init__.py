@@ -9,7 +9,8 @@ Layout (each module documents its internal API for the clients built on it):
 * :mod:`.producer`: the producer engine and the asyncio ``Producer``;
 * :mod:`.transactions`: the producer's transactions and KIP-939 two-phase
   commit (``PreparedTxnState``, ``ConsumerGroupMetadata``);
-* :mod:`.consumer`: the asyncio ``Consumer`` (manual assignment so far);
+* :mod:`.consumer`: the asyncio ``Consumer`` (manual assignment or group ``subscribe``);
+* :mod:`.group`, :mod:`.offsets`: group membership and offset commit/fetch;
 * :mod:`.admin`: the asyncio ``Admin`` (topics, configs, records, groups, transactions, producers);
 * :mod:`.session`: ``TransactSession``, exactly-once consume-transform-produce.
 

@@ -1,4 +1,4 @@
-"""The asyncio consumer, manual assignment only (group subscribe comes later).
+"""The asyncio consumer: manual assignment, or group ``subscribe`` by list or regex.
 
 Public: :class:`Consumer` (``from oncelog.client.aio import Consumer``),
 :class:`Message`, :class:`TopicPartition`.
@@ -17,21 +17,38 @@ Internal design (for the group consumer that builds on it):
   (ListOffsets earliest/latest; ``none`` -> :class:`OffsetOutOfRangeError`
   from :meth:`poll`); OFFSET_OUT_OF_RANGE resets the same way; leadership
   errors refresh metadata.
-* A group layer would call :meth:`assign` / :meth:`seek` from its rebalance
-  callbacks and read :meth:`position` to commit.
+* Groups: :meth:`subscribe` creates a :class:`oncelog.client.aio.group.GroupMember`
+  whose callbacks add (``_add``) and remove (``_remove``) partition states
+  incrementally; newly assigned partitions start at the group's committed
+  offset (OffsetFetch, ``require_stable`` under read_committed, KIP-447),
+  else at ``auto.offset.reset``. Removing a partition drops its buffered
+  records; every state gets a fresh ``generation`` so an in-flight Fetch for a
+  partition that was revoked and assigned again is ignored. Every
+  :meth:`consume` calls ``member.poll_happened()`` (``max.poll.interval.ms``)
+  and, with ``enable.auto.commit``, commits the positions of what earlier
+  polls returned every ``auto.commit.interval.ms`` (as Kafka's poll does).
+  A regex subscription lists the cluster's topics every
+  ``metadata.max.age.ms`` and rejoins when the matched set changes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import itertools
+import logging
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster
-from oncelog.client.config import ClientConfig, parse_config
+from oncelog.client.aio.cluster import METADATA, METADATA_VERSIONS, REFRESH_ERRORS, Cluster
+from oncelog.client.aio.group import GroupMember
+from oncelog.client.aio.offsets import OffsetAndMetadata, commit_offsets, fetch_offsets
+from oncelog.client.aio.transactions import ConsumerGroupMetadata
+from oncelog.client.config import ClientConfig, ConfigError, parse_config
 from oncelog.client.errors import (
     ClientClosedError,
     KafkaError,
@@ -51,6 +68,10 @@ from oncelog.client.reader import (
 from oncelog.protocol.errors import ErrorCode
 
 __all__ = ["Consumer", "Message", "TopicPartition"]
+
+log = logging.getLogger("oncelog.client.consumer")
+_generations = itertools.count(1)
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 FETCH, LIST_OFFSETS = 1, 2
 FETCH_VERSIONS = (4, 12)  # v13+ address topics by id only
@@ -89,7 +110,9 @@ class _PartitionState:
     buffer: deque[Message] = field(default_factory=deque)
     in_flight: bool = False
     error: KafkaError | None = None
-    generation: int = 0  # bumped by seek/assign: answers to older fetches are dropped
+    paused: bool = False
+    # unique per state and seek: answers to older fetches (or to a revoked state's) are dropped
+    generation: int = field(default_factory=lambda: next(_generations))
 
 
 def _tp(item: Any) -> TopicPartition:
@@ -124,6 +147,16 @@ class Consumer:
         self._fetches: set[asyncio.Task[None]] = set()
         self._closed = False
         self._started = False
+        self.group_id: str | None = self.config["group.id"] or None
+        self._member: GroupMember | None = None
+        self._literal_topics: list[str] = []
+        self._patterns: list[re.Pattern[str]] = []
+        self._user_cbs: dict[str, Any] = {}
+        self._regex_task: asyncio.Task[None] | None = None
+        self._auto_commit = bool(self.config["enable.auto.commit"]) and self.group_id is not None
+        self._next_auto_commit = time.monotonic() + self.config["auto.commit.interval.ms"] / 1000
+        self._commits: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     async def start(self) -> None:
         """Connect and read metadata."""
@@ -167,7 +200,7 @@ class Consumer:
         st.fetch_pos = st.consumed = offset
         st.buffer.clear()
         st.error = None
-        st.generation += 1
+        st.generation = next(_generations)
 
     def seek(self, partition: Any, offset: int | None = None) -> None:
         """Continue ``partition`` (assigned) from ``offset`` (or the TopicPartition's offset)."""
@@ -247,6 +280,298 @@ class Consumer:
             if st.generation == gen:
                 st.fetch_pos = st.consumed = off
 
+    def incremental_assign(self, partitions: Iterable[Any]) -> None:
+        """Add partitions to the assignment, keeping the others (and their positions)."""
+        self._add([_tp(p) for p in partitions])
+
+    def incremental_unassign(self, partitions: Iterable[Any]) -> None:
+        """Remove partitions from the assignment; their fetched, unreturned records are dropped."""
+        self._remove([_tp(p) for p in partitions])
+
+    def _add(self, tps: list[TopicPartition]) -> None:
+        for tp in tps:
+            key = (tp.topic, tp.partition)
+            st = self._parts.get(key)
+            if st is None:
+                st = self._parts[key] = _PartitionState(tp.topic, tp.partition)
+                self._order.append(key)
+            if tp.offset >= 0:
+                self._seek_state(st, tp.offset)
+            elif tp.offset in (EARLIEST, LATEST):
+                self._seek_state(st, None)
+                st.fetch_pos = tp.offset
+        self._wake.set()
+
+    def _remove(self, tps: list[TopicPartition]) -> None:
+        for tp in tps:
+            st = self._parts.pop((tp.topic, tp.partition), None)
+            if st is not None:
+                st.buffer.clear()
+        self._order = deque(k for k in self._order if k in self._parts)
+        self._wake.set()
+
+    # -- pause / resume ------------------------------------------------------------------
+
+    def pause(self, partitions: Iterable[Any]) -> None:
+        """Stop fetching and returning these (assigned) partitions until :meth:`resume`."""
+        for item in partitions:
+            tp = _tp(item)
+            st = self._parts.get((tp.topic, tp.partition))
+            if st is not None:
+                st.paused = True
+
+    def resume(self, partitions: Iterable[Any]) -> None:
+        """Fetch and return these partitions again."""
+        for item in partitions:
+            tp = _tp(item)
+            st = self._parts.get((tp.topic, tp.partition))
+            if st is not None:
+                st.paused = False
+        self._wake.set()
+
+    def paused(self) -> list[TopicPartition]:
+        """The paused partitions."""
+        return [TopicPartition(st.topic, st.partition) for st in self._parts.values() if st.paused]
+
+    async def offsets_for_times(self, partitions: Iterable[Any], timeout: float | None = None) -> list[TopicPartition]:
+        """For each ``TopicPartition(topic, partition, timestamp_ms)`` the earliest offset whose
+        timestamp is at least that timestamp (offset -1: none), as confluent-kafka's."""
+        out = []
+        for item in partitions:
+            tp = _tp(item)
+            off = await asyncio.wait_for(self._list_offset(tp.topic, tp.partition, tp.offset), timeout)
+            out.append(TopicPartition(tp.topic, tp.partition, off))
+        return out
+
+    # -- groups --------------------------------------------------------------------------
+
+    def subscribe(self, topics: Any, on_assign: Any = None, on_revoke: Any = None, on_lost: Any = None) -> None:
+        """Join ``group.id`` consuming ``topics``: a list of names, where a name starting with ``^``
+        is a regular expression (as in confluent-kafka), or one name, pattern string or compiled
+        ``re.Pattern``. Replaces an earlier subscription.
+
+        The callbacks get a list of :class:`TopicPartition` and may be coroutine functions
+        (awaited; the rebalance waits for them). ``on_assign``: partitions now owned (eager: the
+        whole assignment; cooperative: the added ones), after their positions were set from the
+        committed offsets, so a :meth:`seek` there wins. ``on_revoke``: partitions given up in an
+        orderly way (still assigned during the call, so it may :meth:`commit`). ``on_lost``:
+        partitions another member may already own (defaults to ``on_revoke``).
+        """
+        if self._closed:
+            raise ClientClosedError("consumer is closed")
+        if self.group_id is None:
+            raise ConfigError("subscribe() needs group.id")
+        items = [topics] if isinstance(topics, (str, re.Pattern)) else list(topics)
+        literal: list[str] = []
+        patterns: list[re.Pattern[str]] = []
+        for t in items:
+            if isinstance(t, re.Pattern):
+                patterns.append(t)
+            elif isinstance(t, str) and t.startswith("^"):
+                try:
+                    patterns.append(re.compile(t))
+                except re.error as exc:
+                    raise ConfigError(f"subscribe: bad regular expression {t!r}: {exc}") from None
+            elif isinstance(t, str) and t:
+                literal.append(t)
+            else:
+                raise TypeError(f"subscribe: not a topic name or pattern: {t!r}")
+        if not literal and not patterns:
+            raise ValueError("subscribe: no topics (use unsubscribe())")
+        self._literal_topics, self._patterns = sorted(set(literal)), patterns
+        self._user_cbs = {"on_assign": on_assign, "on_revoke": on_revoke, "on_lost": on_lost}
+        if self._member is None:
+            if self._parts:
+                self.assign([])  # a manual assignment ends with subscribe, as in Kafka
+            self._member = GroupMember(self.cluster, self.config, self._literal_topics, on_assign=self._on_assign,
+                                       on_revoke=self._on_revoke, on_lost=self._on_lost)
+            if not patterns:
+                asyncio.ensure_future(self._member.start())
+        else:
+            if not patterns:
+                self._member.subscribe(self._literal_topics)
+        if self._regex_task is not None:
+            self._regex_task.cancel()
+            self._regex_task = None
+        if patterns:
+            self._regex_task = asyncio.ensure_future(self._watch_topics(self._member))
+
+    def subscription(self) -> list[str]:
+        """The subscribed topic names (with a regex: the names it matches now)."""
+        return self._member.subscription if self._member is not None else []
+
+    async def unsubscribe(self) -> None:
+        """Leave the group (revoking the partitions, committing first with auto-commit)."""
+        if self._regex_task is not None:
+            self._regex_task.cancel()
+            self._regex_task = None
+        member, self._member = self._member, None
+        if member is not None:
+            await member.close()
+        self._literal_topics, self._patterns = [], []
+        self.assign([])
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """The group generation for ``Producer.send_offsets_to_transaction`` (KIP-447)."""
+        if self._member is not None:
+            return self._member.group_metadata()
+        if self.group_id is None:
+            raise ConfigError("group_metadata() needs group.id")
+        return ConsumerGroupMetadata(self.group_id, -1, "", self.config["group.instance.id"] or None)
+
+    @property
+    def member(self) -> GroupMember | None:
+        """The group member while subscribed (its ``generation_id``, ``member_id``, ...)."""
+        return self._member
+
+    async def _all_topics(self) -> list[str]:
+        conn = await self.cluster.any_connection()
+        v = conn.version(METADATA, METADATA_VERSIONS)
+        md = await conn.request(METADATA, v, {"topics": None, "allow_auto_topic_creation": False,
+                                              "include_cluster_authorized_operations": False,
+                                              "include_topic_authorized_operations": False})
+        return [t.name for t in md.topics
+                if int(t.error_code) == 0 and not getattr(t, "is_internal", False) and t.name not in INTERNAL_TOPICS]
+
+    async def _watch_topics(self, member: GroupMember) -> None:
+        """Regex subscription: match the cluster's topics now and every ``metadata.max.age.ms``."""
+        period = max(self.config["metadata.max.age.ms"] / 1000, 0.1)
+        backoff = self.config["retry.backoff.ms"] / 1000
+        started = member._task is not None
+        while self._member is member and not self._closing:
+            try:
+                names = await self._all_topics()
+            except KafkaError as exc:
+                log.info("listing topics for the regex subscription failed: %s", exc)
+                await asyncio.sleep(backoff)
+                continue
+            matched = {n for n in names if any(p.search(n) for p in self._patterns)}
+            want = sorted(matched | set(self._literal_topics))
+            if not started:
+                member._topics = want
+                await member.start()
+                started = True
+            elif want != member.subscription:
+                log.info("group %s: the regex subscription now matches %s", self.group_id, want)
+                member.subscribe(want)
+            await asyncio.sleep(period)
+
+    async def _call_user(self, name: str, tps: list[TopicPartition]) -> None:
+        cb = self._user_cbs.get(name)
+        if cb is None and name == "on_lost":
+            cb = self._user_cbs.get("on_revoke")
+        if cb is None:
+            return
+        res = cb(tps)
+        if inspect.isawaitable(res):
+            await res
+
+    async def _on_assign(self, parts: list[tuple[str, int]]) -> None:
+        tps = [TopicPartition(t, p) for t, p in parts]
+        if parts:
+            committed = await fetch_offsets(self.cluster, self.group_id or "", parts,
+                                            require_stable=self.isolation == READ_COMMITTED)
+            starts = []
+            for t, p in parts:
+                om = committed.get((t, p))
+                starts.append(TopicPartition(t, p, om.offset if om is not None and om.offset >= 0 else -1001))
+            self._add(starts)
+        await self._call_user("on_assign", tps)
+
+    async def _on_revoke(self, parts: list[tuple[str, int]]) -> None:
+        if self._auto_commit and not self._closing and parts:
+            try:
+                await self._commit_positions(parts)
+            except KafkaError as exc:
+                log.warning("auto-commit before revoking %s failed: %s", parts, exc)
+        try:
+            await self._call_user("on_revoke", [TopicPartition(t, p) for t, p in parts])
+        finally:
+            self._remove([TopicPartition(t, p) for t, p in parts])
+
+    async def _on_lost(self, parts: list[tuple[str, int]]) -> None:
+        try:
+            await self._call_user("on_lost", [TopicPartition(t, p) for t, p in parts])
+        finally:
+            self._remove([TopicPartition(t, p) for t, p in parts])
+
+    # -- offsets ---------------------------------------------------------------------------
+
+    def _positions(self, keys: Iterable[tuple[str, int]] | None) -> dict[tuple[str, int], int]:
+        sel = self._parts if keys is None else {k: self._parts[k] for k in keys if k in self._parts}
+        return {k: st.consumed for k, st in sel.items() if st.consumed is not None and st.consumed >= 0}
+
+    async def _commit_positions(self, keys: Iterable[tuple[str, int]] | None) -> None:
+        offsets = self._positions(keys)
+        if offsets:
+            await self._commit(offsets)
+
+    async def _commit(self, offsets: dict[tuple[str, int], int | OffsetAndMetadata]) -> None:
+        if self.group_id is None:
+            raise ConfigError("commit() needs group.id")
+        if self._member is not None:
+            await self._member.commit(offsets)
+        else:
+            await commit_offsets(self.cluster, self.group_id, offsets,
+                                 group_instance_id=self.config["group.instance.id"] or None)
+
+    def _maybe_auto_commit(self) -> None:
+        if not self._auto_commit or time.monotonic() < self._next_auto_commit:
+            return
+        self._next_auto_commit = time.monotonic() + self.config["auto.commit.interval.ms"] / 1000
+        if self._member is not None and not self._member.in_group:
+            return
+        offsets = self._positions(None)
+        if offsets:
+            task = asyncio.ensure_future(self._commit(offsets))
+            self._commits.add(task)
+            task.add_done_callback(self._commit_done)
+
+    def _commit_done(self, task: asyncio.Task[None]) -> None:
+        self._commits.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("asynchronous commit failed: %s", task.exception())
+
+    async def commit(self, offsets: Any = None, asynchronous: bool = False) -> asyncio.Task[None] | None:
+        """Commit ``offsets`` (``TopicPartition`` list with offsets, or ``{(topic, partition): offset}``;
+        None: the current positions of every assigned partition) for ``group.id``.
+
+        ``asynchronous=True`` returns at once with the task (its exception, if any, is the typed error);
+        otherwise waits and raises typed errors (``IllegalGenerationError``, ... after a rebalance).
+        """
+        if self.group_id is None:
+            raise ConfigError("commit() needs group.id")
+        if offsets is None:
+            norm: dict[tuple[str, int], int | OffsetAndMetadata] = dict(self._positions(None))
+        elif isinstance(offsets, dict):
+            norm = {(t, p): o for (t, p), o in offsets.items()}
+        else:
+            norm = {}
+            for item in offsets:
+                tp = _tp(item)
+                if tp.offset < 0:
+                    raise ValueError(f"commit: {tp.topic}-{tp.partition} has no offset")
+                norm[(tp.topic, tp.partition)] = tp.offset
+        if not norm:
+            return None
+        if asynchronous:
+            task = asyncio.ensure_future(self._commit(norm))
+            self._commits.add(task)
+            task.add_done_callback(self._commit_done)
+            return task
+        await self._commit(norm)
+        return None
+
+    async def committed(self, partitions: Iterable[Any], timeout: float | None = None) -> list[TopicPartition]:
+        """The group's committed offsets for ``partitions`` (offset -1001: none); ``require_stable``
+        under read_committed (KIP-447)."""
+        if self.group_id is None:
+            raise ConfigError("committed() needs group.id")
+        keys = [(tp.topic, tp.partition) for tp in map(_tp, partitions)]
+        got = await fetch_offsets(self.cluster, self.group_id, keys, require_stable=self.isolation == READ_COMMITTED,
+                                  timeout=timeout)
+        return [TopicPartition(t, p, om.offset if (om := got.get((t, p))) is not None else -1001) for t, p in keys]
+
     # -- consuming ---------------------------------------------------------------------------
 
     async def poll(self, timeout: float | None = None) -> Message | None:
@@ -259,12 +584,20 @@ class Consumer:
         if self._closed:
             raise ClientClosedError("consumer is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
+        member = self._member
+        if member is not None:
+            member.poll_happened()
+            if member.error is not None:
+                raise member.error
+        self._maybe_auto_commit()
         while True:
+            if member is not None and member.error is not None:
+                raise member.error
             out = self._take(num_messages)
             if out:
                 return out
             for st in self._parts.values():
-                if st.error is not None and not st.buffer:
+                if st.error is not None and not st.buffer and not st.paused:
                     err, st.error = st.error, None
                     raise err
             self._data.clear()
@@ -284,7 +617,7 @@ class Consumer:
             key = order[0]
             order.rotate(-1)  # round robin over partitions
             st = self._parts.get(key)
-            if st is None or not st.buffer:
+            if st is None or not st.buffer or st.paused:
                 continue
             buf = st.buffer
             while buf and len(out) < n:
@@ -308,6 +641,27 @@ class Consumer:
                 yield msg
 
     async def close(self) -> None:
+        """Commit (with ``enable.auto.commit``), leave the group (revoking the partitions), disconnect."""
+        if self._closed:
+            return
+        self._closing = True
+        try:
+            if self._auto_commit:
+                try:
+                    await self._commit_positions(None)
+                except KafkaError as exc:
+                    log.warning("auto-commit on close failed: %s", exc)
+            if self._regex_task is not None:
+                self._regex_task.cancel()
+            if self._member is not None:
+                await self._member.close()
+                self._member = None
+            if self._commits:
+                await asyncio.gather(*self._commits, return_exceptions=True)
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
         self._closed = True
         tasks = [t for t in (self._task, *self._fetches) if t is not None]
         for t in tasks:
@@ -328,7 +682,8 @@ class Consumer:
             by_node: dict[int, list[_PartitionState]] = {}
             refresh: set[str] = set()
             for st in self._parts.values():
-                if st.buffer or st.in_flight or st.error is not None or st.fetch_pos is None or st.fetch_pos < 0:
+                if (st.buffer or st.in_flight or st.paused or st.error is not None or st.fetch_pos is None
+                        or st.fetch_pos < 0):
                     continue
                 node = self.cluster.leader(st.topic, st.partition)
                 if node is None or self.cluster.stale(st.topic):
