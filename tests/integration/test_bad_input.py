@@ -727,6 +727,33 @@ def test_produce_acks0_mixed_appends_the_good_partition_then_closes(
 # -- afterwards --------------------------------------------------------------
 
 
+@pytest.mark.parametrize("count", [16_777_217, 10_001])
+def test_create_topics_with_too_many_partitions_is_a_policy_violation(
+    broker: EmbeddedBroker, background: BackgroundProducer, count: int
+) -> None:
+    """A fuzzed CreateTopics asked for 16,777,217 partitions and stalled the broker creating
+    directories; Kafka's controller refuses more than 10,000 per request, for every topic."""
+    with Connection(broker.bootstrap) as c:
+        r = c.request(19, 4, {"topics": [
+            {"name": f"huge-{count}", "num_partitions": count, "replication_factor": 1, "assignments": [], "configs": []},
+            {"name": f"small-{count}", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []},
+        ], "timeout_ms": 60000, "validate_only": False})
+        assert [(t.name, t.error_code) for t in r.topics] == [(f"huge-{count}", 44), (f"small-{count}", 44)]
+        assert r.topics[0].error_message == "Excessively large number of partitions per request."
+        r = c.request(37, 1, {"topics": [{"name": f"small-{count}", "count": count, "assignments": None}],
+                              "timeout": 1000, "validate_only": False})
+        assert r.results[0].error_code == 3  # not created above
+        c.request(19, 4, {"topics": [{"name": f"grow-{count}", "num_partitions": 1, "replication_factor": 1,
+                                      "assignments": [], "configs": []}], "timeout_ms": 60000, "validate_only": False})
+        r = c.request(37, 1, {"topics": [{"name": f"grow-{count}", "count": count + 1, "assignments": None}],
+                              "timeout": 1000, "validate_only": False})
+        assert (r.results[0].error_code, r.results[0].error_message) == (44, "Excessively large number of partitions per request.")
+    with Admin(broker.bootstrap) as admin:
+        assert f"huge-{count}" not in admin.list_topics()
+        assert len(admin.topic_summary(f"grow-{count}")["partitions"]) == 1
+    assert_serving(broker, background)
+
+
 def test_zz_rejected_data_unreadable_and_partition_still_writable(
     broker: EmbeddedBroker, background: BackgroundProducer
 ) -> None:
@@ -757,29 +784,3 @@ def test_zz_background_producer_lost_nothing(
     assert not missing, f"{len(missing)} acknowledged records lost or changed, e.g. {list(missing.items())[:3]}"
     assert len(consumed) == len(acked)
 
-
-@pytest.mark.parametrize("count", [16_777_217, 10_001])
-def test_create_topics_with_too_many_partitions_is_a_policy_violation(
-    broker: EmbeddedBroker, background: BackgroundProducer, count: int
-) -> None:
-    """A fuzzed CreateTopics asked for 16,777,217 partitions and stalled the broker creating
-    directories; Kafka's controller refuses more than 10,000 per request, for every topic."""
-    with Connection(broker.bootstrap) as c:
-        r = c.request(19, 4, {"topics": [
-            {"name": f"huge-{count}", "num_partitions": count, "replication_factor": 1, "assignments": [], "configs": []},
-            {"name": f"small-{count}", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []},
-        ], "timeout_ms": 60000, "validate_only": False})
-        assert [(t.name, t.error_code) for t in r.topics] == [(f"huge-{count}", 44), (f"small-{count}", 44)]
-        assert r.topics[0].error_message == "Excessively large number of partitions per request."
-        r = c.request(37, 1, {"topics": [{"name": f"small-{count}", "count": count, "assignments": None}],
-                              "timeout": 1000, "validate_only": False})
-        assert r.results[0].error_code == 3  # not created above
-        c.request(19, 4, {"topics": [{"name": f"grow-{count}", "num_partitions": 1, "replication_factor": 1,
-                                      "assignments": [], "configs": []}], "timeout_ms": 60000, "validate_only": False})
-        r = c.request(37, 1, {"topics": [{"name": f"grow-{count}", "count": count + 1, "assignments": None}],
-                              "timeout": 1000, "validate_only": False})
-        assert (r.results[0].error_code, r.results[0].error_message) == (44, "Excessively large number of partitions per request.")
-    with Admin(broker.bootstrap) as admin:
-        assert f"huge-{count}" not in admin.list_topics()
-        assert len(admin.topic_summary(f"grow-{count}")["partitions"]) == 1
-    assert_serving(broker, background)
