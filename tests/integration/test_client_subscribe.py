@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -33,18 +32,9 @@ from oncelog.client.groups import GroupAdmin
 from oncelog.testing import EmbeddedBroker
 
 from conftest import create_topic, wait_until
-from test_client_groups import Ownership
+from test_client_groups import BROKER_CONFIG, HEARTBEAT_MS, PARTITIONS, SESSION_MS, Ownership, fresh
 
 pytestmark = [pytest.mark.timeout(300)]
-
-PARTITIONS = 6
-SESSION_MS = 6000
-HEARTBEAT_MS = 300
-BROKER_CONFIG = {"group.initial.rebalance.delay.ms": "0", "oncelog.group.coordinator.tick.ms": "50"}
-
-
-def fresh(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="module")
