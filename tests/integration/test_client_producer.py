@@ -210,3 +210,38 @@ def test_delivery_timeout_then_epoch_bump_and_recovery(tmp_path: Any, kit: Any) 
     # records whose delivery timed out may or may not be in the log (their fate was unknown), never twice
     middle = values[100:-100]
     assert len(middle) == len(set(middle)) and all(v.startswith(b"lost-") for v in middle)
+
+
+def test_queued_batches_fill_max_in_flight(broker: EmbeddedBroker, kit: Any) -> None:
+    """A backlog of full batches goes out as up to ``max.in.flight.requests.per.connection`` pipelined
+    requests at once, not one request per answer (it was one: each sender pass sent one request and then
+    waited for the next wake-up, an answer), and still lands in order, exactly once."""
+    kit.create_topic(broker.bootstrap, "pipelined", 1)
+    seen: list[int] = []
+
+    async def run() -> list[Any]:
+        async with aio.Producer({"bootstrap.servers": broker.bootstrap, "batch.size": 1024,
+                                 "linger.ms": 1000}) as p:
+            cluster = p._core.cluster
+            await cluster.wait_topic("pipelined", 10)
+            conn = await cluster.connection(cluster.leader("pipelined", 0))
+            send = conn.send
+
+            def counting_send(api_key: int, *a: Any, **kw: Any) -> Any:
+                fut = send(api_key, *a, **kw)
+                if api_key == 0:
+                    seen.append(conn.in_flight)  # Produce requests unanswered, this one included
+                return fut
+
+            conn.send = counting_send  # type: ignore[method-assign]
+            futs = await p.produce_batch("pipelined", [b"%05d" % i + b"x" * 200 for i in range(200)], partition=0)
+            assert await p.flush(30) == 0
+            return [await f for f in futs]
+
+    mds = asyncio.run(asyncio.wait_for(run(), 60))
+    assert [m.offset for m in mds] == list(range(200))
+    assert len(seen) >= 20  # about 5 records a batch, one batch a request (one partition)
+    assert max(seen) == 5, seen  # the default max.in.flight, reached
+    ends = {0: kit.confluent_watermarks(broker.bootstrap, "pipelined", 1)[0][1]}
+    got = kit.confluent_consume_all(broker.bootstrap, "pipelined", ends)[0]
+    assert [m.value()[:5] for m in got] == [b"%05d" % i for i in range(200)]

@@ -602,7 +602,15 @@ class ProducerCore:
         while True:
             self._wake.clear()
             try:
-                wait = self._pass(time.monotonic())
+                # Each pass sends at most one request per leader (the first sendable batch of each of its
+                # partitions, as Java's drain). While a pass sent something, run another one for the
+                # batches queued behind, up to max.in.flight requests: with one pass per wake-up, a
+                # backlog went out one request per answer, one request in flight whatever max.in.flight.
+                for _ in range(max(1, self.max_in_flight)):
+                    requests = self.stats["requests"]
+                    wait = self._pass(time.monotonic())
+                    if self.stats["requests"] == requests:
+                        break
             except Exception as exc:  # a bug must not silently stop all delivery
                 self._fatal = KafkaError(f"producer sender failed: {exc!r}")
                 raise
