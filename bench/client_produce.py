@@ -66,11 +66,9 @@ def run_oncelog_batch(bootstrap: str, topic: str, n: int, payload: bytes) -> Non
     p = Producer({"bootstrap.servers": bootstrap, **ONCELOG_CONFIG})
     try:
         per = n // PARTITIONS
-        futs = []
-        for part in range(PARTITIONS):
-            futs.extend(p.produce_batch(topic, [payload] * per, partition=part))
+        calls = [p.produce_batch(topic, [payload] * per, partition=part) for part in range(PARTITIONS)]
         assert p.flush(120) == 0
-        assert all(f.done() and f.exception() is None for f in futs)
+        assert all(c.done() and c.exception() is None for c in calls)
     finally:
         p.close()
 

@@ -245,3 +245,35 @@ def test_queued_batches_fill_max_in_flight(broker: EmbeddedBroker, kit: Any) -> 
     ends = {0: kit.confluent_watermarks(broker.bootstrap, "pipelined", 1)[0][1]}
     got = kit.confluent_consume_all(broker.bootstrap, "pipelined", ends)[0]
     assert [m.value()[:5] for m in got] == [b"%05d" % i for i in range(200)]
+
+
+def test_batch_futures_made_before_and_after_completion(broker: EmbeddedBroker, kit: Any) -> None:
+    """produce_batch completes each batch's records at once: a record's future asked for before the
+    batch is answered and one asked for after both resolve to the record's own offset, across batch
+    boundaries; a batch the broker refuses fails every future of its records (and only those)."""
+    kit.create_topic(broker.bootstrap, "spans", 2, {"max.message.bytes": "3000"})
+    with Producer({"bootstrap.servers": broker.bootstrap, "batch.size": 2000, "linger.ms": 200}) as p:
+        good = p.produce_batch("spans", [b"%04d" % i + b"." * 300 for i in range(50)], partition=0)
+        early = [good[0], good[7], good[-1]]  # asked for while the records wait in the accumulator
+        bad = p.produce_batch("spans", [b"y" * 5000, b"z"], partition=1)  # batch 1 too large for the topic
+        assert len(good) == 50 and len(bad) == 2
+        p.flush(30)
+        assert good.done() and good.exception() is None
+        assert [f.result(5).offset for f in early] == [0, 7, 49]
+        assert [f.result(5).offset for f in good] == list(range(50))
+        assert good[3:6] == [good[3], good[4], good[5]] and good[4] is good[4]
+        assert {f.result(5).partition for f in good} == {0}
+        with pytest.raises(MessageTooLargeError):
+            bad[0].result(5)
+        assert isinstance(bad.exception(), MessageTooLargeError)
+        assert bad[1].result(5).offset == 0  # its own batch (the big record filled the first one)
+
+    async def run() -> list[int]:
+        async with aio.Producer({"bootstrap.servers": broker.bootstrap, "batch.size": 2000}) as ap:
+            futs = await ap.produce_batch("spans", [b"a" * 300] * 20, partition=0)
+            first = futs[0]
+            await ap.flush(30)
+            return [(await first).offset] + [(await f).offset for f in futs]
+
+    offs = asyncio.run(asyncio.wait_for(run(), 60))
+    assert offs == [50] + list(range(50, 70))

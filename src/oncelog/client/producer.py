@@ -19,6 +19,7 @@ from typing import Any
 
 from oncelog.client._loop import LoopThread
 from oncelog.client.aio.producer import (
+    BatchFutures,
     ProducerCore,
     RecordMetadata,
     _now_ms,
@@ -173,13 +174,17 @@ class Producer:
             append(*rec)
 
     def produce_batch(self, topic: str, values: Any, keys: Any = None, partition: int | None = None,
-                      timestamp: int | None = None, expected_offset: int | None = None) -> list[DeliveryFuture]:
-        """Queue many records (a list, or a pyarrow array); returns their futures in order."""
+                      timestamp: int | None = None, expected_offset: int | None = None) -> BatchFutures:
+        """Queue many records (a list, or a pyarrow array); returns their futures in order.
+
+        The result is a :class:`~oncelog.client.aio.producer.BatchFutures`
+        sequence of :class:`DeliveryFuture`, each made when first looked at
+        (``futs.done()`` / ``futs.exception()`` answer for the whole call)."""
         if self._closed:
             raise ClientClosedError("producer is closed")
         self._core.check_open()
         vals = _values_list(values)
-        futs = [DeliveryFuture() for _ in vals]
+        futs = BatchFutures(len(vals), DeliveryFuture, threading.Lock())
         self._lt.run(produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs, expected_offset))
         return futs
 

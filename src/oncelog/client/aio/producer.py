@@ -93,7 +93,7 @@ from oncelog.protocol.conditional import NEXT_OFFSET_TAG, parse_offset_tag, part
 from oncelog.protocol.fast_produce import array_len, string, uvarint
 from oncelog.protocol.records import HEADER_SIZE
 
-__all__ = ["Producer", "ProducerCore", "RecordMetadata"]
+__all__ = ["BatchFutures", "Producer", "ProducerCore", "RecordMetadata"]
 
 PRODUCE, INIT_PRODUCER_ID = 0, 22
 PRODUCE_VERSIONS = (3, 12)  # v13 addresses topics by id
@@ -155,14 +155,15 @@ def encode_produce_request(version: int, transactional_id: str | None, acks: int
 
 class _Batch:
     __slots__ = ("topic", "partition", "builder", "futures", "timestamps", "seq", "attempts", "in_flight",
-                 "created", "last_error", "in_doubt", "nbytes", "expected")
+                 "created", "last_error", "in_doubt", "nbytes", "expected", "spans")
 
     def __init__(self, topic: str, partition: int, builder: BatchBuilder) -> None:
         self.topic = topic
         self.partition = partition
         self.builder = builder
-        self.futures: list[Any] = []
-        self.timestamps: list[int] = []
+        self.futures: list[Any] = []  # one per record, or a _Span for many records of produce_batch
+        self.timestamps: list[int] = []  # one per entry of ``futures``
+        self.spans = False  # ``futures`` holds a _Span
         self.seq = -1
         self.attempts = 0
         self.in_flight = False
@@ -207,6 +208,146 @@ def _set_result(fut: Any, value: Any) -> None:
 def _set_error(fut: Any, exc: BaseException) -> None:
     if not fut.done():
         fut.set_exception(exc)
+
+
+class _Span:
+    """``count`` consecutive records of one ``produce_batch`` call inside one batch: one completion for
+    all of them (the per-record futures are made only when asked for, by :class:`BatchFutures`)."""
+
+    __slots__ = ("start", "count", "topic", "partition", "offset", "timestamp", "error", "done", "waiters", "lock")
+
+    def __init__(self, start: int, count: int, lock: Any) -> None:
+        self.start = start
+        self.count = count
+        self.topic = ""
+        self.partition = -1
+        self.offset = -1  # of record ``start`` (-1: unknown, a duplicate)
+        self.timestamp = -1
+        self.error: BaseException | None = None
+        self.done = False
+        self.waiters: dict[int, Any] | None = None  # record index -> future handed out before completion
+        self.lock = lock  # the blocking facade's (futures are asked for from other threads), else None
+
+    def metadata(self, i: int) -> RecordMetadata:
+        return RecordMetadata(self.topic, self.partition,
+                              self.offset + i - self.start if self.offset >= 0 else -1, self.timestamp)
+
+    def finish(self, topic: str, partition: int, offset: int, timestamp: int, error: BaseException | None) -> None:
+        lock = self.lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            if self.done:
+                return
+            self.topic, self.partition, self.offset, self.timestamp = topic, partition, offset, timestamp
+            self.error = error
+            self.done = True
+            waiters, self.waiters = self.waiters, None
+        finally:
+            if lock is not None:
+                lock.release()
+        if waiters:
+            for i, fut in waiters.items():
+                if error is not None:
+                    _set_error(fut, error)
+                else:
+                    _set_result(fut, self.metadata(i))
+
+
+class BatchFutures(Sequence[Any]):
+    """What ``produce_batch`` returns: the records' futures, in order, made on first access.
+
+    A sequence (``len``, indexing, slicing, iteration) of futures of
+    :class:`RecordMetadata` (blocking: :class:`~oncelog.client.producer.DeliveryFuture`;
+    asyncio: ``asyncio.Future``). The producer completes the records of one
+    batch at once, so a caller that never looks at a record's future costs
+    nothing per record. :meth:`done` and :meth:`exception` answer for the
+    whole call without making the futures.
+    """
+
+    def __init__(self, n: int, make: Callable[[], Any], lock: Any = None) -> None:
+        self._n = n
+        self._make = make
+        self._lock = lock
+        self._spans: list[_Span] = []  # in record order, covering 0..n-1 once placed
+        self._made: dict[int, Any] = {}
+        self._eager: list[Any] | None = None  # keyed records spread over partitions: one future each, made now
+
+    def eager(self) -> list[Any]:
+        """Make every record's future now (records that do not go to one partition in order)."""
+        self._eager = [self._future_made(i) for i in range(self._n)]
+        return self._eager
+
+    def _future_made(self, i: int) -> Any:
+        fut = self._made[i] = self._make()
+        return fut
+
+    def _span(self, start: int, count: int) -> _Span:
+        sp = _Span(start, count, self._lock)
+        self._spans.append(sp)
+        return sp
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _future(self, i: int) -> Any:
+        fut = self._made.get(i)
+        if fut is not None or self._eager is not None:
+            return fut
+        fut = self._made[i] = self._make()
+        spans = self._spans
+        lo, hi = 0, len(spans)
+        while lo < hi:  # the span holding record i
+            mid = (lo + hi) // 2
+            if spans[mid].start + spans[mid].count <= i:
+                lo = mid + 1
+            else:
+                hi = mid
+        sp = spans[lo]
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            if not sp.done:
+                if sp.waiters is None:
+                    sp.waiters = {}
+                sp.waiters[i] = fut
+                return fut
+        finally:
+            if lock is not None:
+                lock.release()
+        if sp.error is not None:
+            _set_error(fut, sp.error)
+        else:
+            _set_result(fut, sp.metadata(i))
+        return fut
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._future(j) for j in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("record index out of range")
+        return self._future(i)
+
+    def __iter__(self) -> Any:
+        return (self._future(i) for i in range(self._n))
+
+    def done(self) -> bool:
+        """True when every record of the call is delivered or failed (say, after ``flush()``)."""
+        if self._eager is not None:
+            return all(f.done() for f in self._eager)
+        return all(sp.done for sp in self._spans)
+
+    def exception(self) -> BaseException | None:
+        """The first record error of the call, or None when every record was delivered; does not wait
+        (raises TimeoutError while records are outstanding: ``flush()`` first)."""
+        if not self.done():
+            raise TimeoutError("records not delivered yet")
+        if self._eager is not None:
+            return next((f.exception() for f in self._eager if f.exception() is not None), None)
+        return next((sp.error for sp in self._spans if sp.error is not None), None)
 
 
 class ProducerCore:
@@ -393,8 +534,11 @@ class ProducerCore:
             self._kick()
 
     def append_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None,
-                    partition: int, timestamp: int, futures: list[Any], expected: int = -1) -> None:
+                    partition: int, timestamp: int, futures: "list[Any] | BatchFutures", expected: int = -1) -> None:
         """Add many records with no headers to one known partition, encoded in bulk.
+
+        ``futures``: one per record, or a :class:`BatchFutures` whose records
+        0..n-1 these are (then each batch completes them with one :class:`_Span`).
 
         ``expected`` >= 0: they must get offsets ``expected, expected+1, ...``
         (conditional batches; all placed now, so a sender pass cannot split them
@@ -422,8 +566,13 @@ class ProducerCore:
             b.builder.append_encoded(section, j - i, timestamp)
             b.nbytes = len(section)
             self.buffered_bytes += b.nbytes
-            b.futures.extend(futures[i:j])
-            b.timestamps.extend([timestamp] * (j - i))
+            if isinstance(futures, BatchFutures):
+                b.futures.append(futures._span(i, j - i))
+                b.timestamps.append(timestamp)
+                b.spans = True
+            else:
+                b.futures.extend(futures[i:j])
+                b.timestamps.extend([timestamp] * (j - i))
             i = j
         self._close_open(p)
         self._kick()
@@ -474,11 +623,17 @@ class ProducerCore:
         if self.txn is not None and b.futures:
             self.txn.batch_failed(exc, b.seq >= 0)
         per = b.nbytes
-        for fut in b.futures:
-            _set_error(fut, exc)
-        n = len(b.futures)
-        b.futures = []
-        self._complete_n(n, per)
+        futs, b.futures = b.futures, []
+        if b.spans:
+            for fut in futs:
+                if type(fut) is _Span:
+                    fut.finish(b.topic, b.partition, -1, -1, exc)
+                else:
+                    _set_error(fut, exc)
+        else:
+            for fut in futs:
+                _set_error(fut, exc)
+        self._complete_n(b.count if futs else 0, per)
 
     def _complete_n(self, n: int, nbytes: int) -> None:
         self._outstanding -= n
@@ -490,19 +645,29 @@ class ProducerCore:
 
     def _succeed_batch(self, b: _Batch, base_offset: int, log_append_time: int) -> None:
         topic, part = b.topic, b.partition
-        if log_append_time >= 0:
-            for i, fut in enumerate(b.futures):
+        futs, b.futures = b.futures, []
+        if b.spans:
+            i = 0
+            for fut, ts in zip(futs, b.timestamps):
+                off = base_offset + i if base_offset >= 0 else -1
+                ts = log_append_time if log_append_time >= 0 else ts
+                if type(fut) is _Span:
+                    fut.finish(topic, part, off, ts, None)
+                    i += fut.count
+                else:
+                    _set_result(fut, RecordMetadata(topic, part, off, ts))
+                    i += 1
+        elif log_append_time >= 0:
+            for i, fut in enumerate(futs):
                 _set_result(fut, RecordMetadata(topic, part, base_offset + i if base_offset >= 0 else -1,
                                                 log_append_time))
         elif base_offset >= 0:
-            for i, (fut, ts) in enumerate(zip(b.futures, b.timestamps)):
+            for i, (fut, ts) in enumerate(zip(futs, b.timestamps)):
                 _set_result(fut, RecordMetadata(topic, part, base_offset + i, ts))
         else:
-            for fut, ts in zip(b.futures, b.timestamps):
+            for fut, ts in zip(futs, b.timestamps):
                 _set_result(fut, RecordMetadata(topic, part, -1, ts))
-        n = len(b.futures)
-        b.futures = []
-        self._complete_n(n, b.nbytes)
+        self._complete_n(b.count if futs else 0, b.nbytes)
 
     # -- idempotence ------------------------------------------------------------------
 
@@ -1002,7 +1167,7 @@ def _values_list(values: Any) -> list[bytes | None]:
 
 
 async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | None], keys: Any,
-                             partition: int | None, timestamp: int | None, futs: list[Any],
+                             partition: int | None, timestamp: int | None, futs: BatchFutures,
                              expected_offset: int | None = None) -> None:
     """The batch API shared by both facades: ``futs[i]`` completes with record ``i``'s metadata."""
     if expected_offset is not None:
@@ -1018,12 +1183,13 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
     if expected_offset is not None:
         core.append_many(topic, vals, ks, partition, ts, futs, expected_offset)  # type: ignore[arg-type]
     elif partition is None and ks is not None:
+        each = futs.eager()  # spread over partitions: one future per record
         groups: dict[int, list[int]] = {}
         for i, k in enumerate(ks):
             groups.setdefault(core.sticky.partition(topic, n) if k is None else partition_for_key(k, n),
                               []).append(i)
         for part, idx in groups.items():
-            core.append_many(topic, [vals[i] for i in idx], [ks[i] for i in idx], part, ts, [futs[i] for i in idx])
+            core.append_many(topic, [vals[i] for i in idx], [ks[i] for i in idx], part, ts, [each[i] for i in idx])
     else:
         part = core.sticky.partition(topic, n) if partition is None else partition
         core.append_many(topic, vals, ks, part, ts, futs)
@@ -1094,16 +1260,17 @@ class Producer:
 
     async def produce_batch(self, topic: str, values: Any, keys: Any = None, partition: int | None = None,
                             timestamp: int | None = None, expected_offset: int | None = None
-                            ) -> list[asyncio.Future[RecordMetadata]]:
+                            ) -> BatchFutures:
         """Queue many records at once (a list, or a pyarrow array); returns their futures, in order.
 
         With ``partition`` (or without keys) the records section is encoded in
-        bulk; with keys each record goes to its key's partition.
+        bulk; with keys each record goes to its key's partition. The result is
+        a :class:`BatchFutures` sequence: a record's ``asyncio.Future`` is made
+        when it is first looked at.
         """
         self._core.check_open()
         vals = _values_list(values)
-        loop = asyncio.get_running_loop()
-        futs = [loop.create_future() for _ in vals]
+        futs = BatchFutures(len(vals), asyncio.get_running_loop().create_future)
         await produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs, expected_offset)
         return futs
 
