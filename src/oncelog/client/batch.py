@@ -28,6 +28,7 @@ import struct
 import time
 from collections.abc import Sequence
 from itertools import chain, repeat
+from operator import add
 from typing import Any
 
 import cramjam
@@ -47,7 +48,7 @@ from oncelog.protocol.records import (
     TRANSACTIONAL_BIT,
 )
 
-__all__ = ["BatchBuilder", "CODECS", "batch_bytes", "compress", "encode_record", "encode_records", "varint"]
+__all__ = ["BatchBuilder", "CODECS", "batch_bytes", "batch_header", "compress", "encode_record", "encode_records", "record_sizes", "varint"]
 
 CODECS = {"none": COMPRESSION_NONE, "gzip": COMPRESSION_GZIP, "snappy": COMPRESSION_SNAPPY,
           "lz4": COMPRESSION_LZ4, "zstd": COMPRESSION_ZSTD}
@@ -121,6 +122,15 @@ def encode_records(values: Sequence[bytes | None], keys: Sequence[bytes | None] 
                                             repeat(b"\x00", n))))
 
 
+def record_sizes(values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None) -> list[int]:
+    """An upper bound of each record's encoded size (no headers): what ``batch.size`` is checked with."""
+    vl = [0 if v is None else len(v) for v in values] if None in values else list(map(len, values))
+    if keys is not None:
+        kl = [0 if k is None else len(k) for k in keys] if None in keys else list(map(len, keys))
+        vl = list(map(add, vl, kl))
+    return list(map(add, vl, repeat(RECORD_OVERHEAD_MAX, len(vl))))
+
+
 # -- compression -------------------------------------------------------------------
 
 
@@ -186,17 +196,26 @@ def compress(codec: int, data: bytes) -> bytes:
 # -- batches -----------------------------------------------------------------------
 
 
-def batch_bytes(body: bytes, *, codec: int, count: int, base_timestamp: int, max_timestamp: int,
-                producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
-                transactional: bool = False) -> bytes:
-    """A whole v2 batch: header (base offset 0) + ``body`` (the records section, compressed), CRC set."""
+def batch_header(body: bytes, *, codec: int, count: int, base_timestamp: int, max_timestamp: int,
+                 producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+                 transactional: bool = False) -> bytearray:
+    """The 61-byte v2 batch header (base offset 0) for ``body`` (the records section, compressed), CRC set."""
     attributes = codec | (TRANSACTIONAL_BIT if transactional else 0)
     head = bytearray(HEADER_SIZE)
     _HEADER.pack_into(head, 0, 0, HEADER_SIZE - LOG_OVERHEAD + len(body), -1, MAGIC_V2, 0, attributes,
                       count - 1, base_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence, count)
     crc = crc32c(body, crc32c(memoryview(head)[CRC_START:]))
     _U32.pack_into(head, 17, crc)
-    return bytes(head) + body
+    return head
+
+
+def batch_bytes(body: bytes, *, codec: int, count: int, base_timestamp: int, max_timestamp: int,
+                producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+                transactional: bool = False) -> bytes:
+    """A whole v2 batch: header (base offset 0) + ``body`` (the records section, compressed), CRC set."""
+    return bytes(batch_header(body, codec=codec, count=count, base_timestamp=base_timestamp,
+                              max_timestamp=max_timestamp, producer_id=producer_id, producer_epoch=producer_epoch,
+                              base_sequence=base_sequence, transactional=transactional)) + body
 
 
 class BatchBuilder:
@@ -269,6 +288,14 @@ class BatchBuilder:
             self.body = compress(self.codec, b"".join(self.parts))
             self.parts = []
         return self.body
+
+    def header(self, producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+               transactional: bool = False) -> bytearray:
+        """The batch header for :meth:`close`'s body (send both, in that order, without joining them)."""
+        return batch_header(self.close(), codec=self.codec, count=self.count, base_timestamp=self.base_timestamp,
+                            max_timestamp=self.max_timestamp, producer_id=producer_id,
+                            producer_epoch=producer_epoch, base_sequence=base_sequence,
+                            transactional=transactional)
 
     def to_bytes(self, producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
                  transactional: bool = False) -> bytes:

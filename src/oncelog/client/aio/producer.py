@@ -64,14 +64,16 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
+from bisect import bisect_right
 from collections import deque
+from itertools import accumulate
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster
 from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
-from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_records
+from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_records, record_sizes
 from oncelog.client.config import ClientConfig, parse_config
 from oncelog.client.config import ConfigError
 from oncelog.client.errors import (
@@ -125,9 +127,11 @@ _I16, _I32 = struct.Struct(">h"), struct.Struct(">i")
 
 
 def encode_produce_request(version: int, transactional_id: str | None, acks: int, timeout_ms: int,
-                           topics: dict[str, list[tuple[int, bytes]]],
-                           expected: dict[tuple[str, int], int] | None = None) -> list[bytes]:
+                           topics: dict[str, list[tuple[int, Any]]],
+                           expected: dict[tuple[str, int], int] | None = None) -> list[Any]:
     """A Produce v3-v12 request body as a list of parts (records are not copied).
+
+    A partition's records are ``bytes`` or a tuple of parts (batch header, body).
 
     ``expected``: ``{(topic, partition): expected offset}`` for conditional
     partitions (v9+ only; tag 10000, docs/conditional-publish.md)."""
@@ -138,8 +142,13 @@ def encode_produce_request(version: int, transactional_id: str | None, acks: int
         out.append(array_len(len(parts), flex))
         for index, records in parts:
             out.append(_I32.pack(index))
-            out.append(uvarint(len(records) + 1) if flex else _I32.pack(len(records)))
-            out.append(records)
+            if type(records) is tuple:
+                size = sum(map(len, records))
+                out.append(uvarint(size + 1) if flex else _I32.pack(size))
+                out.extend(records)
+            else:
+                out.append(uvarint(len(records) + 1) if flex else _I32.pack(len(records)))
+                out.append(records)
             if flex:
                 k = expected.get((name, index), -1) if expected else -1
                 out.append(partition_tag_block(k) if k >= 0 else b"\x00")
@@ -551,17 +560,16 @@ class ProducerCore:
         self._outstanding += len(values)
         self._idle.clear()  # type: ignore[union-attr]
         i, n = 0, len(values)
+        # records per batch: at most batch.size bytes (one record alone may be larger), by an upper bound
+        # of each record's size; ends[i] is the bytes of records 0..i-1
+        ends = list(accumulate(record_sizes(values, keys), initial=0))
+        room = self.batch_size - HEADER_SIZE
         while i < n:
             if p.open is not None:
                 self._close_open(p)
-            # records per batch: stay near batch.size
             b = p.open = _Batch(topic, partition, BatchBuilder(self.batch_size, self.codec))
             b.expected = expected + i if expected >= 0 else -1
-            j, size = i, HEADER_SIZE
-            while j < n and (j == i or size < self.batch_size):
-                v, k = values[j], keys[j] if keys is not None else None
-                size += 8 + (len(v) if v else 0) + (len(k) if k else 0)
-                j += 1
+            j = max(i + 1, bisect_right(ends, ends[i] + room, i + 1) - 1)
             section = encode_records(values[i:j], None if keys is None else keys[i:j])
             b.builder.append_encoded(section, j - i, timestamp)
             b.nbytes = len(section)
@@ -948,10 +956,11 @@ class ProducerCore:
                     p.unacked.append(b)
             elif total and total + b.builder.size > self.max_request:
                 continue
-            data = b.builder.to_bytes(self.producer_id if self.idempotent else -1,
-                                      self.producer_epoch if self.idempotent else -1,
-                                      b.seq, self.transactional_id is not None)
-            total += len(data)
+            head = b.builder.header(self.producer_id if self.idempotent else -1,
+                                    self.producer_epoch if self.idempotent else -1,
+                                    b.seq, self.transactional_id is not None)
+            data = (head, b.builder.body)  # handed to the socket as parts: the records are not copied here
+            total += HEADER_SIZE + len(data[1])
             topics.setdefault(b.topic, []).append((b.partition, data))
             b.in_flight = True
             b.attempts += 1
@@ -963,8 +972,8 @@ class ProducerCore:
         if not sent:
             return
         expected = {(b.topic, b.partition): b.expected for b in sent} if conditional else None
-        body = b"".join(encode_produce_request(version, self.transactional_id, self.acks, self.request_timeout_ms,
-                                               topics, expected))
+        body = encode_produce_request(version, self.transactional_id, self.acks, self.request_timeout_ms,
+                                      topics, expected)
         # a conditional request's answer is decoded here, keeping the unknown tags (the actual next offset)
         fut = conn.send(PRODUCE, version, body, expect_response=self.acks != 0, raw_response=conditional)
         self._node_inflight[node] = self._node_inflight.get(node, 0) + 1
