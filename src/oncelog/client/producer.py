@@ -14,6 +14,7 @@ import concurrent.futures
 import threading
 import time
 from collections import deque
+from time import time as _time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,6 @@ from oncelog.client.aio.producer import (
     BatchFutures,
     ProducerCore,
     RecordMetadata,
-    _now_ms,
     _to_bytes,
     _values_list,
     produce_batch_into,
@@ -109,6 +109,7 @@ class Producer:
         self._lock = threading.Lock()
         self._delivered: deque[DeliveryFuture] = deque()
         self._closed = False
+        self._buffer_memory = self.config["buffer.memory"]
         try:
             self._lt.run(self._core.start(), self.config["max.block.ms"] / 1000 + 5)
         except BaseException:
@@ -139,16 +140,20 @@ class Producer:
         ``k`` or not be written (conditional produce, docs/conditional-publish.md);
         a refusal fails it with :class:`~oncelog.client.errors.OffsetMismatch`.
         """
+        core = self._core
         if self._closed:
             raise ClientClosedError("producer is closed")
-        self._core.check_open()
+        core.check_open()
         if expected_offset is not None:
-            self._core.check_conditional(partition, expected_offset)
-        value, key = _to_bytes(value, "value"), _to_bytes(key, "key")
-        if self._core.buffered_bytes > self.config["buffer.memory"]:
+            core.check_conditional(partition, expected_offset)
+        if value is not None and type(value) is not bytes:
+            value = _to_bytes(value, "value")
+        if key is not None and type(key) is not bytes:
+            key = _to_bytes(key, "key")
+        if core.buffered_bytes > self._buffer_memory:
             self._wait_for_space()
-        fut = DeliveryFuture(self, on_delivery)
-        rec = (topic, value, key, partition, headers, _now_ms() if timestamp is None else timestamp, fut,
+        fut = DeliveryFuture(self, on_delivery) if on_delivery is not None else DeliveryFuture()
+        rec = (topic, value, key, partition, headers, int(_time() * 1000) if timestamp is None else timestamp, fut,
                -1 if expected_offset is None else expected_offset)
         with self._lock:
             self._incoming.append(rec)

@@ -495,9 +495,10 @@ class ProducerCore:
     def append(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None,
                headers: Any, timestamp: int, future: Any, expected: int = -1) -> None:
         """Add one record (see module docstring); ``future`` gets its RecordMetadata or error."""
+        if not self._outstanding:
+            self._idle.clear()  # type: ignore[union-attr]  # set only while nothing is outstanding
         self._outstanding += 1
         self.buffered_bytes += (len(value) if value else 0) + (len(key) if key else 0)
-        self._idle.clear()  # type: ignore[union-attr]
         self._place(topic, value, key, partition, headers, timestamp, future, expected)
 
     def _place(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None,
@@ -506,7 +507,7 @@ class ProducerCore:
         if info is None or not info.leaders or topic in self._waiting:
             self._wait_for_topic(topic, (topic, value, key, partition, headers, timestamp, future, expected))
             return
-        n = info.partitions
+        n = len(info.leaders)
         if partition is None or partition < 0:
             partition = self.sticky.partition(topic, n) if key is None else partition_for_key(key, n)
         elif partition >= n:
@@ -557,8 +558,9 @@ class ProducerCore:
         p = self.partitions.get((topic, partition))
         if p is None:
             p = self.partitions[(topic, partition)] = _Partition(topic, partition)
+        if not self._outstanding:
+            self._idle.clear()  # type: ignore[union-attr]
         self._outstanding += len(values)
-        self._idle.clear()  # type: ignore[union-attr]
         i, n = 0, len(values)
         # records per batch: at most batch.size bytes (one record alone may be larger), by an upper bound
         # of each record's size; ends[i] is the bytes of records 0..i-1
