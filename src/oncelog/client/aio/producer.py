@@ -16,6 +16,15 @@ Internal design (for the transactions work that builds on it):
   older than ``linger.ms`` or flushed, and sends, per leader, one Produce
   request holding at most one batch per partition, with at most
   ``max.in.flight.requests.per.connection`` unanswered requests per broker.
+  A full batch wakes it at once; each wake-up repeats the pass while it sends
+  something, so a backlog goes out as up to that many pipelined requests.
+  Requests go to the socket as parts (batch header and body apart), joined
+  by nobody but the transport.
+* ``produce_batch`` (:func:`produce_batch_into`) encodes a partition's values
+  in bulk (:func:`~oncelog.client.batch.encode_records`) and puts one
+  ``_Span`` per batch in ``_Batch.futures`` instead of a future per record:
+  the batch completes them at once, and :class:`BatchFutures` makes a
+  record's future when it is asked for.
 * Per partition (:class:`_Partition`): ``ready`` (closed, no sequence yet),
   ``unacked`` (sequenced, sent at least once, not acknowledged; in sequence
   order), ``acked_seq`` (the sequence after the last acknowledged batch).
