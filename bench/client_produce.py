@@ -201,19 +201,23 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {rnd} {c}: {r:,.0f} records/s, client {cc:.3f} CPU s/MB, broker {bc:.3f} CPU s/MB",
                       file=sys.stderr)
     meta = run_metadata()
-    ref = "confluent" if "confluent" in runs else None
     print(f"Produce {args.records:,} x {args.size} B records, 8 partitions, acks=all, linger.ms=5, idempotent, "
           f"{args.rounds} rounds paired ({' '.join(clients)}); oncelog config {ONCELOG_CONFIG}; batch.size of the "
           f"others: {OTHER_BATCH_SIZE or 'their defaults'}; python {meta['python']}, {meta['cpu_count']} CPUs "
           f"(shared), oncelog {meta['oncelog_git']}, librdkafka {meta['librdkafka']}\n`{meta['command']}`\n")
-    print("| client | median records/s | runs | vs confluent-kafka (median of round ratios) "
-          "| client CPU s/MB | broker CPU s/MB |")
-    print("|---|---:|---|---:|---:|---:|")
+    refs = [r for r in ("confluent", "kafkapython", "aiokafka") if r in runs]
+
+    def ratio(c: str, ref: str) -> str:  # the median of the per-round ratios (pairs run back to back)
+        return f"{statistics.median(a[0] / b[0] for a, b in zip(runs[c], runs[ref])):.2f}x"
+
+    print("| client | median records/s | runs | " + " | ".join(f"vs {r}" for r in refs)
+          + " | client CPU s/MB | broker CPU s/MB |")
+    print("|---|---:|---|" + "---:|" * len(refs) + "---:|---:|")
     for c, rs in runs.items():
         med = statistics.median(r[0] for r in rs)
-        ratio = f"{statistics.median(a[0] / b[0] for a, b in zip(rs, runs[ref])):.2f}x" if ref else "n/a"
-        print(f"| {c} | {med:,.0f} | {', '.join(f'{r[0]:,.0f}' for r in rs)} | {ratio} "
-              f"| {statistics.median(r[1] for r in rs):.3f} | {statistics.median(r[2] for r in rs):.3f} |")
+        print(f"| {c} | {med:,.0f} | {', '.join(f'{r[0]:,.0f}' for r in rs)} | "
+              + " | ".join(ratio(c, r) for r in refs)
+              + f" | {statistics.median(r[1] for r in rs):.3f} | {statistics.median(r[2] for r in rs):.3f} |")
     return 0
 
 
