@@ -277,3 +277,29 @@ def test_batch_futures_made_before_and_after_completion(broker: EmbeddedBroker, 
 
     offs = asyncio.run(asyncio.wait_for(run(), 60))
     assert offs == [50] + list(range(50, 70))
+
+
+def test_blocking_futures_and_on_delivery_see_each_records_metadata(broker: EmbeddedBroker, kit: Any) -> None:
+    """A batch completes its records' DeliveryFutures at once (metadata made when asked for): a thread
+    already waiting in result(), a future read later and on_delivery (run by flush) all see the
+    record's own partition, offset and timestamp."""
+    import threading
+
+    kit.create_topic(broker.bootstrap, "deliv", 2)
+    calls: list[tuple[Any, Any]] = []
+    with Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 300}) as p:
+        futs = [p.produce("deliv", b"v%d" % i, partition=i % 2, timestamp=1_700_000_000_000 + i,
+                          on_delivery=(lambda e, m: calls.append((e, m))) if i % 3 == 0 else None)
+                for i in range(60)]
+        waited: list[Any] = []
+        waiter = threading.Thread(target=lambda: waited.append(futs[7].result(30)))
+        waiter.start()  # blocks in result() while the batch lingers
+        assert p.flush(30) == 0
+        waiter.join(30)
+        mds = [f.result(0) for f in futs]
+    assert waited == [mds[7]]
+    assert [(m.partition, m.offset, m.timestamp) for m in mds] == \
+        [(i % 2, i // 2, 1_700_000_000_000 + i) for i in range(60)]
+    assert [e for e, _ in calls] == [None] * 20
+    assert sorted((m.partition, m.offset) for _, m in calls) == sorted((mds[i].partition, mds[i].offset)
+                                                                      for i in range(0, 60, 3))

@@ -228,6 +228,25 @@ def _set_error(fut: Any, exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
+class BatchResult:
+    """Where a successful batch's records went: record ``i``'s :class:`RecordMetadata` is made from it
+    only when asked for (:meth:`metadata`); see ``ProducerCore.complete_many``."""
+
+    __slots__ = ("topic", "partition", "base_offset", "log_append_time", "timestamps")
+
+    def __init__(self, topic: str, partition: int, base_offset: int, log_append_time: int,
+                 timestamps: list[int]) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.base_offset = base_offset  # -1: unknown (acknowledged as a duplicate)
+        self.log_append_time = log_append_time  # -1: CreateTime, the records' own timestamps
+        self.timestamps = timestamps
+
+    def metadata(self, i: int) -> RecordMetadata:
+        return RecordMetadata(self.topic, self.partition, self.base_offset + i if self.base_offset >= 0 else -1,
+                              self.log_append_time if self.log_append_time >= 0 else self.timestamps[i])
+
+
 class _Span:
     """``count`` consecutive records of one ``produce_batch`` call inside one batch: one completion for
     all of them (the per-record futures are made only when asked for, by :class:`BatchFutures`)."""
@@ -408,6 +427,8 @@ class ProducerCore:
         self._fatal: KafkaError | None = None
         self.buffered_bytes = 0
         self.on_complete: Callable[[int], None] | None = None  # called with bytes released (blocking facade)
+        # the blocking facade's: completes a successful batch's per-record futures from one BatchResult
+        self.complete_many: Callable[[list[Any], BatchResult], None] | None = None
         self.stats = {"batches_sent": 0, "requests": 0, "retries": 0, "epoch_bumps": 0}
         self.txn: TransactionManager | None = TransactionManager(self) if self.transactional_id else None
 
@@ -665,7 +686,9 @@ class ProducerCore:
     def _succeed_batch(self, b: _Batch, base_offset: int, log_append_time: int) -> None:
         topic, part = b.topic, b.partition
         futs, b.futures = b.futures, []
-        if b.spans:
+        if self.complete_many is not None and not b.spans:
+            self.complete_many(futs, BatchResult(topic, part, base_offset, log_append_time, b.timestamps))
+        elif b.spans:
             i = 0
             for fut, ts in zip(futs, b.timestamps):
                 off = base_offset + i if base_offset >= 0 else -1
