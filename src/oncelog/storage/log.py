@@ -940,22 +940,30 @@ class PartitionLog:
             old.close()
         return True
 
-    def finish_swaps(self, installed: list[tuple[int, int]], dropped: list[Segment]) -> None:
-        """Step 5 (cleaner thread): make the installs durable, remove the old files and the
-        manifest; then throw away the cleaned segments that were not installed (``dropped``).
-        The removals need no fsync of their own: if a crash loses them, recovery removes
-        ``.deleted`` files, and a leftover manifest entry of an installed group only names
-        old segments that no longer exist (no new segment ever gets a base offset inside a
-        replaced group)."""
+    def finish_swaps(
+        self, installed: list[tuple[int, int]], dropped: list[Segment], unlink: bool = True
+    ) -> list[Path]:
+        """Step 5 (cleaner thread): make the installs durable, remove the manifest and the
+        old files; then throw away the cleaned segments that were not installed (``dropped``).
+        With ``unlink=False`` the old (``.deleted``) files are returned for the caller to
+        remove at its own pace instead. The removals need no fsync of their own: if a crash
+        loses them, recovery removes ``.deleted`` files, and a leftover manifest entry of an
+        installed group only names old segments that no longer exist (no new segment ever
+        gets a base offset inside a replaced group)."""
         fsync_dir(self.directory)
         crash_point("finish")
+        old = []
         for p in self.directory.glob("*" + DELETED_SUFFIX):
             stem = p.name.split(".", 1)[0]
             if stem.isdigit() and any(b <= int(stem) < e for b, e in installed):
-                p.unlink(missing_ok=True)
+                old.append(p)
         (self.directory / SWAP_MANIFEST).unlink(missing_ok=True)
+        if unlink:
+            for p in old:
+                p.unlink(missing_ok=True)
         if dropped:
             self.abort_cleaned(dropped)
+        return [] if unlink else old
 
     def abort_cleaned(self, segs: list[Segment]) -> None:
         """Throw cleaned segments away (cleaner thread), whatever step they reached before install."""
