@@ -537,38 +537,6 @@ def _children(pid: int) -> set[int]:
     return out
 
 
-@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="needs Linux autogroups")
-def test_the_cleaner_processes_run_at_the_lowest_priority_in_a_group_of_their_own(tmp_path: Path) -> None:
-    import ctypes
-    import os
-
-    b = start_broker(tmp_path, config={**CLEANER, "log.cleaner.threads": "2"})
-    try:
-        _create(b)  # the cleaner processes start once a compacted topic exists
-        assert b.proc is not None
-        def nice(pid: int) -> int:
-            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
-
-        deadline = time.monotonic() + 30
-        while True:  # until both are started and initialised
-            kids = [k for k in _children(b.proc.pid) if "spawn_main" in Path(f"/proc/{k}/cmdline").read_text()]
-            if len(kids) == 2 and all(nice(k) == 19 for k in kids):
-                break
-            assert time.monotonic() < deadline, [(k, nice(k)) for k in kids]
-            time.sleep(0.1)
-        time.sleep(0.5)  # the rest of the initialiser
-        broker_group = Path(f"/proc/{b.proc.pid}/autogroup").read_text().split()[0]
-        for kid in kids:
-            assert os.getsid(kid) == kid  # a session of its own ...
-            group, _nice, weight = Path(f"/proc/{kid}/autogroup").read_text().split()
-            assert group != broker_group and weight == "19"  # ... so an autogroup of its own, at nice 19
-            ioprio = ctypes.CDLL(None, use_errno=True).syscall(252, 1, kid)  # ioprio_get (x86-64)
-            if os.uname().machine == "x86_64":
-                assert ioprio == (2 << 13) | 7, ioprio  # best effort, level 7
-    finally:
-        b.close()
-
-
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 def test_the_cleaner_process_dies_with_a_killed_broker(tmp_path: Path) -> None:
     # a throttled cleaner is mid-pass when the broker is killed: its process must not go on
