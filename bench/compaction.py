@@ -25,7 +25,11 @@ loop's and the broker process's scheduling delay, no disk). CPU seconds of the
 broker, the cleaner process and this process over the window come from
 /proc/<pid>/stat.
 
-Prints a markdown report on stdout, progress on stderr.
+Each pass's phases (map, copy, sync, commit, install, finish) and the event
+loop's worst lag during it come from the pass's log line; ``--keep-logs DIR``
+keeps every run's broker log. Prints a markdown report on stdout (with the
+median over pairs of running/idle), progress and any ``fdatasync`` of the disk
+probe slower than 100 ms (with its time, to match against the logs) on stderr.
 """
 
 from __future__ import annotations
