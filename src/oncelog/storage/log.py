@@ -360,10 +360,12 @@ class PartitionLog:
             # the checkpoint is missing or corrupt: rebuild it from every batch's
             # partitionLeaderEpoch, as Kafka's segment recovery does, so OffsetForLeaderEpoch
             # answers as before and the next epoch stays above every one in the log
+            corrupt = epochs.path.exists()  # missing is normal for the broker's internal logs
             epochs.rebuild(_batch_epochs(segments))
-            logger.warning(
-                "%s: %s was missing or corrupt; rebuilt from the batches: %s",
-                directory.name, epochs.path.name, epochs.entries(),
+            logger.log(
+                logging.WARNING if corrupt else logging.INFO,
+                "%s: %s was %s; rebuilt from the batches: %s",
+                directory.name, epochs.path.name, "corrupt" if corrupt else "missing", epochs.entries(),
             )
         max_epoch_seen = epochs.latest_epoch
         epochs.truncate_from_end(log_end + 1)  # an epoch starting at the log end has no records yet
