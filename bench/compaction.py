@@ -17,14 +17,29 @@ so the cleaner works through the whole prefill during the window; in the
 pairs. The cleaner's throughput comes from its per-pass log lines (bytes read
 for the map and the copy, over the pass's duration).
 
-Prints a markdown report on stdout, progress on stderr.
+Two probes separate the causes of a latency jump, in both kinds of run: a
+*disk* probe (a thread appending 4 KiB to a file in the broker's data
+directory and ``fdatasync``-ing it every 10 ms: what a group commit waits for)
+and a *broker* probe (a raw ApiVersions round trip every 10 ms: the event
+loop's and the broker process's scheduling delay, no disk). CPU seconds of the
+broker, the cleaner process and this process over the window come from
+/proc/<pid>/stat.
+
+Each pass's phases (map, copy, sync, commit, install, finish) and the event
+loop's worst lag during it come from the pass's log line; ``--keep-logs DIR``
+keeps every run's broker log. Prints a markdown report on stdout (with the
+median over pairs of running/idle), progress and any ``fdatasync`` of the disk
+probe slower than 100 ms (with its time, to match against the logs) on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import socket
 import statistics
+import struct
 import sys
 import tempfile
 import threading
@@ -38,11 +53,65 @@ from oncelog.testing import EmbeddedBroker
 
 EXTRA: dict[str, str] = {}
 PASS_RE = re.compile(r"compaction pass done: .* read (\d+) bytes .* longest in-loop swap step ([\d.]+) ms, ([\d.]+) s$", re.M)
+PHASES_RE = re.compile(r"phases: map ([\d.]+) s, copy ([\d.]+) s, sync ([\d.]+) s \(throttled [\d.]+ s\), "
+                       r"commit ([\d.]+) s, install ([\d.]+) s, finish ([\d.]+) s; event-loop lag max ([\d.]+) ms")
 
 
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """Child processes of every thread of ``pid``."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def disk_probe(directory: Path, stop: threading.Event, out: list[float]) -> None:
+    """fdatasync latency of a small append on the broker's file system, every 10 ms."""
+    fd = os.open(directory / "fsync-probe", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        block = b"p" * 4096
+        while not stop.wait(0.01):
+            t = time.perf_counter()
+            os.write(fd, block)
+            os.fdatasync(fd)
+            out.append(time.perf_counter() - t)
+            if out[-1] > 0.1:
+                ts = time.time()
+                print(f"  slow fdatasync: {out[-1] * 1000:.0f} ms, ended at "
+                      f"{time.strftime('%H:%M:%S', time.gmtime(ts))}.{int(ts % 1 * 1000):03d}", file=sys.stderr)
+    finally:
+        os.close(fd)
+
+
+def broker_probe(host: str, port: int, stop: threading.Event, out: list[float]) -> None:
+    """Round trip of an ApiVersions v0 request, every 10 ms (no disk involved)."""
+    req = struct.pack(">hhih", 18, 0, 1, 5) + b"probe"
+    req = struct.pack(">i", len(req)) + req
+    with socket.create_connection((host, port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while not stop.wait(0.01):
+            t = time.perf_counter()
+            sock.sendall(req)
+            size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+            sock.recv(size, socket.MSG_WAITALL)
+            out.append(time.perf_counter() - t)
 
 
 def prefill(bootstrap: str, mb: int, keys: int) -> None:
@@ -93,6 +162,16 @@ def run(clean: bool, args: argparse.Namespace) -> dict[str, float]:
 
             reader = threading.Thread(target=consume)
             reader.start()
+            disk_lat: list[float] = []
+            loop_lat: list[float] = []
+            probes = [threading.Thread(target=disk_probe, args=(Path(tmp), stop, disk_lat)),
+                      threading.Thread(target=broker_probe, args=(b.host, b.port, stop, loop_lat))]
+            for t in probes:
+                t.start()
+            assert b.proc is not None
+            pids = [b.proc.pid, *children(b.proc.pid)]  # the cleaner process runs from the first compacted topic
+            cpu0 = {pid: cpu_seconds(pid) for pid in pids}
+            me0 = time.process_time()
             p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 1, "acks": "all"})
             if clean:
                 res = ConfigResource(ConfigResource.Type.TOPIC, "kv", incremental_configs=[
@@ -115,23 +194,48 @@ def run(clean: bool, args: argparse.Namespace) -> dict[str, float]:
                 p.poll(0)
             p.flush(30)
             time.sleep(0.5)
+            cpu = {pid: cpu_seconds(pid) - cpu0[pid] for pid in pids}
+            me = time.process_time() - me0
             stop.set()
             reader.join()
+            for t in probes:
+                t.join()
+            if args.keep_logs:
+                Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
+                (Path(args.keep_logs) / f"broker-{'cleaning' if clean else 'idle'}-{time.time():.0f}.log").write_text(
+                    log_path.read_text())
             passes = PASS_RE.findall(log_path.read_text())
             cleaned = sum(int(x) for x, _, _ in passes)
             secs = sum(float(s) for _, _, s in passes)
             install_ms = max((float(ms) for _, ms, _ in passes), default=0.0)
+            phases = [tuple(float(x) for x in m) for m in PHASES_RE.findall(log_path.read_text())]
+            phase_sum = [sum(ph[i] for ph in phases) for i in range(6)]
+            loop_lag_ms = max((ph[6] for ph in phases), default=0.0)
             return {
                 "produced": n,
                 "produce_p50_ms": pct(produce_lat, 50) * 1000,
                 "produce_p99_ms": pct(produce_lat, 99) * 1000,
+                "produce_p999_ms": pct(produce_lat, 99.9) * 1000,
                 "fetch_p50_ms": pct(fetch_lat, 50) * 1000,
                 "fetch_p99_ms": pct(fetch_lat, 99) * 1000,
+                "fetch_p999_ms": pct(fetch_lat, 99.9) * 1000,
+                "disk_p50_ms": pct(disk_lat, 50) * 1000,
+                "disk_p99_ms": pct(disk_lat, 99) * 1000,
+                "disk_max_ms": max(disk_lat, default=0.0) * 1000,
+                "broker_rtt_p50_ms": pct(loop_lat, 50) * 1000,
+                "broker_rtt_p99_ms": pct(loop_lat, 99) * 1000,
+                "broker_rtt_max_ms": max(loop_lat, default=0.0) * 1000,
+                "cpu_broker_s": cpu[pids[0]],
+                "cpu_cleaner_s": sum(v for pid, v in cpu.items() if pid != pids[0]),
+                "cpu_bench_s": me,
+                "load1": os.getloadavg()[0],
                 "cleaned_mb": cleaned / 1e6,
                 "cleaner_mb_s": cleaned / secs / 1e6 if secs else 0.0,
                 "passes": len(passes),
                 "clean_s": secs,
                 "install_ms": install_ms,
+                "phases_s": "/".join(f"{x:.2f}" for x in phase_sum),
+                "loop_lag_ms": loop_lag_ms,
             }
         finally:
             b.close()
@@ -146,6 +250,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--io-max-bytes-per-second", type=float, default=None,
                     help="log.cleaner.io.max.bytes.per.second for the broker (default: Kafka's, unlimited)")
+    ap.add_argument("--keep-logs", metavar="DIR", help="copy each run's broker log there")
     args = ap.parse_args()
     if args.io_max_bytes_per_second is not None:
         EXTRA["log.cleaner.io.max.bytes.per.second"] = str(args.io_max_bytes_per_second)
@@ -157,18 +262,28 @@ def main() -> None:
             print(f"  {rows[-1][1]}", file=sys.stderr)
     print(f"prefill {args.prefill_mb} MB over {args.keys} keys, load {args.rate} records/s of 1 KiB for "
           f"{args.seconds:g} s, {args.rounds} pairs\n")
-    print("| run | cleaner | produce p50 ms | produce p99 ms | fetch p50 ms | fetch p99 ms | cleaned MB | cleaner MB/s "
-          "| cleaning s | longest in-loop swap step ms |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| run | cleaner | produce p50 / p99 / p99.9 ms | fetch p50 / p99 / p99.9 ms | disk fdatasync p50 / p99 / max ms "
+          "| broker RTT p50 / p99 / max ms | CPU s broker / cleaner / bench | load | cleaned MB | cleaner MB/s "
+          "| longest in-loop swap step ms | loop lag max ms (pass) | phases s: map/copy/sync/commit/install/finish |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for i, (clean, m) in enumerate(rows):
-        print(f"| {i + 1} | {'running' if clean else 'idle'} | {m['produce_p50_ms']:.1f} | {m['produce_p99_ms']:.1f} | "
-              f"{m['fetch_p50_ms']:.1f} | {m['fetch_p99_ms']:.1f} | {m['cleaned_mb']:.1f} | {m['cleaner_mb_s']:.1f} | "
-              f"{m['clean_s']:.1f} | {m['install_ms']:.1f} |")
-    for key in ("produce_p99_ms", "fetch_p99_ms"):
-        idle = statistics.median(m[key] for c, m in rows if not c)
-        busy = statistics.median(m[key] for c, m in rows if c)
-        print(f"\nmedian {key}: idle {idle:.1f}, cleaning {busy:.1f} (ratio {busy / idle:.2f})")
-
+        print(f"| {i + 1} | {'running' if clean else 'idle'} "
+              f"| {m['produce_p50_ms']:.1f} / {m['produce_p99_ms']:.1f} / {m['produce_p999_ms']:.1f} "
+              f"| {m['fetch_p50_ms']:.1f} / {m['fetch_p99_ms']:.1f} / {m['fetch_p999_ms']:.1f} "
+              f"| {m['disk_p50_ms']:.1f} / {m['disk_p99_ms']:.1f} / {m['disk_max_ms']:.1f} "
+              f"| {m['broker_rtt_p50_ms']:.1f} / {m['broker_rtt_p99_ms']:.1f} / {m['broker_rtt_max_ms']:.1f} "
+              f"| {m['cpu_broker_s']:.2f} / {m['cpu_cleaner_s']:.2f} / {m['cpu_bench_s']:.2f} | {m['load1']:.1f} "
+              f"| {m['cleaned_mb']:.1f} | {m['cleaner_mb_s']:.1f} | {m['install_ms']:.1f} "
+              f"| {m['loop_lag_ms']:.1f} | {m['phases_s']} |")
+    pairs = [(rows[i][1], rows[i + 1][1]) if not rows[i][0] else (rows[i + 1][1], rows[i][1])
+             for i in range(0, len(rows) - 1, 2)]
+    print()
+    for key in ("produce_p50_ms", "produce_p99_ms", "produce_p999_ms", "fetch_p50_ms", "fetch_p99_ms",
+                "fetch_p999_ms", "disk_p99_ms", "broker_rtt_p99_ms", "cpu_broker_s"):
+        idle = statistics.median(a[key] for a, _b in pairs)
+        busy = statistics.median(b_[key] for _a, b_ in pairs)
+        ratio = statistics.median(b_[key] / a[key] if a[key] else float("nan") for a, b_ in pairs)
+        print(f"- {key}: idle {idle:.2f}, cleaning {busy:.2f}, median of paired ratios {ratio:.2f}")
 
 if __name__ == "__main__":
     main()

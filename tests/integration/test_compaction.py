@@ -57,7 +57,8 @@ def _wait_passes(b: EmbeddedBroker, more_than: int, timeout: float = 30.0) -> in
     raise AssertionError(f"no compaction pass after {more_than} within {timeout} s; log: {b.log_path}")
 
 
-def read_all(b: EmbeddedBroker, topic: str = TOPIC, committed: bool = True) -> list[tuple[int, bytes | None, bytes | None]]:
+def read_all(b: EmbeddedBroker, topic: str = TOPIC, committed: bool = True,
+             partition: int = 0) -> list[tuple[int, bytes | None, bytes | None]]:
     """(offset, key, value) of every record, offset 0 to the end, with confluent-kafka."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -68,7 +69,7 @@ def read_all(b: EmbeddedBroker, topic: str = TOPIC, committed: bool = True) -> l
     })
     out = []
     try:
-        c.assign([TopicPartition(topic, 0, 0)])
+        c.assign([TopicPartition(topic, partition, 0)])
         deadline = time.monotonic() + 30
         while True:
             assert time.monotonic() < deadline, "read timed out"
@@ -278,6 +279,90 @@ def _fill(b: EmbeddedBroker, keys: int = 40, rounds: int = 12) -> tuple[dict[byt
             written.add(value)
     assert p.flush(30) == 0
     return model, written
+
+
+_PASS_LINE = re.compile(r"^(\S+ \S+) INFO oncelog\.cleaner: kv-(\d): compaction pass done: offsets \[\d+, \d+\) "
+                        r"(?:by cleaner (\d+), )?.* ([\d.]+) s$", re.M)
+
+
+def test_two_cleaner_threads_clean_two_partitions_at_once(tmp_path: Path) -> None:
+    """log.cleaner.threads=2: both partitions of a topic are cleaned at the same time, each by
+    one cleaner (the passes' spans, from their log lines, overlap), and each ends equal to
+    its model."""
+    from datetime import datetime
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    # the cleaner is off while both partitions fill up, so both are dirty when it starts
+    b = start_broker(tmp_path, config={**CLEANER, "log.cleaner.enable": "false"})
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic(TOPIC, 2, 1, config=COMPACT)])[TOPIC].result(timeout=20)
+        p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 2, "batch.size": 3000})
+        rng = random.Random(11)
+        models: list[dict[bytes, bytes | None]] = [{}, {}]
+        written: set[bytes] = set()
+        for i in range(3000):
+            part = i % 2
+            key = f"k{rng.randrange(50)}".encode()
+            value = None if rng.random() < 0.1 else f"v{i}-{rng.getrandbits(400):0100x}".encode()
+            p.produce(TOPIC, key=key, value=value, partition=part)
+            models[part][key] = value
+            if value is not None:
+                written.add(value)
+        assert p.flush(30) == 0
+        b.stop()
+        # ~220 KB a partition, read twice (map and copy) at 200 KB/s a cleaner: passes of ~2 s
+        b.config.update({"log.cleaner.enable": "true", "log.cleaner.threads": "2",
+                         "log.cleaner.io.max.bytes.per.second": "400000"})
+        b.start()
+        deadline = time.monotonic() + 60
+        while True:
+            lines = _PASS_LINE.findall(b.log_path.read_text())
+            if {part for _t, part, _c, _s in lines} == {"0", "1"}:
+                break
+            assert time.monotonic() < deadline, f"not both partitions cleaned; log: {b.log_path}"
+            time.sleep(0.1)
+        spans = {}
+        for stamp, part, cleaner, secs in lines:
+            end = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            spans.setdefault(part, (end - float(secs), end, cleaner))
+        (s0, e0, c0), (s1, e1, c1) = spans["0"], spans["1"]
+        assert min(e0 - s0, e1 - s1) > 0.5, spans  # long enough for an overlap to mean something
+        assert s0 < e1 and s1 < e0, f"the passes did not overlap: {spans}"  # at the same time ...
+        assert {c0, c1} == {"0", "1"}, lines  # ... by two cleaners
+        for part in (0, 1):
+            records = read_all(b, partition=part)
+            check_against(records, models[part], written)
+            assert len(records) < 1500 / 2, "compaction removed almost nothing"
+    finally:
+        b.close()
+
+
+def test_log_cleaner_threads_reconfiguration_is_checked_as_kafka_does(tmp_path: Path) -> None:
+    from oncelog.client.connection import Connection
+
+    b = start_broker(tmp_path, config={**CLEANER, "log.cleaner.threads": "2"})
+    try:
+        def alter(value: str) -> tuple[int, str | None]:
+            with Connection(b.bootstrap) as c:
+                r = c.request(44, 0, {"resources": [{"resource_type": 4, "resource_name": "", "configs": [
+                    {"name": "log.cleaner.threads", "config_operation": 0, "value": value}]}],
+                    "validate_only": False})
+            res = r.responses[0]
+            return int(res.error_code), res.error_message
+
+        assert alter("0") == (42, "Log cleaner threads should be at least 1")  # INVALID_REQUEST
+        assert alter("-1")[0] == 42
+        assert alter("5") == (42, "Log cleaner threads cannot be increased to more than double the current value 2")
+        assert alter("4") == (0, None)
+        assert alter("1") == (0, None)
+        # stored, and used from the next start
+        b.restart()
+        assert alter("3") == (42, "Log cleaner threads cannot be increased to more than double the current value 1")
+    finally:
+        b.close()
 
 
 @pytest.mark.parametrize("step", SWAP_STEPS)

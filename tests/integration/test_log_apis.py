@@ -170,6 +170,41 @@ def test_epoch_cache_follows_delete_records(broker: EmbeddedBroker) -> None:
         assert list_offsets(c, "d", 0, -4, version=8) == (0, 4, -1, 1)
 
 
+@pytest.mark.parametrize("damage", ["deleted", "corrupt"])
+def test_epoch_cache_is_rebuilt_from_the_batches_when_its_checkpoint_is_lost(
+        broker: EmbeddedBroker, damage: str) -> None:
+    assert Admin(broker.bootstrap).create_topic("lost", partitions=1) is None
+    produce(broker.bootstrap, "lost", 0, 3)  # epoch 0: offsets 0-2
+    broker.restart()
+    produce(broker.bootstrap, "lost", 0, 2)  # epoch 1: 3-4
+    broker.restart()
+    produce(broker.bootstrap, "lost", 0, 2)  # epoch 2: 5-6
+    broker.restart()  # epoch 3, nothing in it
+
+    def answers() -> list[Any]:
+        with Connection(broker.bootstrap) as c:
+            return [metadata_epoch(c, "lost")] + [o4le(c, "lost", 0, e) for e in range(-1, 6)] + [
+                list_offsets(c, "lost", 0, ts) for ts in (-2, -1, T0 + 1)]
+
+    before = answers()
+    assert before[:6] == [3, (0, -1, -1), (0, 0, 3), (0, 1, 5), (0, 2, 7), (0, 3, 7)]
+    broker.stop()
+    checkpoint = broker.data_dir / "lost-0" / "leader-epoch-checkpoint"
+    if damage == "deleted":
+        checkpoint.unlink()
+    else:
+        checkpoint.write_text("0\n4\n0 0\n1 3\n")  # cut short
+    broker.start()
+    assert answers() == before
+    # rebuilt from the batches' partitionLeaderEpoch; the empty epoch 3 was started again
+    assert checkpoint.read_text() == "0\n4\n0 0\n1 3\n2 5\n3 7\n"
+    produce(broker.bootstrap, "lost", 0, 1)
+    with Connection(broker.bootstrap) as c:
+        assert o4le(c, "lost", 0, 2) == (0, 2, 7)
+        assert o4le(c, "lost", 0, 3) == (0, 3, 8)
+        assert batch_epochs(bytes(fetch(c, "lost", 0, 0, current=3).records))[-2:] == [(6, 2), (7, 3)]
+
+
 def _raw_request(bootstrap: str, api_key: int, version: int) -> bytes:
     host, port = bootstrap.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as s:

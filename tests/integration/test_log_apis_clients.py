@@ -5,7 +5,8 @@
   our answers: a valid position is consumed, one beyond the end of its epoch is
   reported as log truncation (or reset to that end), and a consumer that keeps
   running across a broker restart (a new leader epoch) goes on without a gap
-  or a duplicate.
+  or a duplicate; and still detects truncation after the leader-epoch checkpoint
+  was lost (the cache is rebuilt from the batches).
 - confluent-kafka's AdminClient.list_offsets with OffsetSpec.max_timestamp().
 - kafka-python's KafkaAdminClient.describe_log_dirs.
 """
@@ -121,6 +122,26 @@ def test_confluent_validates_positions_with_offset_for_leader_epoch(
         assert got[:2] == ("error", LOG_TRUNCATION), got
     else:
         assert got == want
+
+
+def test_confluent_validation_survives_a_lost_epoch_checkpoint(two_epochs: EmbeddedBroker) -> None:
+    """The leader-epoch checkpoint deleted while the broker is down: the cache is rebuilt
+    from the batches, so a position past the end of epoch 0 is still seen as truncated."""
+    two_epochs.stop()
+    (two_epochs.data_dir / "t-0" / "leader-epoch-checkpoint").unlink()
+    two_epochs.start()
+    for offset, epoch, want in ((6, 0, "truncation"), (6, 1, (6, 1, b"b3"))):
+        c, lines = consumer(two_epochs.bootstrap, "error", f"lost-{offset}-{epoch}")
+        try:
+            c.assign([TopicPartition("t", 0, offset, leader_epoch=epoch)])
+            got = first_event(c)
+        finally:
+            c.close()
+        assert o4le_round_trips(lines)[1] >= 1, "librdkafka did not validate the position"
+        if want == "truncation":
+            assert got[:2] == ("error", LOG_TRUNCATION), got
+        else:
+            assert got == want
 
 
 def test_confluent_consumer_carries_on_across_a_restart(broker: EmbeddedBroker) -> None:

@@ -394,3 +394,15 @@ def test_a_whole_pass_in_the_cleaner_thread_when_no_process_can_start(tmp_path: 
     assert [r for r in _read_all(plog) if r[0] < active] == sorted((o, k, v) for k, (o, v) in latest.items())
     assert [r for r in _read_all(plog) if r[0] >= active] == [r for r in before if r[0] >= active]
     plog.close()
+
+
+def test_replaced_files_are_removed_a_chunk_at_a_time(tmp_path: Path) -> None:
+    from oncelog.storage.fileutil import remove_gradually
+
+    path = tmp_path / "00000000000000000000.log.deleted"
+    path.write_bytes(b"x" * 5000)
+    sizes: list[int] = []
+    assert remove_gradually(path, 2048, lambda: sizes.append(path.stat().st_size if path.exists() else -1)) == 5000
+    assert sizes == [2952, 904, -1]  # cut from the end, a pause after every cut and after the unlink
+    assert not path.exists()
+    assert remove_gradually(path, 2048, lambda: None) == 0  # already gone

@@ -152,3 +152,54 @@ def test_new_epoch_checkpoint_is_fsynced_before_the_first_batch_of_the_epoch(
     log.sync()
     assert str(d / CHECKPOINT_FILE) not in calls  # only once per epoch
     log.close()
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "truncated", "not monotonic"])
+def test_lost_checkpoint_is_rebuilt_from_the_batch_headers(tmp_path: Path, damage: str) -> None:
+    d = tmp_path / "t-0"
+    cfg = LogConfig()
+    for n in (3, 2, 4):  # epochs 0, 1, 2 start at offsets 0, 3, 5
+        log = PartitionLog.open(d, cfg, T0)
+        log.become_leader()
+        for _ in range(n):
+            log.append(_batch(1), T0)
+        log.close()
+    log = PartitionLog.open(d, cfg, T0)
+    assert log.become_leader() == 3  # nothing written in epoch 3
+    before = log.leader_epochs.entries()
+    assert before == [(0, 0), (1, 3), (2, 5), (3, 9)]
+    answers = [log.leader_epochs.end_offset_for(e, log.log_end_offset) for e in range(-1, 6)]
+    log.close()
+    path = d / CHECKPOINT_FILE
+    if damage == "missing":
+        path.unlink()
+    elif damage == "garbage":
+        path.write_bytes(b"\x00\xff garbage")
+    elif damage == "truncated":
+        path.write_text("0\n4\n0 0\n1 3\n")
+    else:
+        path.write_text("0\n2\n2 5\n1 3\n")
+    log = PartitionLog.open(d, cfg, T0)
+    assert log.leader_epochs.entries() == [(0, 0), (1, 3), (2, 5)]  # from the batches
+    assert read_checkpoint(path) == [(0, 0), (1, 3), (2, 5)]  # and written back
+    assert log.become_leader() == 3  # above every epoch in the log
+    assert [log.leader_epochs.end_offset_for(e, log.log_end_offset) for e in range(-1, 6)] == answers
+    log.close()
+
+
+def test_rebuilt_cache_starts_at_the_log_start(tmp_path: Path) -> None:
+    d = tmp_path / "t-0"
+    for epoch_batches in (2, 2):
+        log = PartitionLog.open(d, LogConfig(), T0)
+        log.become_leader()
+        for _ in range(epoch_batches):
+            log.append(_batch(1), T0)
+        log.sync()
+        log.close()
+    log = PartitionLog.open(d, LogConfig(), T0)
+    log.delete_records_before(1)
+    log.close()
+    (d / CHECKPOINT_FILE).unlink()
+    log = PartitionLog.open(d, LogConfig(), T0)
+    assert log.leader_epochs.entries() == [(0, 1), (1, 2)]
+    log.close()

@@ -86,6 +86,7 @@ class Broker:
         self.catalog = TopicCatalog.load(config.data_dir)
         self._static_producer_id_expiration_ms = config.producer_id_expiration_ms
         self.dynamic = dynamic_config.DynamicBrokerConfigs.load(config.data_dir / "meta")
+        self.cleaner_threads = config.log_cleaner_threads  # of the running log cleaner (set by the server)
         self.logs = LogManager(config.data_dir, self._dynamic_log_defaults())
         self._apply_dynamic_scalars()
         self.logs.open_all(self.catalog, self.clock())
@@ -317,7 +318,7 @@ class Broker:
         """Replace the dynamic configs of one level (``""`` cluster default, or this node's id)."""
         per_broker = self.check_broker_resource(name)
         try:
-            dynamic_config.validate(configs, per_broker)
+            dynamic_config.validate(configs, per_broker, self.cleaner_threads)
             levels = {"broker": configs} if per_broker else {"default": configs}
             defaults = LogConfig.from_properties(self.dynamic.overlay(self.config.raw, **levels))
         except ConfigError as exc:  # Kafka answers INVALID_REQUEST here (KAFKA-13609)

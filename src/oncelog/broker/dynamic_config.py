@@ -119,8 +119,9 @@ class DynamicBrokerConfigs:
         return {**static, **(self.default if default is None else default), **(self.broker if broker is None else broker)}
 
 
-def validate(configs: dict[str, str], per_broker: bool) -> None:
-    """Kafka's DynamicBrokerConfig.validateConfigs: raises ConfigError."""
+def validate(configs: dict[str, str], per_broker: bool, cleaner_threads: int | None = None) -> None:
+    """Kafka's DynamicBrokerConfig.validateConfigs (and LogCleaner.validateReconfiguration
+    against ``cleaner_threads``, the running cleaner's count): raises ConfigError."""
     fixed = sorted(k for k in configs if k in READ_ONLY)
     if fixed:
         raise ConfigError(f"Cannot update these configs dynamically: Set({', '.join(fixed)})")
@@ -140,4 +141,17 @@ def validate(configs: dict[str, str], per_broker: bool) -> None:
                 raise ConfigError(f"Invalid value {value} for configuration {name}: Not a number of type INT") from None
             if n < _INT_CONFIGS[name]:
                 raise ConfigError(f"Invalid value {n} for configuration {name}: Value must be at least {_INT_CONFIGS[name]}")
+            if name == "log.cleaner.threads" and cleaner_threads is not None:
+                _validate_cleaner_threads(n, cleaner_threads)
+
+
+def _validate_cleaner_threads(n: int, current: int) -> None:
+    """Kafka's LogCleaner.validateReconfiguration: at least 1, and within half to double
+    of the running count."""
+    if n < 1:
+        raise ConfigError("Log cleaner threads should be at least 1")
+    if n < current // 2:
+        raise ConfigError(f"Log cleaner threads cannot be reduced to less than half the current value {current}")
+    if n > current * 2:
+        raise ConfigError(f"Log cleaner threads cannot be increased to more than double the current value {current}")
 

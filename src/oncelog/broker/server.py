@@ -177,7 +177,8 @@ class BrokerServer:
         self._tasks.append(loop.create_task(self._every(cfg.group_coordinator_tick_ms, groups.tick)))
         self._tasks.append(loop.create_task(self._every(cfg.offsets_retention_check_interval_ms, groups.expire_offsets)))
         self._tasks.append(loop.create_task(self._every(1000, groups.store.maybe_snapshot)))
-        self.cleaner = LogCleaner(self.broker, cleaner_config(cfg))
+        self.cleaner = LogCleaner(self.broker, cleaner_config(cfg, self.broker.dynamic.overlay({})))
+        self.broker.cleaner_threads = self.cleaner.config.threads
         self._cleaner_task = loop.create_task(self.cleaner.run())
         txn = self.broker.txn
         await txn.start()  # completes transactions left in PrepareCommit/PrepareAbort by a crash

@@ -16,6 +16,11 @@ entries until the next :meth:`assign`, which is harmless because opening a log
 truncates the loaded cache again to the recovered ``[log start, log end]``
 (Kafka flushes truncations asynchronously for the same reason).
 
+A missing or corrupt checkpoint (:meth:`LeaderEpochCache.load_checked`) is
+rebuilt by the partition log on open from its batches' ``partitionLeaderEpoch``
+(:meth:`LeaderEpochCache.rebuild`, Kafka's segment recovery rule: a batch
+whose epoch is above the latest entry starts a new one).
+
 Answers, as Kafka's:
 
 * :meth:`end_offset_for` (OffsetForLeaderEpoch): the requested epoch if it is
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_right
+from collections.abc import Iterable
 from pathlib import Path
 
 from oncelog.storage.fileutil import atomic_write, fsync_dir, write_all
@@ -62,6 +68,27 @@ class LeaderEpochCache:
         """Read ``leader-epoch-checkpoint`` (an unreadable or missing file gives an empty cache)."""
         path = directory / CHECKPOINT_FILE
         return cls(path, read_checkpoint(path))
+
+    @classmethod
+    def load_checked(cls, directory: Path) -> tuple[LeaderEpochCache, bool]:
+        """The cache and whether the checkpoint was there and well-formed (False: missing,
+        unreadable or corrupt, so the caller rebuilds it from the batches, see
+        :meth:`rebuild`)."""
+        path = directory / CHECKPOINT_FILE
+        entries = _parse_checkpoint(path)
+        return cls(path, entries or []), entries is not None
+
+    def rebuild(self, batch_epochs: Iterable[tuple[int, int]]) -> None:
+        """Replace the entries with those found in the log's batches, ``(partitionLeaderEpoch,
+        base offset)`` in offset order, as Kafka's segment recovery assigns them: a batch
+        starts an entry when its epoch is set (>= 0) and above the latest one so far. The
+        checkpoint is written durably."""
+        self._epochs.clear()
+        self._starts.clear()
+        for epoch, base in batch_epochs:
+            if epoch >= 0 and (not self._epochs or epoch > self._epochs[-1]):
+                self._put(epoch, base)
+        self._write(durable=True)
 
     def _write(self, durable: bool) -> None:
         lines = [str(CHECKPOINT_VERSION), str(len(self._epochs))]
@@ -168,20 +195,27 @@ class LeaderEpochCache:
 
 def read_checkpoint(path: Path) -> list[tuple[int, int]]:
     """Entries of a checkpoint file; [] when it is missing or malformed."""
+    return _parse_checkpoint(path) or []
+
+
+def _parse_checkpoint(path: Path) -> list[tuple[int, int]] | None:
+    """Entries of a checkpoint file; None when it is missing, unreadable or malformed."""
     try:
         lines = path.read_text().split("\n")
-    except OSError:
-        return []
+    except (OSError, UnicodeDecodeError):
+        return None
     try:
         if int(lines[0]) != CHECKPOINT_VERSION:
-            return []
+            return None
         count = int(lines[1])
         out = []
         for line in lines[2 : 2 + count]:
             epoch, start = (int(x) for x in line.split())
             if epoch < 0 or start < 0:
-                return []
+                return None
+            if out and (epoch <= out[-1][0] or start < out[-1][1]):
+                return None  # entries must increase
             out.append((epoch, start))
-        return out if len(out) == count else []
+        return out if len(out) == count else None
     except (ValueError, IndexError):
-        return []
+        return None

@@ -16,7 +16,8 @@ Files in the partition directory besides the segments:
   segment needs a full scan;
 * ``leader-epoch-checkpoint``: the leader-epoch cache
   (:mod:`oncelog.storage.leader_epoch`), truncated on open to the recovered
-  log and moved along with the log start offset. :meth:`become_leader` starts
+  log and moved along with the log start offset (rebuilt from the batch headers
+  when the file is missing or corrupt). :meth:`become_leader` starts
   a new epoch at the log end offset; every batch appended afterwards carries
   it in its ``partitionLeaderEpoch`` header field (outside the CRC, which
   covers attributes onwards, so patching it needs no new CRC).
@@ -155,6 +156,13 @@ def _read_checkpoint(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (OSError, ValueError):
         return None
+
+
+def _batch_epochs(segments: list[Segment]) -> Iterator[tuple[int, int]]:
+    """``(partitionLeaderEpoch, base offset)`` of every batch, in offset order (headers only)."""
+    for seg in segments:
+        for hdr, _pos, _data in walk_batches(seg.fd, 0, seg.size, 1 << 16):
+            yield hdr.partition_leader_epoch, hdr.base_offset
 
 
 def _delete_segments_after(directory: Path, kept: Segment, bases: list[int]) -> None:
@@ -347,7 +355,18 @@ class PartitionLog:
         for seg in segments:  # markers lost with a truncated tail take their entries along
             seg.txn_index.truncate(log_end)
         log_start = min(max(checkpoint or 0, segments[0].base_offset), log_end)
-        epochs = LeaderEpochCache.load(directory)
+        epochs, checkpoint_ok = LeaderEpochCache.load_checked(directory)
+        if not checkpoint_ok and log_end > segments[0].base_offset:
+            # the checkpoint is missing or corrupt: rebuild it from every batch's
+            # partitionLeaderEpoch, as Kafka's segment recovery does, so OffsetForLeaderEpoch
+            # answers as before and the next epoch stays above every one in the log
+            corrupt = epochs.path.exists()  # missing is normal for the broker's internal logs
+            epochs.rebuild(_batch_epochs(segments))
+            logger.log(
+                logging.WARNING if corrupt else logging.INFO,
+                "%s: %s was %s; rebuilt from the batches: %s",
+                directory.name, epochs.path.name, "corrupt" if corrupt else "missing", epochs.entries(),
+            )
         max_epoch_seen = epochs.latest_epoch
         epochs.truncate_from_end(log_end + 1)  # an epoch starting at the log end has no records yet
         epochs.truncate_from_start(log_start)
@@ -923,22 +942,30 @@ class PartitionLog:
             old.close()
         return True
 
-    def finish_swaps(self, installed: list[tuple[int, int]], dropped: list[Segment]) -> None:
-        """Step 5 (cleaner thread): make the installs durable, remove the old files and the
-        manifest; then throw away the cleaned segments that were not installed (``dropped``).
-        The removals need no fsync of their own: if a crash loses them, recovery removes
-        ``.deleted`` files, and a leftover manifest entry of an installed group only names
-        old segments that no longer exist (no new segment ever gets a base offset inside a
-        replaced group)."""
+    def finish_swaps(
+        self, installed: list[tuple[int, int]], dropped: list[Segment], unlink: bool = True
+    ) -> list[Path]:
+        """Step 5 (cleaner thread): make the installs durable, remove the manifest and the
+        old files; then throw away the cleaned segments that were not installed (``dropped``).
+        With ``unlink=False`` the old (``.deleted``) files are returned for the caller to
+        remove at its own pace instead. The removals need no fsync of their own: if a crash
+        loses them, recovery removes ``.deleted`` files, and a leftover manifest entry of an
+        installed group only names old segments that no longer exist (no new segment ever
+        gets a base offset inside a replaced group)."""
         fsync_dir(self.directory)
         crash_point("finish")
+        old = []
         for p in self.directory.glob("*" + DELETED_SUFFIX):
             stem = p.name.split(".", 1)[0]
             if stem.isdigit() and any(b <= int(stem) < e for b, e in installed):
-                p.unlink(missing_ok=True)
+                old.append(p)
         (self.directory / SWAP_MANIFEST).unlink(missing_ok=True)
+        if unlink:
+            for p in old:
+                p.unlink(missing_ok=True)
         if dropped:
             self.abort_cleaned(dropped)
+        return [] if unlink else old
 
     def abort_cleaned(self, segs: list[Segment]) -> None:
         """Throw cleaned segments away (cleaner thread), whatever step they reached before install."""
