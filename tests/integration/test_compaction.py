@@ -340,7 +340,11 @@ def test_two_cleaner_threads_clean_two_partitions_at_once(tmp_path: Path) -> Non
         b.close()
 
 
-def test_log_cleaner_threads_reconfiguration_is_checked_as_kafka_does(tmp_path: Path) -> None:
+def test_log_cleaner_threads_reconfiguration_is_checked_and_applied_as_kafka_does(tmp_path: Path) -> None:
+    """A dynamic log.cleaner.threads is checked against the running count, and applied at
+    once: the cleaners are restarted with it (Kafka's LogCleaner.reconfigure), so the next
+    change is checked against the new count, the restarted cleaner cleans, and the stored
+    value is what the next start runs."""
     from oncelog.client.connection import Connection
 
     b = start_broker(tmp_path, config={**CLEANER, "log.cleaner.threads": "2"})
@@ -357,7 +361,19 @@ def test_log_cleaner_threads_reconfiguration_is_checked_as_kafka_does(tmp_path: 
         assert alter("-1")[0] == 42
         assert alter("5") == (42, "Log cleaner threads cannot be increased to more than double the current value 2")
         assert alter("4") == (0, None)
+        # running with 4 now, without a restart
+        assert alter("1") == (42, "Log cleaner threads cannot be reduced to less than half the current value 4")
+        assert alter("2") == (0, None)
         assert alter("1") == (0, None)
+        deadline = time.monotonic() + 30
+        while "log cleaner restarted with 1 thread(s)" not in b.log_path.read_text():
+            assert time.monotonic() < deadline, f"the cleaner was not restarted; log: {b.log_path}"
+            time.sleep(0.05)
+        # the restarted cleaner cleans
+        _create(b)
+        model, written = _fill(b)
+        _wait_passes(b, 0)
+        check_against(read_all(b), model, written)
         # stored, and used from the next start
         b.restart()
         assert alter("3") == (42, "Log cleaner threads cannot be increased to more than double the current value 1")

@@ -87,6 +87,8 @@ class Broker:
         self._static_producer_id_expiration_ms = config.producer_id_expiration_ms
         self.dynamic = dynamic_config.DynamicBrokerConfigs.load(config.data_dir / "meta")
         self.cleaner_threads = config.log_cleaner_threads  # of the running log cleaner (set by the server)
+        # called after dynamic broker configs change (the server restarts the log cleaner)
+        self.config_listeners: list[Callable[[], None]] = []
         self.logs = LogManager(config.data_dir, self._dynamic_log_defaults())
         self._apply_dynamic_scalars()
         self.logs.open_all(self.catalog, self.clock())
@@ -340,6 +342,8 @@ class Broker:
             self.logs.reconfigure(topic)
         self._apply_dynamic_scalars()
         log.info("dynamic broker configs (%s) now %s", "broker " + name if per_broker else "cluster default", configs)
+        for listener in self.config_listeners:
+            listener()
 
     def auto_create(self, name: str) -> Topic | None:
         """Metadata/Produce auto-creation (``auto.create.topics.enable``)."""

@@ -17,10 +17,11 @@ configs, as Kafka does.
 
 Applied at run time: the log defaults (every topic without its own override
 follows them at once; that includes the cleaner's topic defaults such as
-``log.cleaner.min.cleanable.ratio``) and ``producer.id.expiration.ms``. The
-rest are stored and described but change nothing until a restart (the
-``log.cleaner.*`` thread, buffer and I/O settings are read at start; there are
-no thread pools or replication to tune on one asyncio node).
+``log.cleaner.min.cleanable.ratio``), ``producer.id.expiration.ms``, and the
+``log.cleaner.*`` thread, buffer and I/O settings (the server restarts the
+cleaners with them, as Kafka's LogCleaner.reconfigure does). The rest are
+stored and described but change nothing until a restart (there are no thread
+pools or replication to tune on one asyncio node).
 """
 
 from __future__ import annotations

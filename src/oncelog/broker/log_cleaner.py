@@ -489,7 +489,7 @@ _DYNAMIC_SETTINGS = {  # dynamic broker config -> (CleanerConfig field, type)
 
 def cleaner_config(broker_config: Any, dynamic: dict[str, str] | None = None) -> CleanerConfig:
     """The cleaner's settings: the static ones, overridden by the stored dynamic broker
-    configs (``dynamic``; changed at run time, they apply from the next start)."""
+    configs (``dynamic``; changed at run time, the server restarts the cleaners with them)."""
     values: dict[str, Any] = dict(
         enable=broker_config.log_cleaner_enable,
         threads=broker_config.log_cleaner_threads,

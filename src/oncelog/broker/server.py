@@ -25,7 +25,7 @@ from typing import Any
 from oncelog.broker.broker import Broker
 from oncelog.broker.config import BrokerConfig, StartupError
 from oncelog.broker.dispatch import CloseConnection, handle_frame
-from oncelog.broker.log_cleaner import LogCleaner, cleaner_config
+from oncelog.broker.log_cleaner import CleanerConfig, LogCleaner, cleaner_config
 from oncelog.protocol.framing import FrameDecoder, FrameError, frame
 
 log = logging.getLogger("oncelog.server")
@@ -157,6 +157,7 @@ class BrokerServer:
         self.port: int = broker.config.port
         self.cleaner: LogCleaner | None = None
         self._cleaner_task: asyncio.Task[None] | None = None
+        self._cleaner_restart: asyncio.Task[None] | None = None
 
     async def start(self, sock: socket.socket | None = None) -> None:
         """Serve on ``sock`` (bound by :func:`bind_listener` before the broker
@@ -180,11 +181,37 @@ class BrokerServer:
         self.cleaner = LogCleaner(self.broker, cleaner_config(cfg, self.broker.dynamic.overlay({})))
         self.broker.cleaner_threads = self.cleaner.config.threads
         self._cleaner_task = loop.create_task(self.cleaner.run())
+        self.broker.config_listeners.append(self._cleaner_settings_changed)
         txn = self.broker.txn
         await txn.start()  # completes transactions left in PrepareCommit/PrepareAbort by a crash
         self._tasks.append(loop.create_task(self._every(self.broker.txn_tick_ms, txn.tick)))
         if not cfg.fsync_on_ack:
             self._tasks.append(loop.create_task(self.broker.committer.periodic_flush()))
+
+    def _cleaner_settings_changed(self) -> None:
+        """Dynamic ``log.cleaner.*`` broker configs changed: restart the cleaners with the new
+        settings, as Kafka's LogCleaner.reconfigure does (shut the cleaner threads down, start
+        them again). A pass in progress stops after its current step; its files are rolled back
+        or forward as after a crash, and the new cleaners pick the filthiest log again."""
+        new = cleaner_config(self.broker.config, self.broker.dynamic.overlay({}))
+        if self.cleaner is None or new == self.cleaner.config:
+            return
+        self.broker.cleaner_threads = new.threads  # what the next change is checked against
+        self._cleaner_restart = asyncio.get_running_loop().create_task(
+            self._restart_cleaner(new, self._cleaner_restart)
+        )
+
+    async def _restart_cleaner(self, new: CleanerConfig, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:  # changes apply in the order they were made
+            await asyncio.gather(previous, return_exceptions=True)
+        old, task = self.cleaner, self._cleaner_task
+        if old is not None:
+            await old.stop(task)
+        if self._server is None or not self._server.is_serving():
+            return  # shutting down
+        self.cleaner = LogCleaner(self.broker, new)
+        self._cleaner_task = asyncio.get_running_loop().create_task(self.cleaner.run())
+        log.info("log cleaner restarted with %d thread(s) (dynamic config)", new.threads)
 
     async def _every(self, interval_ms: int, job: Any) -> None:
         while True:
@@ -199,6 +226,8 @@ class BrokerServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._cleaner_restart is not None:
+            await asyncio.gather(self._cleaner_restart, return_exceptions=True)
         if self.cleaner is not None:
             await self.cleaner.stop(self._cleaner_task)
         for task in self._tasks:
