@@ -95,7 +95,7 @@ class PassResult:
 class LogCleaner:
     """One background cleaner for every compacted partition of a broker."""
 
-    def __init__(self, broker: "Broker", config: CleanerConfig) -> None:
+    def __init__(self, broker: "Broker", config: CleanerConfig, deleter: "_Deleter | None" = None) -> None:
         self.broker = broker
         self.config = config
         self._pool: Any = None  # the cleaner processes (multiprocessing, spawn), started on first use
@@ -108,7 +108,7 @@ class LogCleaner:
         # LogCleanerManager.inProgress): never two cleaners on one partition
         self.in_progress: dict[str, int] = {}
         self.install_max_s = 0.0  # the longest in-loop step of a swap so far
-        self._deleter = _Deleter()
+        self.deleter = deleter or _Deleter()  # handed on to the next cleaner on a reconfiguration
 
     @property
     def enabled(self) -> bool:
@@ -170,12 +170,15 @@ class LogCleaner:
     def wake(self) -> None:
         self._wake.set()
 
-    async def stop(self, task: "asyncio.Task[None] | None" = None) -> None:
+    async def stop(self, task: "asyncio.Task[None] | None" = None, keep_deleter: bool = False) -> None:
         """Stop after the current step; ``task`` is the :meth:`run` task to wait for. A pass
-        stopped half-way leaves files that the next start rolls back or forward."""
+        stopped half-way leaves files that the next start rolls back or forward.
+        ``keep_deleter``: the replaced segments still being removed are left to
+        :attr:`deleter`, which the next cleaner takes over (a reconfiguration)."""
         self._stopping = True
         self._wake.set()
-        self._deleter.stop()
+        if not keep_deleter:
+            self.deleter.stop()
         if task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(task), 30)
@@ -278,7 +281,7 @@ class LogCleaner:
             dropped, segs = segs[swapped:], []
             if installed or dropped:
                 old = await loop.run_in_executor(self._executor, plog.finish_swaps, installed, dropped, False)
-                self._deleter.submit(old)
+                self.deleter.submit(old)
             if dropped:
                 return None
             await self._step(plog.write_cleaner_checkpoint, result.end_offset)

@@ -206,10 +206,12 @@ class BrokerServer:
             await asyncio.gather(previous, return_exceptions=True)
         old, task = self.cleaner, self._cleaner_task
         if old is not None:
-            await old.stop(task)
+            await old.stop(task, keep_deleter=True)
         if self._server is None or not self._server.is_serving():
+            if old is not None:
+                old.deleter.stop()
             return  # shutting down
-        self.cleaner = LogCleaner(self.broker, new)
+        self.cleaner = LogCleaner(self.broker, new, old.deleter if old is not None else None)
         self._cleaner_task = asyncio.get_running_loop().create_task(self.cleaner.run())
         log.info("log cleaner restarted with %d thread(s) (dynamic config)", new.threads)
 
