@@ -356,3 +356,29 @@ def test_many_threads_produce_concurrently_in_order_exactly_once(broker: Embedde
         for t in range(threads):  # the broker's order matches each thread's produce order
             mine = [r.value for r in recs if r.value.startswith(b"t%d-" % t)]
             assert mine == sorted(mine)
+
+
+def test_unknown_topic_fails_the_record_not_the_call(tmp_path: Any, kit: Any) -> None:
+    """The first produce() to a topic waits for its metadata (max.block.ms, as Java's send()); a topic
+    that never appears fails the record's future and its on_delivery with UNKNOWN_TOPIC_OR_PARTITION,
+    produce() itself does not raise, and records to a known topic still go through."""
+    import time
+
+    b = EmbeddedBroker(tmp_path / "data", config={"auto.create.topics.enable": "false"}).start()
+    try:
+        kit.create_topic(b.bootstrap, "known", 2)
+        errors: list[Any] = []
+        with Producer({"bootstrap.servers": b.bootstrap, "max.block.ms": 1500, "linger.ms": 1}) as p:
+            t0 = time.monotonic()
+            missing = p.produce("missing", b"x", on_delivery=lambda e, m: errors.append(e))
+            ok = [p.produce("known", b"v%d" % i, partition=i % 2) for i in range(10)]
+            assert p.flush(30) == 0
+            assert time.monotonic() - t0 < 20
+            with pytest.raises(UnknownTopicOrPartitionError):
+                missing.result(0)
+            assert [e.code for e in errors] == [3]
+            assert sorted((f.result(0).partition, f.result(0).offset) for f in ok) == \
+                sorted((i % 2, i // 2) for i in range(10))
+            assert len(p) == 0
+    finally:
+        b.stop()

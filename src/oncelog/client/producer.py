@@ -1,8 +1,13 @@
 """The blocking producer: :class:`Producer`, the asyncio core on a background loop thread.
 
-``produce()`` never waits for the network: it hands the record to the loop
-thread (records are passed over in bulk, one wake-up per burst) and returns
-a :class:`DeliveryFuture`. ``on_delivery(err, metadata)`` callbacks run in
+``produce()`` appends the record to its partition's open batch on the
+caller's thread, under one lock (Java's RecordAccumulator), and returns a
+:class:`DeliveryFuture`; the loop thread is woken once per batch that fills
+or opens, and at its next pass takes the full and lingered batches, sends and
+completes them. Conditional and transactional records are handed to the loop
+thread one by one instead. ``produce()`` waits for the network only for a
+topic's metadata on its first record (``max.block.ms``, as Java's ``send()``)
+and when ``buffer.memory`` is full. ``on_delivery(err, metadata)`` callbacks run in
 the caller's thread from :meth:`Producer.poll` and :meth:`Producer.flush`,
 as in confluent-kafka.
 """
@@ -147,7 +152,7 @@ class Producer:
         self._fast = self._core.txn is None  # transactional records all go through the loop thread
         self._batch_size = self.config["batch.size"]
         self._codec = CODECS[self.config["compression.type"]]
-        self._max_request = self.config["max.request.size"]
+        self._max_record = self.config["max.request.size"] - _RECORD_MAX_OVERHEAD  # key + value bytes
         self._core.collect = self._collect
         self._delivered: deque[DeliveryFuture] = deque()
         self._closed = False
@@ -187,7 +192,8 @@ class Producer:
         core = self._core
         if self._closed:
             raise ClientClosedError("producer is closed")
-        core.check_open()
+        if core._fatal is not None or core._closing or not self._fast:
+            core.check_open()
         if expected_offset is not None:
             core.check_conditional(partition, expected_offset)
         if value is not None and type(value) is not bytes:
@@ -197,53 +203,52 @@ class Producer:
         if core.buffered_bytes + self._staged_bytes > self._buffer_memory:
             self._wait_for_space()
         fut = DeliveryFuture(self, on_delivery) if on_delivery is not None else DeliveryFuture()
-        if self._fast and expected_offset is None and topic not in core._waiting:
+        if timestamp is None:
+            timestamp = int(_time() * 1000)
+        fast = self._fast and expected_offset is None
+        if fast:
             info = core.cluster.topics.get(topic)
-            if info is None or not info.leaders:
+            if (info is None or not info.leaders) and topic not in core._waiting:
                 # as Java's send(): wait up to max.block.ms for the topic's metadata (once per topic), so
                 # that its records take the fast path below rather than queue for the loop thread
                 try:
-                    self._lt.run(core.cluster.wait_topic(topic, core.max_block))
+                    info = self._lt.run(core.cluster.wait_topic(topic, core.max_block))
                 except KafkaError as exc:
                     fut.set_exception(exc)
                     return fut
-        if timestamp is None:
-            timestamp = int(_time() * 1000)
         with self._lock:
             # the fast path: the record goes into its partition's open batch here, on the caller's thread
             # (Java's RecordAccumulator); the loop thread hears of a batch when it is full or new, and takes
             # it at its next pass. Anything unusual (topic not known yet, conditional, transactional, a
             # record for the loop thread to fail) goes the slow way, in order behind the batches open here.
-            if not self._incoming and expected_offset is None and self._fast:
-                info = core.cluster.topics.get(topic)
-                if info is not None and info.leaders and topic not in core._waiting:
-                    n = len(info.leaders)
-                    if partition is None or partition < 0:
-                        partition = core.sticky.partition(topic, n) if key is None else partition_for_key(key, n)
-                    nbytes = (len(value) if value else 0) + (len(key) if key else 0)
-                    if partition < n and nbytes + _RECORD_MAX_OVERHEAD <= self._max_request:
-                        tp = (topic, partition)
-                        b = self._open.get(tp)
-                        if b is None or not b.builder.append(timestamp, key, value, headers):
-                            if b is not None:
-                                self._seal(b, n)
-                            b = _Batch(topic, partition, BatchBuilder(self._batch_size, self._codec))
-                            b.builder.append(timestamp, key, value, headers)
-                            self._open[tp] = b
-                            if not self._scheduled:  # the loop thread learns the new batch's linger deadline
-                                self._scheduled = True
-                                self._wake()
-                        b.nbytes += nbytes
-                        b.futures.append(fut)
-                        b.timestamps.append(timestamp)
-                        self._staged_bytes += nbytes
-                        self._staged += 1
-                        if b.builder.size >= self._batch_size:
+            if fast and not self._incoming and info is not None and info.leaders and topic not in core._waiting:
+                n = len(info.leaders)
+                if partition is None or partition < 0:
+                    partition = core.sticky.partition(topic, n) if key is None else partition_for_key(key, n)
+                nbytes = (len(value) if value else 0) + (len(key) if key else 0)
+                if partition < n and nbytes <= self._max_record:
+                    tp = (topic, partition)
+                    b = self._open.get(tp)
+                    if b is None or not b.builder.append(timestamp, key, value, headers):
+                        if b is not None:
                             self._seal(b, n)
-                            if not self._scheduled:
-                                self._scheduled = True
-                                self._wake()
-                        return fut
+                        b = _Batch(topic, partition, BatchBuilder(self._batch_size, self._codec))
+                        b.builder.append(timestamp, key, value, headers)
+                        self._open[tp] = b
+                        if not self._scheduled:  # the loop thread learns the new batch's linger deadline
+                            self._scheduled = True
+                            self._wake()
+                    b.nbytes += nbytes
+                    b.futures.append(fut)
+                    b.timestamps.append(timestamp)
+                    self._staged_bytes += nbytes
+                    self._staged += 1
+                    if b.builder.size >= self._batch_size:
+                        self._seal(b, n)
+                        if not self._scheduled:
+                            self._scheduled = True
+                            self._wake()
+                    return fut
             if self._open:
                 self._seal_all()  # records placed on the loop thread come after those batches
             self._incoming.append((topic, value, key, partition, headers, timestamp, fut,
