@@ -212,9 +212,16 @@ class Producer:
                 # as Java's send(): wait up to max.block.ms for the topic's metadata (once per topic), so
                 # that its records take the fast path below rather than queue for the loop thread
                 try:
-                    info = self._lt.run(core.cluster.wait_topic(topic, core.max_block))
+                    info = self._lt.run(core.cluster.wait_topic(topic, core.max_block), core.max_block + 5)
                 except KafkaError as exc:
                     fut.set_exception(exc)
+                    return fut
+                except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+                    if self._closed:  # closed meanwhile by another thread
+                        raise ClientClosedError("producer is closed") from None
+                    info = None  # the loop thread's own wait decides (the slow path below)
+                except Exception as exc:  # pragma: no cover - defensive, as the loop thread's topic wait
+                    fut.set_exception(KafkaError(str(exc)))
                     return fut
         with self._lock:
             # the fast path: the record goes into its partition's open batch here, on the caller's thread
