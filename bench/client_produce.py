@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         med = statistics.median(r[0] for r in rs)
         print(f"| {c} | {med:,.0f} | {', '.join(f'{r[0]:,.0f}' for r in rs)} | "
               + " | ".join(ratio(c, r) for r in refs)
-              + f" | {statistics.median(r[1] for r in rs):.3f} | {statistics.median(r[2] for r in rs):.3f} |")
+              + f" | {statistics.median(r[1] for r in rs):.4f} | {statistics.median(r[2] for r in rs):.4f} |")
     return 0
 
 

@@ -303,3 +303,82 @@ def test_blocking_futures_and_on_delivery_see_each_records_metadata(broker: Embe
     assert [e for e, _ in calls] == [None] * 20
     assert sorted((m.partition, m.offset) for _, m in calls) == sorted((mds[i].partition, mds[i].offset)
                                                                       for i in range(0, 60, 3))
+
+
+def test_many_threads_produce_concurrently_in_order_exactly_once(broker: EmbeddedBroker, kit: Any) -> None:
+    """produce() fills the partitions' open batches on the callers' threads (under one lock): with six
+    threads producing at once into small batches (many sealed by size, others by linger, some with
+    headers, some by key), every record is delivered exactly once (counted on the broker), each
+    partition's offsets are 0..n-1 with no gap, and each thread's records keep their order per partition."""
+    import threading
+
+    topic, threads, per = "mt-order", 6, 1500
+    kit.create_topic(broker.bootstrap, topic, 3)
+    futs: dict[int, list[Any]] = {}
+    with Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 2, "batch.size": 2048}) as p:
+        start = threading.Barrier(threads)
+
+        def run(t: int) -> None:
+            start.wait()
+            out = futs[t] = []
+            for i in range(per):
+                v = b"t%d-%05d" % (t, i) + b"." * (i % 200)
+                if t % 3 == 0:
+                    out.append(p.produce(topic, v, partition=i % 3))
+                elif t % 3 == 1:  # by key: one partition per thread
+                    out.append(p.produce(topic, v, key=b"k%d" % t, headers=[("h", b"%d" % i)]))
+                else:  # sticky (no key): order is kept within a partition
+                    out.append(p.produce(topic, v))
+
+        ts = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join(120)
+        assert p.flush(60) == 0
+        assert len(p) == 0
+    mds = {t: [f.result(0) for f in fs] for t, fs in futs.items()}
+    assert sum(len(m) for m in mds.values()) == threads * per
+    by_part: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    for t, ms in mds.items():
+        for part in range(3):
+            offs = [m.offset for m in ms if m.partition == part]
+            assert offs == sorted(offs), (t, part)  # a thread's records stay in order within a partition
+            by_part[part].extend(offs)
+    ends = {part: len(offs) for part, offs in by_part.items()}
+    for part, offs in by_part.items():
+        assert sorted(offs) == list(range(len(offs))), part  # no offset twice, none skipped
+    got = _kafkapython_read(broker.bootstrap, topic, ends)
+    values = [r.value for recs in got.values() for r in recs]
+    assert len(values) == threads * per == len(set(values))  # on the broker: each record exactly once
+    for part, recs in got.items():
+        assert [r.offset for r in recs] == list(range(ends[part]))
+        for t in range(threads):  # the broker's order matches each thread's produce order
+            mine = [r.value for r in recs if r.value.startswith(b"t%d-" % t)]
+            assert mine == sorted(mine)
+
+
+def test_unknown_topic_fails_the_record_not_the_call(tmp_path: Any, kit: Any) -> None:
+    """The first produce() to a topic waits for its metadata (max.block.ms, as Java's send()); a topic
+    that never appears fails the record's future and its on_delivery with UNKNOWN_TOPIC_OR_PARTITION,
+    produce() itself does not raise, and records to a known topic still go through."""
+    import time
+
+    b = EmbeddedBroker(tmp_path / "data", config={"auto.create.topics.enable": "false"}).start()
+    try:
+        kit.create_topic(b.bootstrap, "known", 2)
+        errors: list[Any] = []
+        with Producer({"bootstrap.servers": b.bootstrap, "max.block.ms": 1500, "linger.ms": 1}) as p:
+            t0 = time.monotonic()
+            missing = p.produce("missing", b"x", on_delivery=lambda e, m: errors.append(e))
+            ok = [p.produce("known", b"v%d" % i, partition=i % 2) for i in range(10)]
+            assert p.flush(30) == 0
+            assert time.monotonic() - t0 < 20
+            with pytest.raises(UnknownTopicOrPartitionError):
+                missing.result(0)
+            assert [e.code for e in errors] == [3]
+            assert sorted((f.result(0).partition, f.result(0).offset) for f in ok) == \
+                sorted((i % 2, i // 2) for i in range(10))
+            assert len(p) == 0
+    finally:
+        b.stop()

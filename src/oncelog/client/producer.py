@@ -1,8 +1,13 @@
 """The blocking producer: :class:`Producer`, the asyncio core on a background loop thread.
 
-``produce()`` never waits for the network: it hands the record to the loop
-thread (records are passed over in bulk, one wake-up per burst) and returns
-a :class:`DeliveryFuture`. ``on_delivery(err, metadata)`` callbacks run in
+``produce()`` appends the record to its partition's open batch on the
+caller's thread, under one lock (Java's RecordAccumulator), and returns a
+:class:`DeliveryFuture`; the loop thread is woken once per batch that fills
+or opens, and at its next pass takes the full and lingered batches, sends and
+completes them. Conditional and transactional records are handed to the loop
+thread one by one instead. ``produce()`` waits for the network only for a
+topic's metadata on its first record (``max.block.ms``, as Java's ``send()``)
+and when ``buffer.memory`` is full. ``on_delivery(err, metadata)`` callbacks run in
 the caller's thread from :meth:`Producer.poll` and :meth:`Producer.flush`,
 as in confluent-kafka.
 """
@@ -20,6 +25,7 @@ from typing import Any
 
 from oncelog.client._loop import LoopThread
 from oncelog.client.aio.producer import (
+    _Batch,
     BatchFutures,
     BatchResult,
     ProducerCore,
@@ -29,12 +35,16 @@ from oncelog.client.aio.producer import (
     produce_batch_into,
 )
 from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
+from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder
 from oncelog.client.config import parse_config
+from oncelog.client.partitioner import partition_for_key
+from oncelog.protocol.records import HEADER_SIZE
 from oncelog.client.errors import ClientClosedError, IllegalStateError, KafkaError
 
 __all__ = ["DeliveryFuture", "Producer"]
 
 _lock = threading.Lock()
+_RECORD_MAX_OVERHEAD = HEADER_SIZE + RECORD_OVERHEAD_MAX
 
 
 class DeliveryFuture:
@@ -132,9 +142,18 @@ class Producer:
         self.config = parse_config(config, "producer")
         self._lt = LoopThread("oncelog-producer")
         self._core = ProducerCore(self.config)
-        self._incoming: list[tuple[Any, ...]] = []
-        self._scheduled = False
+        self._incoming: list[tuple[Any, ...]] = []  # records for the loop thread to place (the slow path)
+        self._open: dict[tuple[str, int], _Batch] = {}  # batches filled by produce() on callers' threads
+        self._sealed: list[_Batch] = []  # full or lingered, for the loop thread's next pass
+        self._staged = 0  # records in _open and _sealed
+        self._staged_bytes = 0
+        self._scheduled = False  # a wake-up of the loop thread is pending
         self._lock = threading.Lock()
+        self._fast = self._core.txn is None  # transactional records all go through the loop thread
+        self._batch_size = self.config["batch.size"]
+        self._codec = CODECS[self.config["compression.type"]]
+        self._max_record = self.config["max.request.size"] - _RECORD_MAX_OVERHEAD  # key + value bytes
+        self._core.collect = self._collect
         self._delivered: deque[DeliveryFuture] = deque()
         self._closed = False
         self._buffer_memory = self.config["buffer.memory"]
@@ -155,7 +174,7 @@ class Producer:
 
     def __len__(self) -> int:
         """Records produced and not yet delivered or failed (confluent-kafka's ``len(producer)``)."""
-        return self._core._outstanding + len(self._incoming)
+        return self._core._outstanding + self._staged + len(self._incoming)
 
     def produce(self, topic: str, value: Any = None, key: Any = None, partition: int | None = None,
                 headers: Any = None, timestamp: int | None = None,
@@ -173,40 +192,139 @@ class Producer:
         core = self._core
         if self._closed:
             raise ClientClosedError("producer is closed")
-        core.check_open()
+        if core._fatal is not None or core._closing or not self._fast:
+            core.check_open()
         if expected_offset is not None:
             core.check_conditional(partition, expected_offset)
         if value is not None and type(value) is not bytes:
             value = _to_bytes(value, "value")
         if key is not None and type(key) is not bytes:
             key = _to_bytes(key, "key")
-        if core.buffered_bytes > self._buffer_memory:
+        if core.buffered_bytes + self._staged_bytes > self._buffer_memory:
             self._wait_for_space()
         fut = DeliveryFuture(self, on_delivery) if on_delivery is not None else DeliveryFuture()
-        rec = (topic, value, key, partition, headers, int(_time() * 1000) if timestamp is None else timestamp, fut,
-               -1 if expected_offset is None else expected_offset)
+        if timestamp is None:
+            timestamp = int(_time() * 1000)
+        fast = self._fast and expected_offset is None
+        if fast:
+            info = core.cluster.topics.get(topic)
+            if (info is None or not info.leaders) and topic not in core._waiting:
+                # as Java's send(): wait up to max.block.ms for the topic's metadata (once per topic), so
+                # that its records take the fast path below rather than queue for the loop thread
+                try:
+                    info = self._lt.run(core.cluster.wait_topic(topic, core.max_block), core.max_block + 5)
+                except KafkaError as exc:
+                    fut.set_exception(exc)
+                    return fut
+                except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+                    if self._closed:  # closed meanwhile by another thread
+                        raise ClientClosedError("producer is closed") from None
+                    info = None  # the loop thread's own wait decides (the slow path below)
+                except Exception as exc:  # pragma: no cover - defensive, as the loop thread's topic wait
+                    fut.set_exception(KafkaError(str(exc)))
+                    return fut
         with self._lock:
-            self._incoming.append(rec)
+            # the fast path: the record goes into its partition's open batch here, on the caller's thread
+            # (Java's RecordAccumulator); the loop thread hears of a batch when it is full or new, and takes
+            # it at its next pass. Anything unusual (topic not known yet, conditional, transactional, a
+            # record for the loop thread to fail) goes the slow way, in order behind the batches open here.
+            if fast and not self._incoming and info is not None and info.leaders and topic not in core._waiting:
+                n = len(info.leaders)
+                if partition is None or partition < 0:
+                    partition = core.sticky.partition(topic, n) if key is None else partition_for_key(key, n)
+                nbytes = (len(value) if value else 0) + (len(key) if key else 0)
+                if partition < n and nbytes <= self._max_record:
+                    tp = (topic, partition)
+                    b = self._open.get(tp)
+                    if b is None or not b.builder.append(timestamp, key, value, headers):
+                        if b is not None:
+                            self._seal(b, n)
+                        b = _Batch(topic, partition, BatchBuilder(self._batch_size, self._codec))
+                        b.builder.append(timestamp, key, value, headers)
+                        self._open[tp] = b
+                        if not self._scheduled:  # the loop thread learns the new batch's linger deadline
+                            self._scheduled = True
+                            self._wake()
+                    b.nbytes += nbytes
+                    b.futures.append(fut)
+                    b.timestamps.append(timestamp)
+                    self._staged_bytes += nbytes
+                    self._staged += 1
+                    if b.builder.size >= self._batch_size:
+                        self._seal(b, n)
+                        if not self._scheduled:
+                            self._scheduled = True
+                            self._wake()
+                    return fut
+            if self._open:
+                self._seal_all()  # records placed on the loop thread come after those batches
+            self._incoming.append((topic, value, key, partition, headers, timestamp, fut,
+                                   -1 if expected_offset is None else expected_offset))
             schedule = not self._scheduled
             self._scheduled = True
         if schedule:
-            self._lt.call(self._drain)
+            self._wake()
         return fut
+
+    def _seal(self, b: _Batch, partitions: int) -> None:
+        """(Under ``_lock``.) Close a batch open here: it waits in ``_sealed`` for the loop thread."""
+        del self._open[(b.topic, b.partition)]
+        self._sealed.append(b)
+        self._core.sticky.next(b.topic, partitions, b.partition)
+
+    def _seal_all(self) -> None:
+        for b in list(self._open.values()):
+            info = self._core.cluster.topics.get(b.topic)
+            self._seal(b, len(info.leaders) if info is not None and info.leaders else 1)
+
+    def _collect(self, now: float, flushing: bool) -> float:
+        """(On the loop thread, at every sender pass.) Take the batches filled by callers' threads: the
+        full ones, those whose ``linger.ms`` passed (all when flushing), then the records handed over
+        one by one; returns the seconds until the next open batch's linger deadline."""
+        next_due = 1.0
+        core = self._core
+        with self._lock:
+            self._scheduled = False
+            if self._open:
+                linger = core.linger
+                for b in list(self._open.values()):
+                    due = b.created + linger
+                    if flushing or due <= now:
+                        info = core.cluster.topics.get(b.topic)
+                        self._seal(b, len(info.leaders) if info is not None and info.leaders else 1)
+                    elif due - now < next_due:
+                        next_due = due - now
+            if self._sealed:
+                sealed, self._sealed = self._sealed, []
+                adopt = core.adopt
+                for b in sealed:
+                    self._staged -= b.builder.count
+                    self._staged_bytes -= b.nbytes
+                    adopt(b)
+            if self._incoming:
+                items, self._incoming = self._incoming, []
+                append = core.append
+                for rec in items:
+                    append(*rec)
+        return next_due
+
+    def _wake(self) -> None:
+        try:
+            self._lt.call(self._core._kick)
+        except RuntimeError:  # the loop is closed (the producer was closed meanwhile)
+            pass
 
     def _wait_for_space(self) -> None:
         deadline = time.monotonic() + self.config["max.block.ms"] / 1000
-        while self._core.buffered_bytes > self.config["buffer.memory"]:
+        while self._core.buffered_bytes + self._staged_bytes > self.config["buffer.memory"]:
             if time.monotonic() > deadline:
                 raise BufferError("buffer.memory is full and max.block.ms passed")
             self.poll(0.01)
 
     def _drain(self) -> None:
-        with self._lock:
-            items, self._incoming = self._incoming, []
-            self._scheduled = False
-        append = self._core.append
-        for rec in items:
-            append(*rec)
+        """(On the loop thread.) Hand everything over now (flush, close, transactions, produce_batch)."""
+        self._collect(time.monotonic(), True)
+        self._core._kick()
 
     def produce_batch(self, topic: str, values: Any, keys: Any = None, partition: int | None = None,
                       timestamp: int | None = None, expected_offset: int | None = None) -> BatchFutures:
@@ -220,7 +338,12 @@ class Producer:
         self._core.check_open()
         vals = _values_list(values)
         futs = BatchFutures(len(vals), DeliveryFuture, threading.Lock())
-        self._lt.run(produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs, expected_offset))
+
+        async def run() -> None:
+            self._drain()  # records produce()d before this call go first
+            await produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs, expected_offset)
+
+        self._lt.run(run())
         return futs
 
     def poll(self, timeout: float = 0) -> int:

@@ -429,6 +429,9 @@ class ProducerCore:
         self.on_complete: Callable[[int], None] | None = None  # called with bytes released (blocking facade)
         # the blocking facade's: completes a successful batch's per-record futures from one BatchResult
         self.complete_many: Callable[[list[Any], BatchResult], None] | None = None
+        # the blocking facade's accumulator: called at the start of every sender pass with (now, flushing);
+        # hands over the batches its callers' threads filled (adopt()) and returns seconds to its next linger
+        self.collect: Callable[[float, bool], float] | None = None
         self.stats = {"batches_sent": 0, "requests": 0, "retries": 0, "epoch_bumps": 0}
         self.txn: TransactionManager | None = TransactionManager(self) if self.transactional_id else None
 
@@ -616,6 +619,21 @@ class ProducerCore:
             i = j
         self._close_open(p)
         self._kick()
+
+    def adopt(self, b: _Batch) -> None:
+        """Take a closed batch filled outside the loop (the blocking facade's callers), behind the
+        partition's records placed before it; it is sent like any other ready batch."""
+        key = (b.topic, b.partition)
+        p = self.partitions.get(key)
+        if p is None:
+            p = self.partitions[key] = _Partition(b.topic, b.partition)
+        if p.open is not None:
+            self._close_open(p)
+        if not self._outstanding:
+            self._idle.clear()  # type: ignore[union-attr]
+        self._outstanding += b.builder.count
+        self.buffered_bytes += b.nbytes
+        p.ready.append(b)
 
     def _wait_for_topic(self, topic: str, record: tuple[Any, ...]) -> None:
         waiting = self._waiting.get(topic)
@@ -840,6 +858,8 @@ class ProducerCore:
         by_node: dict[int, list[tuple[_Partition, _Batch]]] = {}
         refresh: set[str] = set()
         flushing = self._flushing > 0 or self._closing
+        if self.collect is not None:
+            next_due = min(next_due, self.collect(now, flushing))
         for p in list(self.partitions.values()):
             if not p.has_data():
                 continue
