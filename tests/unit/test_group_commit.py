@@ -1,0 +1,93 @@
+"""GroupCommitter: a round fdatasyncs every dirty log concurrently, then releases its waiters."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from oncelog.broker.durability import GroupCommitter
+
+
+class FakeLog:
+    def __init__(self, barrier: threading.Barrier | None = None, error: BaseException | None = None) -> None:
+        self.log_end_offset = 0
+        self.barrier = barrier
+        self.error = error
+        self.syncs = 0
+
+    def sync(self) -> int:
+        self.syncs += 1
+        if self.barrier is not None:
+            self.barrier.wait(timeout=5)  # every log of the round must be syncing at the same time
+        if self.error is not None:
+            raise self.error
+        return self.log_end_offset
+
+
+class FakePartition:
+    def __init__(self, log: FakeLog) -> None:
+        self.log = log
+        self.high_watermark = 0
+
+    def advance_high_watermark(self, offset: int) -> None:
+        self.high_watermark = offset
+
+
+def test_round_syncs_concurrently_and_releases_waiters() -> None:
+    async def main() -> None:
+        barrier = threading.Barrier(3)
+        parts = [FakePartition(FakeLog(barrier)) for _ in range(3)]
+        committer = GroupCommitter()
+        try:
+            for i, p in enumerate(parts):
+                p.log.log_end_offset = 10 + i
+            waits = [committer.wait_durable(p) for p in parts]
+            await asyncio.wait_for(asyncio.gather(*waits), 10)
+            assert [p.high_watermark for p in parts] == [10, 11, 12]
+            assert [p.log.syncs for p in parts] == [1, 1, 1]
+            assert committer.rounds == 1 and committer.synced_files == 3
+        finally:
+            committer.close()
+
+    asyncio.run(main())
+
+
+def test_failed_sync_fails_the_round_and_keeps_the_high_watermark() -> None:
+    async def main() -> None:
+        good, bad = FakePartition(FakeLog()), FakePartition(FakeLog(error=OSError(5, "I/O error")))
+        good.log.log_end_offset = bad.log.log_end_offset = 7
+        committer = GroupCommitter()
+        try:
+            waits = [committer.wait_durable(good), committer.wait_durable(bad)]
+            results = await asyncio.wait_for(asyncio.gather(*waits, return_exceptions=True), 10)
+            assert all(isinstance(r, OSError) for r in results)
+            assert good.high_watermark == 0 and bad.high_watermark == 0  # nothing of the round is durable
+            assert good.log.syncs == 1 and bad.log.syncs == 1
+            # the next round works again
+            bad.log.error = None
+            await asyncio.wait_for(committer.wait_durable(bad), 10)
+            assert bad.high_watermark == 7
+        finally:
+            committer.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("n", [1, 8])
+def test_appends_during_a_round_wait_for_the_next(n: int) -> None:
+    async def main() -> None:
+        parts = [FakePartition(FakeLog()) for _ in range(n)]
+        committer = GroupCommitter()
+        try:
+            first = [committer.wait_durable(p) for p in parts]
+            for p in parts:
+                p.log.log_end_offset = 5
+            second = [committer.wait_durable(p) for p in parts]
+            await asyncio.wait_for(asyncio.gather(*first, *second), 10)
+            assert all(p.high_watermark == 5 for p in parts)
+        finally:
+            committer.close()
+
+    asyncio.run(main())
