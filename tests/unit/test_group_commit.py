@@ -91,3 +91,38 @@ def test_appends_during_a_round_wait_for_the_next(n: int) -> None:
             committer.close()
 
     asyncio.run(main())
+
+
+def test_wait_durable_all_one_future_for_every_partition() -> None:
+    async def main() -> None:
+        parts = [FakePartition(FakeLog()) for _ in range(4)]
+        for i, p in enumerate(parts):
+            p.log.log_end_offset = 3 + i
+        committer = GroupCommitter()
+        try:
+            assert committer.wait_durable_all([]) is None
+            fut = committer.wait_durable_all(parts)
+            assert fut is not None and not fut.done()
+            await asyncio.wait_for(fut, 10)
+            # resolved only after every partition's sync: all high watermarks moved
+            assert [p.high_watermark for p in parts] == [3, 4, 5, 6]
+            assert [p.log.syncs for p in parts] == [1, 1, 1, 1]
+        finally:
+            committer.close()
+
+    asyncio.run(main())
+
+
+def test_wait_durable_all_without_fsync_on_ack_advances_at_once() -> None:
+    async def main() -> None:
+        parts = [FakePartition(FakeLog()) for _ in range(2)]
+        for p in parts:
+            p.log.log_end_offset = 9
+        committer = GroupCommitter(fsync_on_ack=False)
+        try:
+            assert committer.wait_durable_all(parts) is None
+            assert [p.high_watermark for p in parts] == [9, 9]
+        finally:
+            committer.close()
+
+    asyncio.run(main())

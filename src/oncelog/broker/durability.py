@@ -71,6 +71,28 @@ class GroupCommitter:
             self._task = asyncio.get_running_loop().create_task(self._run())
         return fut
 
+    def wait_durable_all(self, partitions: list["Partition"]) -> asyncio.Future[None] | None:
+        """:meth:`wait_durable` for several partitions appended together (no ``await``
+        in between, so one round covers them all): one future for all of them.
+
+        Returns ``None`` when acknowledgements do not wait for fsync, or when
+        ``partitions`` is empty."""
+        if not partitions:
+            return None
+        if not self.fsync_on_ack:
+            for p in partitions:
+                self._dirty[p] = None
+                p.advance_high_watermark(p.log.log_end_offset)
+            return None
+        for p in partitions:
+            self._dirty[p] = None
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(fut)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run())
+        return fut
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self._waiters or self._dirty:
