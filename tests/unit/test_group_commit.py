@@ -126,3 +126,23 @@ def test_wait_durable_all_without_fsync_on_ack_advances_at_once() -> None:
             committer.close()
 
     asyncio.run(main())
+
+
+def test_sync_threads_start_on_demand_and_stop_on_close() -> None:
+    from oncelog.broker.durability import SyncThreads
+
+    threads = SyncThreads(max_threads=2)
+    ran: list[int] = []
+    done = threading.Event()
+    threads.ensure(5)  # capped at max_threads
+    assert len(threads._threads) == 2 and all(t.is_alive() for t in threads._threads)
+    for i in range(3):
+        threads.submit(lambda i=i: ran.append(i))
+    threads.submit(done.set)
+    assert done.wait(5)
+    workers = list(threads._threads)
+    threads.close()
+    assert sorted(ran) == [0, 1, 2]
+    assert not any(t.is_alive() for t in workers)
+    with pytest.raises(RuntimeError):
+        threads.submit(lambda: None)

@@ -12,14 +12,19 @@ A round hands its fdatasyncs to the worker threads directly and the last
 one to finish wakes the event loop once (:meth:`GroupCommitter._sync_all`):
 one loop wake-up per round, not one per partition (with 16 KiB batches a
 busy broker runs a round per two or three batches, so this is per-batch
-cost).
+cost). The workers are plain threads fed by a ``queue.SimpleQueue``
+(:class:`SyncThreads`), not a ``ThreadPoolExecutor``, whose futures, work
+items and semaphores cost more per fdatasync than the rest of the round's
+bookkeeping.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -44,6 +49,54 @@ class LogHandle:
         pass
 
 
+class SyncThreads:
+    """Up to ``max_threads`` worker threads running submitted callables, started on
+    demand (a round of N partitions wants N of them at once, up to the limit) and
+    kept until :meth:`close`. A callable must not raise (the round's ``sync``
+    catches everything); one that does is logged and the thread carries on."""
+
+    def __init__(self, max_threads: int = 8, name: str = "fsync") -> None:
+        self.max_threads = max_threads
+        self.name = name
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def ensure(self, n: int) -> None:
+        """Have at least ``min(n, max_threads)`` threads."""
+        want = min(n, self.max_threads)
+        while len(self._threads) < want and not self._closed:
+            t = threading.Thread(target=self._work, name=f"{self.name}_{len(self._threads)}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def submit(self, job: Callable[[], None]) -> None:
+        if self._closed:
+            raise RuntimeError("the fsync threads are closed")
+        self._queue.put(job)
+
+    def _work(self) -> None:
+        get = self._queue.get
+        while True:
+            job = get()
+            if job is None:
+                return
+            try:
+                job()
+            except BaseException:  # pragma: no cover - the jobs catch their errors
+                log.exception("fsync worker job failed")
+
+    def close(self) -> None:
+        """Finish the queued jobs, then stop every thread."""
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join()
+
+
 class GroupCommitter:
     def __init__(self, fsync_on_ack: bool = True, flush_interval_ms: int = 1000) -> None:
         self.fsync_on_ack = fsync_on_ack
@@ -51,7 +104,8 @@ class GroupCommitter:
         self._dirty: dict["Partition", None] = {}
         self._waiters: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fsync")
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="flush")  # periodic_flush only
+        self._sync_threads = SyncThreads(8)  # the acks rounds (_sync_all)
         self.rounds = 0
         self.synced_files = 0
 
@@ -148,8 +202,10 @@ class GroupCommitter:
                 except RuntimeError:  # the loop is closed (shutdown)
                     pass
 
+        threads = self._sync_threads
+        threads.ensure(len(dirty))
         for p in dirty:
-            self._pool.submit(sync, p)
+            threads.submit(lambda p=p: sync(p))
         return done
 
     async def periodic_flush(self) -> None:
@@ -169,4 +225,5 @@ class GroupCommitter:
             await self._task
 
     def close(self) -> None:
+        self._sync_threads.close()
         self._pool.shutdown(wait=True)
