@@ -6,11 +6,19 @@ repository), creates an 8-partition topic, produces ``--records`` records of
 ``--size`` bytes with confluent-kafka (``acks=all``, ``linger.ms=5``, no
 compression, not idempotent, round robin over the partitions), and prints the
 broker process's user + sys CPU time (from ``/proc/<pid>/stat``) spent on
-them, plus the wall time. Wall time on a shared machine swings with load;
-the broker's CPU time much less, so alternating two trees compares their
-per-request cost. Linux only.
+them, plus the wall time and the broker CPU per record batch (the batches
+are counted in the segment files afterwards). Wall time on a shared machine
+swings with load; the broker's CPU time much less, so alternating two trees
+compares their per-request cost. Linux only.
+
+``--idempotent`` and ``--batch-size N`` set the producer's
+``enable.idempotence`` and ``batch.size``; ``--threads`` splits the broker's
+CPU into the event-loop thread and the other threads (the fdatasync
+workers); ``--profile FILE`` runs the broker under cProfile with a CPU-time
+clock of the event-loop thread and writes the stats to FILE.
 
     python bench/broker_cpu.py --tree <main> ; python bench/broker_cpu.py --tree <change>   # repeat
+    python bench/broker_cpu.py --idempotent --batch-size 16384 --size 1024 --records 100000 --threads
 """
 
 from __future__ import annotations
@@ -39,6 +47,18 @@ try:
 finally:
     prof.dump_stats(out)
 """
+
+
+def count_batches(data: Path) -> int:
+    """Record batches in the topic's segment files (each: 8-byte offset, 4-byte length, rest)."""
+    n = 0
+    for seg in data.glob("cpu-*/*.log"):
+        raw = seg.read_bytes()
+        pos = 0
+        while pos + 12 <= len(raw):
+            n += 1
+            pos += 12 + int.from_bytes(raw[pos + 8 : pos + 12], "big")
+    return n
 
 
 def main() -> int:
@@ -119,8 +139,9 @@ def main() -> int:
             print(f"broker_cpu: {left} records not delivered", file=sys.stderr)
             return 1
         mb = args.records * args.size / 1e6
+        batches = count_batches(Path(data)) - 1  # less the warm-up record's batch
         print(f"{args.tree}: {args.records} x {args.size} B: broker cpu {used:.2f} s ({used / mb:.4f} s/MB), "
-              f"wall {wall:.2f} s")
+              f"wall {wall:.2f} s, {batches} batches ({used / max(batches, 1) * 1e6:.0f} µs broker cpu per batch)")
         if args.threads:
             for name, (u, s) in sorted(th1.items()):
                 u0, s0 = th0.get(name, (0.0, 0.0))
