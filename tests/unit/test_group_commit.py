@@ -146,3 +146,15 @@ def test_sync_threads_start_on_demand_and_stop_on_close() -> None:
     assert not any(t.is_alive() for t in workers)
     with pytest.raises(RuntimeError):
         threads.submit(lambda: None)
+
+
+def test_a_round_with_nothing_dirty_resolves() -> None:
+    async def main() -> None:
+        committer = GroupCommitter()
+        try:
+            loop = asyncio.get_running_loop()
+            await asyncio.wait_for(committer._sync_all(loop, []), 5)
+        finally:
+            committer.close()
+
+    asyncio.run(main())

@@ -176,6 +176,9 @@ class GroupCommitter:
         future resolves (on the loop) once all are done, with the first error if
         any failed. Only the last worker to finish wakes the loop."""
         done: asyncio.Future[None] = loop.create_future()
+        if not dirty:  # waiters without a dirty log (none today): nothing to sync
+            done.set_result(None)
+            return done
         left = [len(dirty)]
         errors: list[BaseException] = []
         lock = threading.Lock()
