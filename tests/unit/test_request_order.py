@@ -92,9 +92,47 @@ def test_a_request_starts_after_the_previous_one_applied_its_effects(monkeypatch
         fsync.set()
         for _ in range(5):
             await asyncio.sleep(0)
-        assert transport.written == [struct.pack(">i", 3) + b"one", struct.pack(">i", 3) + b"two"]
+        # in order (both became ready in the same pass, so they went out in one write)
+        assert b"".join(transport.written) == struct.pack(">i", 3) + b"one" + struct.pack(">i", 3) + b"two"
 
     asyncio.run(main())
+
+
+def test_responses_ready_in_the_same_pass_go_out_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three pipelined requests released by one event (one group-commit round): their answers
+    are handed to the transport with one writelines (one send), in request order. A response
+    ready alone is still written in the next pass, not held back."""
+
+    async def main() -> None:
+        durable = asyncio.Event()
+
+        async def fake_handle_frame(_broker: Any, body: bytes, _peer: str, applied: Any = None) -> list[bytes]:
+            if applied is not None:
+                applied()
+            if body != b"solo":
+                await durable.wait()
+            return [body]
+
+        monkeypatch.setattr(server_mod, "handle_frame", fake_handle_frame)
+        fake_server = SimpleNamespace(broker=SimpleNamespace(config=BrokerConfig()), connections=set())
+        conn = server_mod.KafkaConnection(fake_server)  # type: ignore[arg-type]
+        transport = FakeTransport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn.data_received(b"".join(struct.pack(">i", 1) + n for n in (b"a", b"b", b"c")))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert transport.written == []
+        durable.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert transport.written == [b"".join(struct.pack(">i", 1) + n for n in (b"a", b"b", b"c"))]
+        conn.data_received(struct.pack(">i", 4) + b"solo")
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert transport.written[1:] == [struct.pack(">i", 4) + b"solo"]
+
+    asyncio.run(main())
+
 
 
 # -- one transaction-log write for a request's implicit adds ----------------------------------

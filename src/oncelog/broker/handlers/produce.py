@@ -239,6 +239,7 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
             return await _answer(version, refused, waits)
     topics_out = []
     now = broker.clock()
+    appended: list[Any] = []  # partitions appended to (or answered as duplicates): one durable wait for all
     for name, entries in plan:
         parts_out = []
         for entry in entries:
@@ -251,9 +252,7 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
             except KafkaError as exc:
                 parts_out.append(_error(index, exc.code, str(exc)))
                 continue
-            fut = broker.committer.wait_durable(partition)
-            if fut is not None:
-                waits.append(fut)
+            appended.append(partition)
             parts_out.append(
                 {
                     "index": index,
@@ -266,6 +265,10 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
                 }
             )
         topics_out.append({"name": name, "partition_responses": parts_out})
+    # the appends above had no await between them, so one group-commit round covers them all
+    fut = broker.committer.wait_durable_all(appended)
+    if fut is not None:
+        waits.append(fut)
     ctx.applied()
     if acks == 0:
         failed = [
@@ -285,7 +288,10 @@ async def _answer(version: int, topics_out: list[dict[str, Any]], waits: list[as
     """Wait for the fsync round covering the appends (and duplicates), then encode."""
     if waits:
         try:
-            await asyncio.gather(*waits)
+            if len(waits) == 1:
+                await waits[0]
+            else:
+                await asyncio.gather(*waits)
         except OSError as exc:
             log.error("fsync failed, failing the produce: %s", exc)
             for t in topics_out:

@@ -1,0 +1,160 @@
+"""GroupCommitter: a round fdatasyncs every dirty log concurrently, then releases its waiters."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from oncelog.broker.durability import GroupCommitter
+
+
+class FakeLog:
+    def __init__(self, barrier: threading.Barrier | None = None, error: BaseException | None = None) -> None:
+        self.log_end_offset = 0
+        self.barrier = barrier
+        self.error = error
+        self.syncs = 0
+
+    def sync(self) -> int:
+        self.syncs += 1
+        if self.barrier is not None:
+            self.barrier.wait(timeout=5)  # every log of the round must be syncing at the same time
+        if self.error is not None:
+            raise self.error
+        return self.log_end_offset
+
+
+class FakePartition:
+    def __init__(self, log: FakeLog) -> None:
+        self.log = log
+        self.high_watermark = 0
+
+    def advance_high_watermark(self, offset: int) -> None:
+        self.high_watermark = offset
+
+
+def test_round_syncs_concurrently_and_releases_waiters() -> None:
+    async def main() -> None:
+        barrier = threading.Barrier(3)
+        parts = [FakePartition(FakeLog(barrier)) for _ in range(3)]
+        committer = GroupCommitter()
+        try:
+            for i, p in enumerate(parts):
+                p.log.log_end_offset = 10 + i
+            waits = [committer.wait_durable(p) for p in parts]
+            await asyncio.wait_for(asyncio.gather(*waits), 10)
+            assert [p.high_watermark for p in parts] == [10, 11, 12]
+            assert [p.log.syncs for p in parts] == [1, 1, 1]
+            assert committer.rounds == 1 and committer.synced_files == 3
+        finally:
+            committer.close()
+
+    asyncio.run(main())
+
+
+def test_failed_sync_fails_the_round_and_keeps_the_high_watermark() -> None:
+    async def main() -> None:
+        good, bad = FakePartition(FakeLog()), FakePartition(FakeLog(error=OSError(5, "I/O error")))
+        good.log.log_end_offset = bad.log.log_end_offset = 7
+        committer = GroupCommitter()
+        try:
+            waits = [committer.wait_durable(good), committer.wait_durable(bad)]
+            results = await asyncio.wait_for(asyncio.gather(*waits, return_exceptions=True), 10)
+            assert all(isinstance(r, OSError) for r in results)
+            assert good.high_watermark == 0 and bad.high_watermark == 0  # nothing of the round is durable
+            assert good.log.syncs == 1 and bad.log.syncs == 1
+            # the next round works again
+            bad.log.error = None
+            await asyncio.wait_for(committer.wait_durable(bad), 10)
+            assert bad.high_watermark == 7
+        finally:
+            committer.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("n", [1, 8])
+def test_appends_during_a_round_wait_for_the_next(n: int) -> None:
+    async def main() -> None:
+        parts = [FakePartition(FakeLog()) for _ in range(n)]
+        committer = GroupCommitter()
+        try:
+            first = [committer.wait_durable(p) for p in parts]
+            for p in parts:
+                p.log.log_end_offset = 5
+            second = [committer.wait_durable(p) for p in parts]
+            await asyncio.wait_for(asyncio.gather(*first, *second), 10)
+            assert all(p.high_watermark == 5 for p in parts)
+        finally:
+            committer.close()
+
+    asyncio.run(main())
+
+
+def test_wait_durable_all_one_future_for_every_partition() -> None:
+    async def main() -> None:
+        parts = [FakePartition(FakeLog()) for _ in range(4)]
+        for i, p in enumerate(parts):
+            p.log.log_end_offset = 3 + i
+        committer = GroupCommitter()
+        try:
+            assert committer.wait_durable_all([]) is None
+            fut = committer.wait_durable_all(parts)
+            assert fut is not None and not fut.done()
+            await asyncio.wait_for(fut, 10)
+            # resolved only after every partition's sync: all high watermarks moved
+            assert [p.high_watermark for p in parts] == [3, 4, 5, 6]
+            assert [p.log.syncs for p in parts] == [1, 1, 1, 1]
+        finally:
+            committer.close()
+
+    asyncio.run(main())
+
+
+def test_wait_durable_all_without_fsync_on_ack_advances_at_once() -> None:
+    async def main() -> None:
+        parts = [FakePartition(FakeLog()) for _ in range(2)]
+        for p in parts:
+            p.log.log_end_offset = 9
+        committer = GroupCommitter(fsync_on_ack=False)
+        try:
+            assert committer.wait_durable_all(parts) is None
+            assert [p.high_watermark for p in parts] == [9, 9]
+        finally:
+            committer.close()
+
+    asyncio.run(main())
+
+
+def test_sync_threads_start_on_demand_and_stop_on_close() -> None:
+    from oncelog.broker.durability import SyncThreads
+
+    threads = SyncThreads(max_threads=2)
+    ran: list[int] = []
+    done = threading.Event()
+    threads.ensure(5)  # capped at max_threads
+    assert len(threads._threads) == 2 and all(t.is_alive() for t in threads._threads)
+    for i in range(3):
+        threads.submit(lambda i=i: ran.append(i))
+    threads.submit(done.set)
+    assert done.wait(5)
+    workers = list(threads._threads)
+    threads.close()
+    assert sorted(ran) == [0, 1, 2]
+    assert not any(t.is_alive() for t in workers)
+    with pytest.raises(RuntimeError):
+        threads.submit(lambda: None)
+
+
+def test_a_round_with_nothing_dirty_resolves() -> None:
+    async def main() -> None:
+        committer = GroupCommitter()
+        try:
+            loop = asyncio.get_running_loop()
+            await asyncio.wait_for(committer._sync_all(loop, []), 5)
+        finally:
+            committer.close()
+
+    asyncio.run(main())
