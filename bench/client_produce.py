@@ -5,8 +5,8 @@ One oncelog broker (``common.OncelogBroker``) for the whole run; every
 round runs each client once, in the same order (A B C D E, A B C D E, ...),
 each into a fresh 8-partition topic: ``--records`` records of ``--size``
 bytes, round-robin over the partitions, ``acks=all``, ``linger.ms=5``, no
-compression, idempotent (the default of oncelog, confluent-kafka and
-kafka-python; set for aiokafka, whose default is off). Every other setting
+compression, idempotent (the default of oncelog and kafka-python; set for
+confluent-kafka and aiokafka, whose default is off). Every other setting
 is the client's default (``batch.size``: 16384 for oncelog, kafka-python and
 aiokafka, 1,000,000 for confluent-kafka; ``--same-batch-size N`` sets it for
 all of them). Wall time from the first produce to flush() returning with
@@ -78,7 +78,10 @@ def run_oncelog_batch(bootstrap: str, topic: str, n: int, payload: bytes) -> Non
 def run_confluent(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
     from confluent_kafka import Producer
 
-    conf: dict[str, object] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"}
+    # librdkafka's enable.idempotence defaults to false (unlike Java's, ours and kafka-python's):
+    # set it, so that every client runs with at most 5 requests in flight and sequence numbers
+    conf: dict[str, object] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all",
+                               "enable.idempotence": True}
     if OTHER_BATCH_SIZE:
         conf["batch.size"] = OTHER_BATCH_SIZE
     p = Producer(conf)
