@@ -58,6 +58,11 @@ HEURISTIC_SLEEP = 0.2  # seed 003: franz-go's sleep before releasing the rebalan
 EARLIEST, LATEST = -2, -1
 
 
+def _retrieved(fut: "asyncio.Future[Any]") -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 def session_configs(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split and check one session config into (consumer, producer) configs; raises ConfigError."""
     conf = dict(config)
@@ -101,6 +106,11 @@ class TransactSession:
         # the group's own connections (as Java's coordinator socket): on the consumer's, a heartbeat would
         # wait behind a Fetch the broker holds up to fetch.max.wait.ms (answers come in request order)
         self._group_cluster = Cluster(self._consumer.config)
+        # and OffsetFetch (rewinds after an abort, committed()) on a third: on the group's connections it would
+        # queue behind a JoinGroup the broker holds for the whole rebalance, time out after request.timeout.ms
+        # and take the JoinGroup down with the connection (seen under member churn: the member then lost its
+        # generation and every transaction in the meantime aborted on TxnOffsetCommit)
+        self._offsets_cluster = Cluster(self._consumer.config)
         self._member = GroupMember(self._group_cluster, self._consumer.config, self.topics,
                                    on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._lock = asyncio.Lock()  # held across end(); the revoke callbacks wait for it
@@ -124,6 +134,7 @@ class TransactSession:
         self._started = True
         await self._consumer.start()
         await self._group_cluster.start()
+        await self._offsets_cluster.start()
         await self._producer.start()
         await self._producer.init_transactions()
         await self._member.start()
@@ -170,6 +181,7 @@ class TransactSession:
             self._closed = True
             await self._consumer.close()
             await self._group_cluster.close()
+            await self._offsets_cluster.close()
             await self._producer.close(5.0)
 
     # -- consume and produce ----------------------------------------------------------------------
@@ -198,6 +210,17 @@ class TransactSession:
         """Records of the owned partitions (up to ``max_records``); starts a transaction when there are some."""
         self._check()
         self._member.poll_happened()
+        if not self._in_txn and not self._member.in_group:
+            # a rebalance is under way (a cooperative member keeps its partitions meanwhile): a transaction
+            # started now could not commit (no heartbeat succeeds before the rebalance ends), so wait for it
+            t0 = time.monotonic()
+            try:
+                await asyncio.wait_for(self._member._wait_assigned(), timeout)
+            except asyncio.TimeoutError:
+                return []
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - t0))
+            self._check()
         msgs = await self._consumer.consume(max_records, timeout)
         self._check()
         if msgs:
@@ -220,6 +243,9 @@ class TransactSession:
             self._txn_in = self._txn_out = 0
             self._txn_started = time.monotonic()
         fut = self._producer.produce(topic, value, key, partition, headers, timestamp, on_delivery)
+        # the transaction's outcome is end()'s answer: a record failed by an abort is not an error to log
+        # as "Future exception was never retrieved" (the caller may still await the future)
+        fut.add_done_callback(_retrieved)
         self._txn_out += 1
         self.counters["records_out"] += 1
         return fut
@@ -347,7 +373,7 @@ class TransactSession:
     # -- offsets and rebalances ------------------------------------------------------------------
 
     async def _committed(self, parts: list[tuple[str, int]]) -> dict[tuple[str, int], Any]:
-        cluster, gid = self._group_cluster, self._member.group_id
+        cluster, gid = self._offsets_cluster, self._member.group_id
         if self._stable is not False:
             try:
                 out = await fetch_offsets(cluster, gid, parts, require_stable=True, unstable_unsupported="raise")
@@ -364,7 +390,7 @@ class TransactSession:
     async def committed(self, partitions: Iterable[tuple[str, int]],
                         timeout: float | None = None) -> dict[tuple[str, int], Any]:
         """The group's committed offsets (``OffsetAndMetadata`` or None), stable ones where the broker can."""
-        return await fetch_offsets(self._group_cluster, self._member.group_id, list(partitions),
+        return await fetch_offsets(self._offsets_cluster, self._member.group_id, list(partitions),
                                    require_stable=self._stable is not False, timeout=timeout)
 
     async def _seek_committed(self, parts: list[tuple[str, int]], keep: list[tuple[str, int]]) -> None:
