@@ -680,8 +680,18 @@ class ProducerCore:
         for topic in refresh - self._refreshing:
             self._refreshing.add(topic)
             asyncio.ensure_future(self._refresh(topic))
+        more = False  # a request went out and its partitions have further batches (pipelining)
         for node, items in by_node.items():
+            sent_before = self.stats["requests"]
             self._send(node, items, now)
+            more = more or (self.stats["requests"] > sent_before
+                            and self._node_inflight.get(node, 0) < self.max_in_flight
+                            and any(p.ready and p.inflight < self.max_in_flight and not p.blocked for p, _ in items))
+        if more:
+            # a request holds one batch per partition (Kafka's rule for v3+): the next batches of the same
+            # partitions go in the next requests at once, up to max.in.flight, as Java's sender does,
+            # instead of one request per round trip
+            return 0.0
         return max(next_due, 0.001)
 
     async def _refresh(self, topic: str) -> None:
