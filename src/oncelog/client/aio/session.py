@@ -63,6 +63,16 @@ def _retrieved(fut: "asyncio.Future[Any]") -> None:
         fut.exception()
 
 
+def _forget_failures(futs: list["asyncio.Future[Any]"]) -> None:
+    """The records of an aborted transaction: their failure is end()'s answer, not an error for asyncio to
+    log as "Future exception was never retrieved" (a caller may still await them)."""
+    for f in futs:
+        if f.done():
+            _retrieved(f)
+        else:
+            f.add_done_callback(_retrieved)
+
+
 def session_configs(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split and check one session config into (consumer, producer) configs; raises ConfigError."""
     conf = dict(config)
@@ -118,6 +128,7 @@ class TransactSession:
         self._abort_cause: str | None = None
         self._offsets: dict[tuple[str, int], int] = {}
         self._txn_in = self._txn_out = 0
+        self._futs: list[asyncio.Future[Any]] = []  # the open transaction's records
         self._stable: bool | None = None  # None: not known yet; False: pre-KIP-447 heuristic
         self._error: KafkaError | None = None
         self._started = False
@@ -173,6 +184,7 @@ class TransactSession:
                     self._count_abort("close")
                 except KafkaError as exc:
                     log.info("session %s: abort on close failed: %s", self.transactional_id, exc)
+                _forget_failures(self._futs)
                 self._in_txn = False
             if self._release_task is not None:
                 await asyncio.gather(self._release_task, return_exceptions=True)
@@ -204,6 +216,7 @@ class TransactSession:
             self._abort_cause = None
             self._offsets = {}
             self._txn_in = self._txn_out = 0
+            self._futs = []
             self._txn_started = time.monotonic()
 
     async def poll(self, timeout: float | None = 1.0, max_records: int = 500) -> list[Message]:
@@ -241,11 +254,10 @@ class TransactSession:
             self._producer._txn().begin_transaction()
             self._in_txn, self._abort_cause, self._offsets = True, None, {}
             self._txn_in = self._txn_out = 0
+            self._futs = []
             self._txn_started = time.monotonic()
         fut = self._producer.produce(topic, value, key, partition, headers, timestamp, on_delivery)
-        # the transaction's outcome is end()'s answer: a record failed by an abort is not an error to log
-        # as "Future exception was never retrieved" (the caller may still await the future)
-        fut.add_done_callback(_retrieved)
+        self._futs.append(fut)
         self._txn_out += 1
         self.counters["records_out"] += 1
         return fut
@@ -316,7 +328,10 @@ class TransactSession:
                     self._fatal(exc)
                     self._error = self._error or exc
                     raise
+                finally:
+                    _forget_failures(self._futs)
             self._in_txn = False
+            self._futs = []
             ms = (time.monotonic() - self._txn_started) * 1000
             if committed:
                 self.counters["committed"] += 1
