@@ -161,6 +161,17 @@ def test_transaction_timeout_must_be_below_session_timeout() -> None:
     assert s.transaction_timeout_ms < 10000
 
 
+def test_batch_size_default_fits_a_transaction() -> None:
+    """A session's records are flushed together by end(): its producer batches up to ~1 MB per partition
+    (Kafka's 16 KiB made a 500-record transaction 17 requests per partition); an explicit value is kept."""
+    base = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"}
+    assert TransactSession(base, ["t"])._producer.config["batch.size"] == 1_000_000
+    assert TransactSession({**base, "batch.size": 4096}, ["t"])._producer.config["batch.size"] == 4096
+    assert TransactSession({**base, "max.request.size": 200_000}, ["t"])._producer.config["batch.size"] == 200_000
+    with pytest.raises(ConfigError, match="max.request.size"):
+        TransactSession({**base, "max.request.size": "lots"}, ["t"])
+
+
 async def drain(bs: str, sessions: list[TransactSession], out: str, group: str, inp: str, n: int,
                 parts: int) -> None:
     """Run ``copier`` on every session until the group committed all ``n`` input records."""

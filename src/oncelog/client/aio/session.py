@@ -54,6 +54,7 @@ __all__ = ["HEURISTIC_SLEEP", "TransactSession"]
 
 log = logging.getLogger("oncelog.client.session")
 
+SESSION_BATCH_SIZE = 1_000_000  # the session's default batch.size (see session_configs)
 HEURISTIC_SLEEP = 0.2  # seed 003: franz-go's sleep before releasing the rebalance lock without KIP-447
 EARLIEST, LATEST = -2, -1
 
@@ -95,6 +96,14 @@ def session_configs(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
                 "before the group can give its partitions to another member (seed 003)")
     else:
         conf["transaction.timeout.ms"] = max(1, session_ms - max(1000, session_ms // 10))
+    if "batch.size" not in conf:
+        # a transaction's records are flushed together by end(): with Kafka's 16 KiB default a 500-record
+        # transaction of 512 B records is 17 batches (requests) per partition, and the broker's per-batch
+        # work dominated the copy (docs/benchmarks.md); franz-go's default batch limit is ~1 MB too
+        try:
+            conf["batch.size"] = min(SESSION_BATCH_SIZE, int(conf.get("max.request.size", SESSION_BATCH_SIZE)))
+        except (TypeError, ValueError):
+            pass  # a bad max.request.size: parse_config says so
     if not conf.get("transactional.id"):
         conf["transactional.id"] = f"{conf['group.id']}-session-{uuid.uuid4().hex[:12]}"
     return conf, conf
