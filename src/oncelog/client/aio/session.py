@@ -303,10 +303,17 @@ class TransactSession:
             committed = False
             if cause is None:
                 try:
-                    await self._producer.flush()
+                    # the offsets travel while the records' Produce requests are answered (as Java sends them
+                    # before commitTransaction flushes): both belong to this transaction, EndTxn waits for both
+                    offsets = None
                     if self._abort_cause is None and self._offsets:
-                        await self._producer.send_offsets_to_transaction(dict(self._offsets),
-                                                                         self._member.group_metadata())
+                        offsets = asyncio.ensure_future(self._producer.send_offsets_to_transaction(
+                            dict(self._offsets), self._member.group_metadata()))
+                    try:
+                        await self._producer.flush()
+                    finally:
+                        if offsets is not None:
+                            await offsets
                 except KafkaError as exc:
                     if self._fatal(exc):
                         raise
