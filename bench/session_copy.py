@@ -47,6 +47,7 @@ from common import OncelogBroker, run_metadata  # noqa: E402
 PARTITIONS = 8
 BATCH = 500
 ONCELOG_EXTRA: dict[str, object] = {}  # --batch-size: producer settings of both oncelog copiers
+ALO_CONSUMER_EXTRA: dict[str, object] = {}  # --alo-fetch-wait-ms
 
 
 def seed(bootstrap: str, topic: str, n: int, size: int) -> None:
@@ -145,7 +146,7 @@ def run_oncelog_alo(bootstrap: str, inp: str, out: str, n: int) -> float:
     from oncelog.client import Consumer, Producer
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"b-{out}", "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False, "isolation.level": "read_committed"})
+                  "enable.auto.commit": False, "isolation.level": "read_committed", **ALO_CONSUMER_EXTRA})
     c.subscribe([inp])
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5, **ONCELOG_EXTRA})
     seen, first = 0, 0.0
@@ -178,12 +179,17 @@ def main() -> int:
     ap.add_argument("--records", type=int, default=20000)
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--copiers", default=",".join(COPIERS))
+    ap.add_argument("--alo-fetch-wait-ms", type=int,
+                    help="fetch.max.wait.ms of the oncelog-alo consumer (default 500): its OffsetCommit shares the "
+                         "connection with Fetch and can wait behind a held one")
     ap.add_argument("--batch-size", type=int, help="batch.size of the oncelog copiers' producer (default: Kafka's "
                                                       "16384; librdkafka's is 1000000)")
     a = ap.parse_args()
     names = [x for x in a.copiers.split(",") if x]
     if a.batch_size:
         ONCELOG_EXTRA["batch.size"] = a.batch_size
+    if a.alo_fetch_wait_ms is not None:
+        ALO_CONSUMER_EXTRA["fetch.max.wait.ms"] = a.alo_fetch_wait_ms
     import confluent_kafka  # noqa: F401 - imported before the first round: not in its CPU figures
     import oncelog.client  # noqa: F401
     results: dict[str, list[float]] = {k: [] for k in names}
