@@ -64,7 +64,8 @@ def test_three_sessions_copy_through_churn_and_broker_bounces(tmp_path: Path, as
     applied = summary["faults_applied"]
     assert applied.get("broker_hard", 0) == BROKER_BOUNCES, (summary["faults"], where)
     assert applied.get("copier_hard", 0) >= 3 and applied.get("copier_clean", 0) >= 3, (summary["faults"], where)
-    assert summary["copy_seconds"] / max(summary["churn_steps"], 1) < 2 * CHURN_S, where
+    # a step every CHURN_S s, plus the wait for a SIGTERMed session to finish its transaction and leave
+    assert summary["copy_seconds"] / max(summary["churn_steps"], 1) < 10, where
     assert report["aborted_seen"] > 0, report
     print(f"{assignor}: copy {summary['copy_seconds']} s, audit {summary['audit_seconds']} s, "
           f"{summary['churn_steps']} churn steps, aborts "
