@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
-"""Client produce throughput: oncelog's producer vs confluent-kafka vs kafka-python, one broker.
+"""Client produce throughput: oncelog's producer vs confluent-kafka, kafka-python and aiokafka, one broker.
 
 One oncelog broker (``common.OncelogBroker``) for the whole run; every
-round runs each client once, in the same order (A B C D, A B C D, ...), each
-into a fresh 8-partition topic: ``--records`` records of ``--size`` bytes,
-round-robin over the partitions, ``acks=all``, ``linger.ms=5``, no
-compression, each client with its default idempotence (on for all three).
-Wall time from the first produce to flush() returning with every record
-acknowledged. Clients:
+round runs each client once, in the same order (A B C D E, A B C D E, ...),
+each into a fresh 8-partition topic: ``--records`` records of ``--size``
+bytes, round-robin over the partitions, ``acks=all``, ``linger.ms=5``, no
+compression, idempotent (the default of oncelog, confluent-kafka and
+kafka-python; set for aiokafka, whose default is off). Every other setting
+is the client's default (``batch.size``: 16384 for oncelog, kafka-python and
+aiokafka, 1,000,000 for confluent-kafka; ``--same-batch-size N`` sets it for
+all of them). Wall time from the first produce to flush() returning with
+every record acknowledged, and CPU seconds (utime+stime from /proc) of this
+process (the client: every thread, librdkafka's included) and of the
+broker process during the run, per MB of record values. Clients:
 
 * ``oncelog``: ``oncelog.client.Producer``, one ``produce()`` per record;
 * ``oncelog-batch``: ``Producer.produce_batch`` with 8 lists (one a partition);
 * ``confluent``: confluent-kafka ``Producer`` (librdkafka, C);
-* ``kafkapython``: kafka-python ``KafkaProducer``.
+* ``kafkapython``: kafka-python ``KafkaProducer``;
+* ``aiokafka``: aiokafka ``AIOKafkaProducer`` (``await send()`` per record,
+  on a fresh asyncio loop).
 
 Usage: ``python bench/client_produce.py --rounds 3 --records 50000 --size 1024``
 (``--profile oncelog`` runs only our per-record client under pyinstrument and
@@ -37,6 +44,7 @@ from common import OncelogBroker, run_metadata  # noqa: E402
 
 PARTITIONS = 8
 ONCELOG_CONFIG: dict[str, object] = {"linger.ms": 5}  # --batch-size adds batch.size (and max.request.size)
+OTHER_BATCH_SIZE: int | None = None  # --same-batch-size: batch.size for confluent, kafka-python and aiokafka
 
 
 def run_oncelog(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
@@ -58,11 +66,11 @@ def run_oncelog_batch(bootstrap: str, topic: str, n: int, payload: bytes) -> Non
     p = Producer({"bootstrap.servers": bootstrap, **ONCELOG_CONFIG})
     try:
         per = n // PARTITIONS
-        futs = []
-        for part in range(PARTITIONS):
-            futs.extend(p.produce_batch(topic, [payload] * per, partition=part))
+        calls = [p.produce_batch(topic, [payload] * per, partition=part) for part in range(PARTITIONS)]
         assert p.flush(120) == 0
-        assert all(f.done() and f.exception() is None for f in futs)
+        for c in calls:  # BatchFutures (a list of futures before it existed: for before/after runs)
+            assert c.done() and c.exception() is None if hasattr(c, "exception") else \
+                all(f.done() and f.exception() is None for f in c)
     finally:
         p.close()
 
@@ -70,7 +78,10 @@ def run_oncelog_batch(bootstrap: str, topic: str, n: int, payload: bytes) -> Non
 def run_confluent(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
     from confluent_kafka import Producer
 
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
+    conf: dict[str, object] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"}
+    if OTHER_BATCH_SIZE:
+        conf["batch.size"] = OTHER_BATCH_SIZE
+    p = Producer(conf)
     errors = []
     p.produce(topic, b"warm-up", partition=0, on_delivery=lambda e, m: e and errors.append(e))
     p.flush(30)
@@ -89,7 +100,8 @@ def run_confluent(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
 def run_kafkapython(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
     from kafka import KafkaProducer
 
-    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all")
+    extra = {"batch_size": OTHER_BATCH_SIZE} if OTHER_BATCH_SIZE else {}
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all", **extra)
     try:
         last = None
         for i in range(n):
@@ -100,15 +112,46 @@ def run_kafkapython(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
         p.close(10)
 
 
+def run_aiokafka(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+
+    async def main() -> None:
+        extra = {"max_batch_size": OTHER_BATCH_SIZE} if OTHER_BATCH_SIZE else {}
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all", enable_idempotence=True,
+                             **extra)
+        await p.start()
+        try:
+            send = p.send
+            last = None
+            for i in range(n):
+                last = await send(topic, payload, partition=i % PARTITIONS)
+            await p.flush()
+            assert last is not None and (await last).offset >= 0
+        finally:
+            await p.stop()
+
+    asyncio.run(main())
+
+
 CLIENTS: dict[str, Callable[[str, str, int, bytes], None]] = {
     "oncelog": run_oncelog,
     "oncelog-batch": run_oncelog_batch,
     "confluent": run_confluent,
     "kafkapython": run_kafkapython,
+    "aiokafka": run_aiokafka,
 }
 
 
+def cpu_seconds(pid: int | str = "self") -> float:
+    """utime + stime of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main(argv: list[str] | None = None) -> int:
+    global OTHER_BATCH_SIZE
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--records", type=int, default=50_000)
@@ -116,49 +159,65 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", default=",".join(CLIENTS))
     ap.add_argument("--batch-size", type=int, help="batch.size for oncelog's producer (default: Kafka's 16384); "
                     "max.request.size becomes 8 x that when larger than 1 MiB")
+    ap.add_argument("--same-batch-size", type=int, metavar="N",
+                    help="batch.size N for every client (confluent-kafka's default is 1,000,000)")
     ap.add_argument("--profile", choices=list(CLIENTS), help="run one client once under pyinstrument")
     args = ap.parse_args(argv)
+    if args.same_batch_size:
+        args.batch_size = args.batch_size or args.same_batch_size
+        OTHER_BATCH_SIZE = args.same_batch_size
     if args.batch_size:
         ONCELOG_CONFIG["batch.size"] = args.batch_size
         ONCELOG_CONFIG["max.request.size"] = max(1 << 20, PARTITIONS * args.batch_size)
     payload = os.urandom(args.size)
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    mb = args.records * args.size / 1e6
     with tempfile.TemporaryDirectory() as tmp, OncelogBroker(Path(tmp) / "data") as broker:
-        def one(client: str, rnd: int) -> float:
+        def one(client: str, rnd: int) -> tuple[float, float, float]:
             topic = f"cp-{client}-{rnd}-{uuid.uuid4().hex[:6]}"
             broker.create_topic(topic, PARTITIONS)
+            c0, b0 = cpu_seconds(), cpu_seconds(broker.proc.pid)
             t0 = time.perf_counter()
             CLIENTS[client](broker.bootstrap, topic, args.records, payload)
-            return args.records / (time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
+            return args.records / dt, (cpu_seconds() - c0) / mb, (cpu_seconds(broker.proc.pid) - b0) / mb
 
-        for mod in ("oncelog.client", "confluent_kafka", "kafka"):  # imports are not part of a run
+        for mod in ("oncelog.client", "confluent_kafka", "kafka", "aiokafka"):  # imports are not part of a run
             __import__(mod)
         if args.profile:
             from pyinstrument import Profiler
 
             prof = Profiler()
             with prof:
-                rate = one(args.profile, 0)
+                rate, _, _ = one(args.profile, 0)
             print(prof.output_text(unicode=False, color=False, show_all=False))
             print(f"{args.profile}: {rate:,.0f} records/s")
             return 0
-        rates: dict[str, list[float]] = {c: [] for c in clients}
+        runs: dict[str, list[tuple[float, float, float]]] = {c: [] for c in clients}
         for rnd in range(args.rounds):
             for c in clients:
-                rates[c].append(one(c, rnd))
-                print(f"round {rnd} {c}: {rates[c][-1]:,.0f} records/s", file=sys.stderr)
+                runs[c].append(one(c, rnd))
+                r, cc, bc = runs[c][-1]
+                print(f"round {rnd} {c}: {r:,.0f} records/s, client {cc:.3f} CPU s/MB, broker {bc:.3f} CPU s/MB",
+                      file=sys.stderr)
     meta = run_metadata()
-    ref = statistics.median(rates["confluent"]) if "confluent" in rates else None
-    print(f"Produce {args.records:,} x {args.size} B records, 8 partitions, acks=all, linger.ms=5, idempotent "
-          f"(each client's default), {args.rounds} rounds A B C D; oncelog config {ONCELOG_CONFIG}; "
-          f"python {meta['python']}, {meta['cpu_count']} CPUs, oncelog {meta['oncelog_git']}, "
-          f"librdkafka {meta['librdkafka']}\n`{meta['command']}`\n")
-    print("| client | median records/s | runs | vs confluent-kafka |")
-    print("|---|---:|---|---:|")
-    for c, rs in rates.items():
-        med = statistics.median(rs)
-        ratio = f"{med / ref:.2f}x" if ref else "n/a"
-        print(f"| {c} | {med:,.0f} | {', '.join(f'{r:,.0f}' for r in rs)} | {ratio} |")
+    print(f"Produce {args.records:,} x {args.size} B records, 8 partitions, acks=all, linger.ms=5, idempotent, "
+          f"{args.rounds} rounds paired ({' '.join(clients)}); oncelog config {ONCELOG_CONFIG}; batch.size of the "
+          f"others: {OTHER_BATCH_SIZE or 'their defaults'}; python {meta['python']}, {meta['cpu_count']} CPUs "
+          f"(shared), oncelog {meta['oncelog_git']}, librdkafka {meta['librdkafka']}\n`{meta['command']}`\n")
+    refs = [r for r in ("confluent", "kafkapython", "aiokafka") if r in runs]
+
+    def ratio(c: str, ref: str) -> str:  # the median of the per-round ratios (pairs run back to back)
+        return f"{statistics.median(a[0] / b[0] for a, b in zip(runs[c], runs[ref])):.2f}x"
+
+    print("| client | median records/s | runs | " + " | ".join(f"vs {r}" for r in refs)
+          + " | client CPU s/MB | broker CPU s/MB |")
+    print("|---|---:|---|" + "---:|" * len(refs) + "---:|---:|")
+    for c, rs in runs.items():
+        med = statistics.median(r[0] for r in rs)
+        print(f"| {c} | {med:,.0f} | {', '.join(f'{r[0]:,.0f}' for r in rs)} | "
+              + " | ".join(ratio(c, r) for r in refs)
+              + f" | {statistics.median(r[1] for r in rs):.3f} | {statistics.median(r[2] for r in rs):.3f} |")
     return 0
 
 

@@ -210,3 +210,96 @@ def test_delivery_timeout_then_epoch_bump_and_recovery(tmp_path: Any, kit: Any) 
     # records whose delivery timed out may or may not be in the log (their fate was unknown), never twice
     middle = values[100:-100]
     assert len(middle) == len(set(middle)) and all(v.startswith(b"lost-") for v in middle)
+
+
+def test_queued_batches_fill_max_in_flight(broker: EmbeddedBroker, kit: Any) -> None:
+    """A backlog of full batches goes out as up to ``max.in.flight.requests.per.connection`` pipelined
+    requests at once, not one request per answer (it was one: each sender pass sent one request and then
+    waited for the next wake-up, an answer), and still lands in order, exactly once."""
+    kit.create_topic(broker.bootstrap, "pipelined", 1)
+    seen: list[int] = []
+
+    async def run() -> list[Any]:
+        async with aio.Producer({"bootstrap.servers": broker.bootstrap, "batch.size": 1024,
+                                 "linger.ms": 1000}) as p:
+            cluster = p._core.cluster
+            await cluster.wait_topic("pipelined", 10)
+            conn = await cluster.connection(cluster.leader("pipelined", 0))
+            send = conn.send
+
+            def counting_send(api_key: int, *a: Any, **kw: Any) -> Any:
+                fut = send(api_key, *a, **kw)
+                if api_key == 0:
+                    seen.append(conn.in_flight)  # Produce requests unanswered, this one included
+                return fut
+
+            conn.send = counting_send  # type: ignore[method-assign]
+            futs = await p.produce_batch("pipelined", [b"%05d" % i + b"x" * 200 for i in range(200)], partition=0)
+            assert await p.flush(30) == 0
+            return [await f for f in futs]
+
+    mds = asyncio.run(asyncio.wait_for(run(), 60))
+    assert [m.offset for m in mds] == list(range(200))
+    assert len(seen) >= 20  # about 5 records a batch, one batch a request (one partition)
+    assert max(seen) == 5, seen  # the default max.in.flight, reached
+    ends = {0: kit.confluent_watermarks(broker.bootstrap, "pipelined", 1)[0][1]}
+    got = kit.confluent_consume_all(broker.bootstrap, "pipelined", ends)[0]
+    assert [m.value()[:5] for m in got] == [b"%05d" % i for i in range(200)]
+
+
+def test_batch_futures_made_before_and_after_completion(broker: EmbeddedBroker, kit: Any) -> None:
+    """produce_batch completes each batch's records at once: a record's future asked for before the
+    batch is answered and one asked for after both resolve to the record's own offset, across batch
+    boundaries; a batch the broker refuses fails every future of its records (and only those)."""
+    kit.create_topic(broker.bootstrap, "spans", 2, {"max.message.bytes": "3000"})
+    with Producer({"bootstrap.servers": broker.bootstrap, "batch.size": 2000, "linger.ms": 200}) as p:
+        good = p.produce_batch("spans", [b"%04d" % i + b"." * 300 for i in range(50)], partition=0)
+        early = [good[0], good[7], good[-1]]  # asked for while the records wait in the accumulator
+        bad = p.produce_batch("spans", [b"y" * 5000, b"z"], partition=1)  # batch 1 too large for the topic
+        assert len(good) == 50 and len(bad) == 2
+        p.flush(30)
+        assert good.done() and good.exception() is None
+        assert [f.result(5).offset for f in early] == [0, 7, 49]
+        assert [f.result(5).offset for f in good] == list(range(50))
+        assert good[3:6] == [good[3], good[4], good[5]] and good[4] is good[4]
+        assert {f.result(5).partition for f in good} == {0}
+        with pytest.raises(MessageTooLargeError):
+            bad[0].result(5)
+        assert isinstance(bad.exception(), MessageTooLargeError)
+        assert bad[1].result(5).offset == 0  # its own batch (the big record filled the first one)
+
+    async def run() -> list[int]:
+        async with aio.Producer({"bootstrap.servers": broker.bootstrap, "batch.size": 2000}) as ap:
+            futs = await ap.produce_batch("spans", [b"a" * 300] * 20, partition=0)
+            first = futs[0]
+            await ap.flush(30)
+            return [(await first).offset] + [(await f).offset for f in futs]
+
+    offs = asyncio.run(asyncio.wait_for(run(), 60))
+    assert offs == [50] + list(range(50, 70))
+
+
+def test_blocking_futures_and_on_delivery_see_each_records_metadata(broker: EmbeddedBroker, kit: Any) -> None:
+    """A batch completes its records' DeliveryFutures at once (metadata made when asked for): a thread
+    already waiting in result(), a future read later and on_delivery (run by flush) all see the
+    record's own partition, offset and timestamp."""
+    import threading
+
+    kit.create_topic(broker.bootstrap, "deliv", 2)
+    calls: list[tuple[Any, Any]] = []
+    with Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 300}) as p:
+        futs = [p.produce("deliv", b"v%d" % i, partition=i % 2, timestamp=1_700_000_000_000 + i,
+                          on_delivery=(lambda e, m: calls.append((e, m))) if i % 3 == 0 else None)
+                for i in range(60)]
+        waited: list[Any] = []
+        waiter = threading.Thread(target=lambda: waited.append(futs[7].result(30)))
+        waiter.start()  # blocks in result() while the batch lingers
+        assert p.flush(30) == 0
+        waiter.join(30)
+        mds = [f.result(0) for f in futs]
+    assert waited == [mds[7]]
+    assert [(m.partition, m.offset, m.timestamp) for m in mds] == \
+        [(i % 2, i // 2, 1_700_000_000_000 + i) for i in range(60)]
+    assert [e for e, _ in calls] == [None] * 20
+    assert sorted((m.partition, m.offset) for _, m in calls) == sorted((mds[i].partition, mds[i].offset)
+                                                                      for i in range(0, 60, 3))

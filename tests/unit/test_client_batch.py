@@ -87,11 +87,13 @@ def test_produce_request_encoding_matches_kio(version: int, txn: str | None) -> 
     b2 = BatchBuilder(1 << 20, CODECS["zstd"])
     b2.append(6, None, b"w" * 100)
     r1, r2 = b1.to_bytes(), b2.to_bytes(1, 0, 0)
-    topics = {"t": [(0, r1), (3, r2)], "u": [(1, r1)]}
+    assert bytes(b2.header(1, 0, 0)) + b2.body == r2  # the producer sends (header, body) as parts
+    topics = {"t": [(0, r1), (3, (b2.header(1, 0, 0), b2.body))], "u": [(1, r1)]}
     ours = b"".join(encode_produce_request(version, txn, -1, 30000, topics))
     entity = materialize(request_type(0, version), {
         "transactional_id": txn, "acks": -1, "timeout": 30000,
-        "topic_data": [{"name": name, "partition_data": [{"index": i, "records": r} for i, r in parts]}
+        "topic_data": [{"name": name, "partition_data": [{"index": i, "records": r if isinstance(r, bytes) else
+                                                          bytes(r[0]) + r[1]} for i, r in parts]}
                        for name, parts in topics.items()]})
     from kio.serial import entity_writer
     out = io.BytesIO()
@@ -100,3 +102,32 @@ def test_produce_request_encoding_matches_kio(version: int, txn: str | None) -> 
     decoded = decode_request(0, version, ours, 0)
     assert [t.name for t in decoded.topic_data] == ["t", "u"]
     assert parse_batch_header(decoded.topic_data[0].partition_data[1].records).records_count == 1
+
+
+@pytest.mark.parametrize("size, keyed", [(1024, False), (1024, True), (100, False), (20_000, False)])
+def test_bulk_append_keeps_batches_within_batch_size(size: int, keyed: bool) -> None:
+    """produce_batch's records are cut into batches of at most batch.size bytes (one record alone may be
+    larger), as the per-record path and Java do; they were cut after the record that crossed it."""
+    import asyncio
+    import types
+
+    from oncelog.client.aio.producer import ProducerCore
+    from oncelog.client.config import parse_config
+
+    core = ProducerCore(parse_config({"bootstrap.servers": "127.0.0.1:9"}, "producer"))
+    core._idle = asyncio.Event()
+    known = types.SimpleNamespace(partitions=1)
+    core.cluster.topic = lambda name: known  # type: ignore[method-assign]  # a known topic
+    n = 100
+    values = [bytes([i % 256]) * size for i in range(n)]
+    keys = [b"key-%d" % i for i in range(n)] if keyed else None
+    core.append_many("t", values, keys, 0, 1_700_000_000_000, [None] * n)
+    batches = list(core.partitions[("t", 0)].ready)
+    assert sum(b.count for b in batches) == n
+    for b in batches:
+        assert b.count == 1 or b.builder.size <= core.batch_size, (b.count, b.builder.size)
+    # and full: the next record would not have fitted
+    per = 16384 if size < 16384 else 1
+    assert max(b.count for b in batches) == max(1, min(n, (per - 61) // (size + (7 if keyed else 0) + 10)))
+    decoded = decode_batches(b"".join(b.builder.to_bytes() for b in batches))
+    assert [r.value for d in decoded for r in d.records] == values

@@ -28,6 +28,7 @@ import struct
 import time
 from collections.abc import Sequence
 from itertools import chain, repeat
+from operator import add
 from typing import Any
 
 import cramjam
@@ -47,7 +48,7 @@ from oncelog.protocol.records import (
     TRANSACTIONAL_BIT,
 )
 
-__all__ = ["BatchBuilder", "CODECS", "batch_bytes", "compress", "encode_record", "encode_records", "varint"]
+__all__ = ["BatchBuilder", "CODECS", "batch_bytes", "batch_header", "compress", "encode_record", "encode_records", "record_sizes", "varint"]
 
 CODECS = {"none": COMPRESSION_NONE, "gzip": COMPRESSION_GZIP, "snappy": COMPRESSION_SNAPPY,
           "lz4": COMPRESSION_LZ4, "zstd": COMPRESSION_ZSTD}
@@ -100,25 +101,52 @@ def encode_record(offset_delta: int, timestamp_delta: int, key: bytes | None, va
     return (_VARINT[n] if n < 16384 else _zz_bytes(n)) + body
 
 
+def _pieces(data: Sequence[bytes | None]) -> tuple[list[bytes], Sequence[bytes], list[int]]:
+    """Length varints, bodies (b"" for None) and encoded sizes of ``data``, by ``map`` (no Python loop)."""
+    if None in data:
+        heads = [_NULL if d is None else (_VARINT[len(d)] if len(d) < 16384 else _zz_bytes(len(d))) for d in data]
+        data = [b"" if d is None else d for d in data]
+        lens = [0 if h is _NULL else len(d) for d, h in zip(data, heads)]
+    else:
+        lens = list(map(len, data))
+        heads = list(map(_VARINT.__getitem__, lens)) if max(lens, default=0) < 16384 else list(map(varint, lens))
+    return heads, data, list(map(add, lens, map(len, heads)))
+
+
 def encode_records(values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
                    first_offset_delta: int = 0) -> bytes:
     """The records section for ``values`` (and ``keys``), timestamp delta 0, no headers.
 
-    Built with ``map`` and ``bytes.join``: no Python loop per record.
+    Built with ``map`` and one ``bytes.join`` over each record's pieces (length,
+    attributes + timestamp delta, offset delta, key length, key, value length,
+    value, header count): no Python loop per record, and each value is copied
+    once, into the section (no per-record ``bytes`` in between).
     """
     n = len(values)
-    sized_values = list(map(_sized, values))
-    sized_keys = list(map(_sized, keys)) if keys is not None else [_NULL] * n
-    deltas = [varint(i) for i in range(first_offset_delta, first_offset_delta + n)] \
-        if first_offset_delta + n > 16384 else _VARINT[first_offset_delta:first_offset_delta + n]
+    vheads, vbodies, vsizes = _pieces(values)
+    if keys is None:
+        kheads: Any = repeat(_NULL, n)
+        kbodies: Any = repeat(b"", n)
+        ksizes: Any = repeat(1, n)
+    else:
+        kheads, kbodies, ksizes = _pieces(keys)
+    end = first_offset_delta + n
+    deltas = _VARINT[first_offset_delta:end] if end <= 16384 else list(map(varint, range(first_offset_delta, end)))
     # body = attributes(0) + ts delta(0) + offset delta + key + value + header count(0)
-    lengths = list(map(len, sized_values))
-    klens = list(map(len, sized_keys))
-    dlens = list(map(len, deltas))
-    body_lens = list(map(sum, zip(lengths, klens, dlens, repeat(3, n))))
-    prefixes = list(map(varint, body_lens))
-    return b"".join(chain.from_iterable(zip(prefixes, repeat(b"\x00\x00", n), deltas, sized_keys, sized_values,
-                                            repeat(b"\x00", n))))
+    body_lens = list(map(add, map(add, map(add, vsizes, ksizes), map(len, deltas)), repeat(3, n)))
+    prefixes = list(map(_VARINT.__getitem__, body_lens)) if max(body_lens, default=0) < 16384 \
+        else list(map(varint, body_lens))
+    return b"".join(chain.from_iterable(zip(prefixes, repeat(b"\x00\x00", n), deltas, kheads, kbodies, vheads,
+                                            vbodies, repeat(b"\x00", n))))
+
+
+def record_sizes(values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None) -> list[int]:
+    """An upper bound of each record's encoded size (no headers): what ``batch.size`` is checked with."""
+    vl = [0 if v is None else len(v) for v in values] if None in values else list(map(len, values))
+    if keys is not None:
+        kl = [0 if k is None else len(k) for k in keys] if None in keys else list(map(len, keys))
+        vl = list(map(add, vl, kl))
+    return list(map(add, vl, repeat(RECORD_OVERHEAD_MAX, len(vl))))
 
 
 # -- compression -------------------------------------------------------------------
@@ -186,17 +214,26 @@ def compress(codec: int, data: bytes) -> bytes:
 # -- batches -----------------------------------------------------------------------
 
 
-def batch_bytes(body: bytes, *, codec: int, count: int, base_timestamp: int, max_timestamp: int,
-                producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
-                transactional: bool = False) -> bytes:
-    """A whole v2 batch: header (base offset 0) + ``body`` (the records section, compressed), CRC set."""
+def batch_header(body: bytes, *, codec: int, count: int, base_timestamp: int, max_timestamp: int,
+                 producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+                 transactional: bool = False) -> bytearray:
+    """The 61-byte v2 batch header (base offset 0) for ``body`` (the records section, compressed), CRC set."""
     attributes = codec | (TRANSACTIONAL_BIT if transactional else 0)
     head = bytearray(HEADER_SIZE)
     _HEADER.pack_into(head, 0, 0, HEADER_SIZE - LOG_OVERHEAD + len(body), -1, MAGIC_V2, 0, attributes,
                       count - 1, base_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence, count)
     crc = crc32c(body, crc32c(memoryview(head)[CRC_START:]))
     _U32.pack_into(head, 17, crc)
-    return bytes(head) + body
+    return head
+
+
+def batch_bytes(body: bytes, *, codec: int, count: int, base_timestamp: int, max_timestamp: int,
+                producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+                transactional: bool = False) -> bytes:
+    """A whole v2 batch: header (base offset 0) + ``body`` (the records section, compressed), CRC set."""
+    return bytes(batch_header(body, codec=codec, count=count, base_timestamp=base_timestamp,
+                              max_timestamp=max_timestamp, producer_id=producer_id, producer_epoch=producer_epoch,
+                              base_sequence=base_sequence, transactional=transactional)) + body
 
 
 class BatchBuilder:
@@ -269,6 +306,14 @@ class BatchBuilder:
             self.body = compress(self.codec, b"".join(self.parts))
             self.parts = []
         return self.body
+
+    def header(self, producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+               transactional: bool = False) -> bytearray:
+        """The batch header for :meth:`close`'s body (send both, in that order, without joining them)."""
+        return batch_header(self.close(), codec=self.codec, count=self.count, base_timestamp=self.base_timestamp,
+                            max_timestamp=self.max_timestamp, producer_id=producer_id,
+                            producer_epoch=producer_epoch, base_sequence=base_sequence,
+                            transactional=transactional)
 
     def to_bytes(self, producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
                  transactional: bool = False) -> bytes:

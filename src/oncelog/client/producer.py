@@ -14,14 +14,16 @@ import concurrent.futures
 import threading
 import time
 from collections import deque
+from time import time as _time
 from collections.abc import Callable
 from typing import Any
 
 from oncelog.client._loop import LoopThread
 from oncelog.client.aio.producer import (
+    BatchFutures,
+    BatchResult,
     ProducerCore,
     RecordMetadata,
-    _now_ms,
     _to_bytes,
     _values_list,
     produce_batch_into,
@@ -38,7 +40,7 @@ _lock = threading.Lock()
 class DeliveryFuture:
     """The outcome of one produced record: ``result(timeout)`` -> :class:`RecordMetadata`, or raises its error."""
 
-    __slots__ = ("_done", "_result", "_exc", "_event", "_owner", "_on_delivery")
+    __slots__ = ("_done", "_result", "_exc", "_event", "_owner", "_on_delivery", "_res", "_i")
 
     def __init__(self, owner: "Producer | None" = None,
                  on_delivery: Callable[[KafkaError | None, RecordMetadata | None], None] | None = None) -> None:
@@ -48,6 +50,8 @@ class DeliveryFuture:
         self._event: threading.Event | None = None
         self._owner = owner
         self._on_delivery = on_delivery
+        self._res: BatchResult | None = None  # set with _i by _complete_many: the metadata, made when asked
+        self._i = 0
 
     def done(self) -> bool:
         return self._done
@@ -80,16 +84,41 @@ class DeliveryFuture:
         if not self._done and not ev.wait(timeout):
             raise TimeoutError("record not delivered yet")
 
+    def _metadata(self) -> RecordMetadata | None:
+        if self._result is None and self._res is not None:
+            self._result = self._res.metadata(self._i)
+        return self._result
+
     def result(self, timeout: float | None = None) -> RecordMetadata:
         self._wait(timeout)
         if self._exc is not None:
             raise self._exc
-        assert self._result is not None
-        return self._result
+        md = self._metadata()
+        assert md is not None
+        return md
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         self._wait(timeout)
         return self._exc
+
+
+def _complete_many(futs: list[Any], res: BatchResult, delivered: deque[DeliveryFuture]) -> None:
+    """A successful batch: its records' futures done at once (their metadata is made when asked for).
+
+    The same steps as :meth:`DeliveryFuture._finish`, in the same order (``_done``
+    before ``_event`` is read), without a call and a RecordMetadata per record."""
+    i = 0
+    for fut in futs:
+        if not fut._done:
+            fut._res = res
+            fut._i = i
+            fut._done = True
+            ev = fut._event
+            if ev is not None:
+                ev.set()
+            if fut._on_delivery is not None and fut._owner is not None:
+                delivered.append(fut)
+        i += 1
 
 
 class Producer:
@@ -108,6 +137,9 @@ class Producer:
         self._lock = threading.Lock()
         self._delivered: deque[DeliveryFuture] = deque()
         self._closed = False
+        self._buffer_memory = self.config["buffer.memory"]
+        delivered = self._delivered
+        self._core.complete_many = lambda futs, res: _complete_many(futs, res, delivered)
         try:
             self._lt.run(self._core.start(), self.config["max.block.ms"] / 1000 + 5)
         except BaseException:
@@ -138,16 +170,20 @@ class Producer:
         ``k`` or not be written (conditional produce, docs/conditional-publish.md);
         a refusal fails it with :class:`~oncelog.client.errors.OffsetMismatch`.
         """
+        core = self._core
         if self._closed:
             raise ClientClosedError("producer is closed")
-        self._core.check_open()
+        core.check_open()
         if expected_offset is not None:
-            self._core.check_conditional(partition, expected_offset)
-        value, key = _to_bytes(value, "value"), _to_bytes(key, "key")
-        if self._core.buffered_bytes > self.config["buffer.memory"]:
+            core.check_conditional(partition, expected_offset)
+        if value is not None and type(value) is not bytes:
+            value = _to_bytes(value, "value")
+        if key is not None and type(key) is not bytes:
+            key = _to_bytes(key, "key")
+        if core.buffered_bytes > self._buffer_memory:
             self._wait_for_space()
-        fut = DeliveryFuture(self, on_delivery)
-        rec = (topic, value, key, partition, headers, _now_ms() if timestamp is None else timestamp, fut,
+        fut = DeliveryFuture(self, on_delivery) if on_delivery is not None else DeliveryFuture()
+        rec = (topic, value, key, partition, headers, int(_time() * 1000) if timestamp is None else timestamp, fut,
                -1 if expected_offset is None else expected_offset)
         with self._lock:
             self._incoming.append(rec)
@@ -173,13 +209,17 @@ class Producer:
             append(*rec)
 
     def produce_batch(self, topic: str, values: Any, keys: Any = None, partition: int | None = None,
-                      timestamp: int | None = None, expected_offset: int | None = None) -> list[DeliveryFuture]:
-        """Queue many records (a list, or a pyarrow array); returns their futures in order."""
+                      timestamp: int | None = None, expected_offset: int | None = None) -> BatchFutures:
+        """Queue many records (a list, or a pyarrow array); returns their futures in order.
+
+        The result is a :class:`~oncelog.client.aio.producer.BatchFutures`
+        sequence of :class:`DeliveryFuture`, each made when first looked at
+        (``futs.done()`` / ``futs.exception()`` answer for the whole call)."""
         if self._closed:
             raise ClientClosedError("producer is closed")
         self._core.check_open()
         vals = _values_list(values)
-        futs = [DeliveryFuture() for _ in vals]
+        futs = BatchFutures(len(vals), DeliveryFuture, threading.Lock())
         self._lt.run(produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs, expected_offset))
         return futs
 
@@ -193,7 +233,7 @@ class Producer:
                 cb = fut._on_delivery
                 if cb is not None:
                     cb(fut._exc if isinstance(fut._exc, KafkaError) or fut._exc is None else KafkaError(str(fut._exc)),
-                       fut._result)
+                       fut._metadata())
                 served += 1
             if served or time.monotonic() >= deadline:
                 return served

@@ -15,7 +15,8 @@ Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
   do not meet.
 * ``await conn.request(api_key, version, body)``: ``body`` is a dict with
   Kafka's field names (built into the kio entity of that version), a kio
-  entity, or already-encoded body bytes; returns the decoded response entity.
+  entity, or already-encoded body bytes (or a list of byte parts, written
+  with ``writelines`` without joining them); returns the decoded response entity.
 * ``conn.send(api_key, version, body, expect_response=True)``: the same
   without awaiting; the request is written *now*, so requests issued one
   after another go out, and are answered, in that order (the idempotent
@@ -170,13 +171,19 @@ class BrokerConnection(asyncio.Protocol):
             return fut
         if isinstance(body, dict):
             body = materialize(request_type(api_key, version), body)
-        payload = body if isinstance(body, (bytes, bytearray, memoryview)) else encode_request(body)
+        parts = body if type(body) is list else None
+        payload = body if parts is not None or isinstance(body, (bytes, bytearray, memoryview)) \
+            else encode_request(body)
         self._corr = corr = (self._corr + 1) & 0x7FFFFFFF
         flexible = api_key != API_VERSIONS_KEY and is_flexible(api_key, version) or \
             (api_key == API_VERSIONS_KEY and version >= 3)
         cid = self._client_id
-        head = _HDR.pack(10 + len(cid) + (1 if flexible else 0) + len(payload), api_key, version, corr, len(cid))
-        self._transport.writelines((head, cid, b"\x00" if flexible else b"", payload))
+        size = sum(map(len, parts)) if parts is not None else len(payload)
+        head = _HDR.pack(10 + len(cid) + (1 if flexible else 0) + size, api_key, version, corr, len(cid))
+        if parts is not None:
+            self._transport.writelines([head, cid, b"\x00" if flexible else b"", *parts])
+        else:
+            self._transport.writelines((head, cid, b"\x00" if flexible else b"", payload))
         if not expect_response:
             fut.set_result(None)
             return fut

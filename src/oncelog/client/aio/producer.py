@@ -16,6 +16,15 @@ Internal design (for the transactions work that builds on it):
   older than ``linger.ms`` or flushed, and sends, per leader, one Produce
   request holding at most one batch per partition, with at most
   ``max.in.flight.requests.per.connection`` unanswered requests per broker.
+  A full batch wakes it at once; each wake-up repeats the pass while it sends
+  something, so a backlog goes out as up to that many pipelined requests.
+  Requests go to the socket as parts (batch header and body apart), joined
+  by nobody but the transport.
+* ``produce_batch`` (:func:`produce_batch_into`) encodes a partition's values
+  in bulk (:func:`~oncelog.client.batch.encode_records`) and puts one
+  ``_Span`` per batch in ``_Batch.futures`` instead of a future per record:
+  the batch completes them at once, and :class:`BatchFutures` makes a
+  record's future when it is asked for.
 * Per partition (:class:`_Partition`): ``ready`` (closed, no sequence yet),
   ``unacked`` (sequenced, sent at least once, not acknowledged; in sequence
   order), ``acked_seq`` (the sequence after the last acknowledged batch).
@@ -64,14 +73,16 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
+from bisect import bisect_right
 from collections import deque
+from itertools import accumulate
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster
 from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
-from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_records
+from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_records, record_sizes
 from oncelog.client.config import ClientConfig, parse_config
 from oncelog.client.config import ConfigError
 from oncelog.client.errors import (
@@ -93,7 +104,7 @@ from oncelog.protocol.conditional import NEXT_OFFSET_TAG, parse_offset_tag, part
 from oncelog.protocol.fast_produce import array_len, string, uvarint
 from oncelog.protocol.records import HEADER_SIZE
 
-__all__ = ["Producer", "ProducerCore", "RecordMetadata"]
+__all__ = ["BatchFutures", "Producer", "ProducerCore", "RecordMetadata"]
 
 PRODUCE, INIT_PRODUCER_ID = 0, 22
 PRODUCE_VERSIONS = (3, 12)  # v13 addresses topics by id
@@ -125,9 +136,11 @@ _I16, _I32 = struct.Struct(">h"), struct.Struct(">i")
 
 
 def encode_produce_request(version: int, transactional_id: str | None, acks: int, timeout_ms: int,
-                           topics: dict[str, list[tuple[int, bytes]]],
-                           expected: dict[tuple[str, int], int] | None = None) -> list[bytes]:
+                           topics: dict[str, list[tuple[int, Any]]],
+                           expected: dict[tuple[str, int], int] | None = None) -> list[Any]:
     """A Produce v3-v12 request body as a list of parts (records are not copied).
+
+    A partition's records are ``bytes`` or a tuple of parts (batch header, body).
 
     ``expected``: ``{(topic, partition): expected offset}`` for conditional
     partitions (v9+ only; tag 10000, docs/conditional-publish.md)."""
@@ -138,8 +151,13 @@ def encode_produce_request(version: int, transactional_id: str | None, acks: int
         out.append(array_len(len(parts), flex))
         for index, records in parts:
             out.append(_I32.pack(index))
-            out.append(uvarint(len(records) + 1) if flex else _I32.pack(len(records)))
-            out.append(records)
+            if type(records) is tuple:
+                size = sum(map(len, records))
+                out.append(uvarint(size + 1) if flex else _I32.pack(size))
+                out.extend(records)
+            else:
+                out.append(uvarint(len(records) + 1) if flex else _I32.pack(len(records)))
+                out.append(records)
             if flex:
                 k = expected.get((name, index), -1) if expected else -1
                 out.append(partition_tag_block(k) if k >= 0 else b"\x00")
@@ -155,14 +173,15 @@ def encode_produce_request(version: int, transactional_id: str | None, acks: int
 
 class _Batch:
     __slots__ = ("topic", "partition", "builder", "futures", "timestamps", "seq", "attempts", "in_flight",
-                 "created", "last_error", "in_doubt", "nbytes", "expected")
+                 "created", "last_error", "in_doubt", "nbytes", "expected", "spans")
 
     def __init__(self, topic: str, partition: int, builder: BatchBuilder) -> None:
         self.topic = topic
         self.partition = partition
         self.builder = builder
-        self.futures: list[Any] = []
-        self.timestamps: list[int] = []
+        self.futures: list[Any] = []  # one per record, or a _Span for many records of produce_batch
+        self.timestamps: list[int] = []  # one per entry of ``futures``
+        self.spans = False  # ``futures`` holds a _Span
         self.seq = -1
         self.attempts = 0
         self.in_flight = False
@@ -209,6 +228,165 @@ def _set_error(fut: Any, exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
+class BatchResult:
+    """Where a successful batch's records went: record ``i``'s :class:`RecordMetadata` is made from it
+    only when asked for (:meth:`metadata`); see ``ProducerCore.complete_many``."""
+
+    __slots__ = ("topic", "partition", "base_offset", "log_append_time", "timestamps")
+
+    def __init__(self, topic: str, partition: int, base_offset: int, log_append_time: int,
+                 timestamps: list[int]) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.base_offset = base_offset  # -1: unknown (acknowledged as a duplicate)
+        self.log_append_time = log_append_time  # -1: CreateTime, the records' own timestamps
+        self.timestamps = timestamps
+
+    def metadata(self, i: int) -> RecordMetadata:
+        return RecordMetadata(self.topic, self.partition, self.base_offset + i if self.base_offset >= 0 else -1,
+                              self.log_append_time if self.log_append_time >= 0 else self.timestamps[i])
+
+
+class _Span:
+    """``count`` consecutive records of one ``produce_batch`` call inside one batch: one completion for
+    all of them (the per-record futures are made only when asked for, by :class:`BatchFutures`)."""
+
+    __slots__ = ("start", "count", "topic", "partition", "offset", "timestamp", "error", "done", "waiters", "lock")
+
+    def __init__(self, start: int, count: int, lock: Any) -> None:
+        self.start = start
+        self.count = count
+        self.topic = ""
+        self.partition = -1
+        self.offset = -1  # of record ``start`` (-1: unknown, a duplicate)
+        self.timestamp = -1
+        self.error: BaseException | None = None
+        self.done = False
+        self.waiters: dict[int, Any] | None = None  # record index -> future handed out before completion
+        self.lock = lock  # the blocking facade's (futures are asked for from other threads), else None
+
+    def metadata(self, i: int) -> RecordMetadata:
+        return RecordMetadata(self.topic, self.partition,
+                              self.offset + i - self.start if self.offset >= 0 else -1, self.timestamp)
+
+    def finish(self, topic: str, partition: int, offset: int, timestamp: int, error: BaseException | None) -> None:
+        lock = self.lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            if self.done:
+                return
+            self.topic, self.partition, self.offset, self.timestamp = topic, partition, offset, timestamp
+            self.error = error
+            self.done = True
+            waiters, self.waiters = self.waiters, None
+        finally:
+            if lock is not None:
+                lock.release()
+        if waiters:
+            for i, fut in waiters.items():
+                if error is not None:
+                    _set_error(fut, error)
+                else:
+                    _set_result(fut, self.metadata(i))
+
+
+class BatchFutures(Sequence[Any]):
+    """What ``produce_batch`` returns: the records' futures, in order, made on first access.
+
+    A sequence (``len``, indexing, slicing, iteration) of futures of
+    :class:`RecordMetadata` (blocking: :class:`~oncelog.client.producer.DeliveryFuture`;
+    asyncio: ``asyncio.Future``). The producer completes the records of one
+    batch at once, so a caller that never looks at a record's future costs
+    nothing per record. :meth:`done` and :meth:`exception` answer for the
+    whole call without making the futures.
+    """
+
+    def __init__(self, n: int, make: Callable[[], Any], lock: Any = None) -> None:
+        self._n = n
+        self._make = make
+        self._lock = lock
+        self._spans: list[_Span] = []  # in record order, covering 0..n-1 once placed
+        self._made: dict[int, Any] = {}
+        self._eager: list[Any] | None = None  # keyed records spread over partitions: one future each, made now
+
+    def eager(self) -> list[Any]:
+        """Make every record's future now (records that do not go to one partition in order)."""
+        self._eager = [self._future_made(i) for i in range(self._n)]
+        return self._eager
+
+    def _future_made(self, i: int) -> Any:
+        fut = self._made[i] = self._make()
+        return fut
+
+    def _span(self, start: int, count: int) -> _Span:
+        sp = _Span(start, count, self._lock)
+        self._spans.append(sp)
+        return sp
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _future(self, i: int) -> Any:
+        fut = self._made.get(i)
+        if fut is not None or self._eager is not None:
+            return fut
+        fut = self._made[i] = self._make()
+        spans = self._spans
+        lo, hi = 0, len(spans)
+        while lo < hi:  # the span holding record i
+            mid = (lo + hi) // 2
+            if spans[mid].start + spans[mid].count <= i:
+                lo = mid + 1
+            else:
+                hi = mid
+        sp = spans[lo]
+        lock = self._lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            if not sp.done:
+                if sp.waiters is None:
+                    sp.waiters = {}
+                sp.waiters[i] = fut
+                return fut
+        finally:
+            if lock is not None:
+                lock.release()
+        if sp.error is not None:
+            _set_error(fut, sp.error)
+        else:
+            _set_result(fut, sp.metadata(i))
+        return fut
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._future(j) for j in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("record index out of range")
+        return self._future(i)
+
+    def __iter__(self) -> Any:
+        return (self._future(i) for i in range(self._n))
+
+    def done(self) -> bool:
+        """True when every record of the call is delivered or failed (say, after ``flush()``)."""
+        if self._eager is not None:
+            return all(f.done() for f in self._eager)
+        return all(sp.done for sp in self._spans)
+
+    def exception(self) -> BaseException | None:
+        """The first record error of the call, or None when every record was delivered; does not wait
+        (raises TimeoutError while records are outstanding: ``flush()`` first)."""
+        if not self.done():
+            raise TimeoutError("records not delivered yet")
+        if self._eager is not None:
+            return next((f.exception() for f in self._eager if f.exception() is not None), None)
+        return next((sp.error for sp in self._spans if sp.error is not None), None)
+
+
 class ProducerCore:
     """The loop-side producer engine (see the module docstring). Not thread-safe: call on its loop."""
 
@@ -249,6 +427,8 @@ class ProducerCore:
         self._fatal: KafkaError | None = None
         self.buffered_bytes = 0
         self.on_complete: Callable[[int], None] | None = None  # called with bytes released (blocking facade)
+        # the blocking facade's: completes a successful batch's per-record futures from one BatchResult
+        self.complete_many: Callable[[list[Any], BatchResult], None] | None = None
         self.stats = {"batches_sent": 0, "requests": 0, "retries": 0, "epoch_bumps": 0}
         self.txn: TransactionManager | None = TransactionManager(self) if self.transactional_id else None
 
@@ -345,9 +525,10 @@ class ProducerCore:
     def append(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None,
                headers: Any, timestamp: int, future: Any, expected: int = -1) -> None:
         """Add one record (see module docstring); ``future`` gets its RecordMetadata or error."""
+        if not self._outstanding:
+            self._idle.clear()  # type: ignore[union-attr]  # set only while nothing is outstanding
         self._outstanding += 1
         self.buffered_bytes += (len(value) if value else 0) + (len(key) if key else 0)
-        self._idle.clear()  # type: ignore[union-attr]
         self._place(topic, value, key, partition, headers, timestamp, future, expected)
 
     def _place(self, topic: str, value: bytes | None, key: bytes | None, partition: int | None,
@@ -356,7 +537,7 @@ class ProducerCore:
         if info is None or not info.leaders or topic in self._waiting:
             self._wait_for_topic(topic, (topic, value, key, partition, headers, timestamp, future, expected))
             return
-        n = info.partitions
+        n = len(info.leaders)
         if partition is None or partition < 0:
             partition = self.sticky.partition(topic, n) if key is None else partition_for_key(key, n)
         elif partition >= n:
@@ -393,8 +574,11 @@ class ProducerCore:
             self._kick()
 
     def append_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None,
-                    partition: int, timestamp: int, futures: list[Any], expected: int = -1) -> None:
+                    partition: int, timestamp: int, futures: "list[Any] | BatchFutures", expected: int = -1) -> None:
         """Add many records with no headers to one known partition, encoded in bulk.
+
+        ``futures``: one per record, or a :class:`BatchFutures` whose records
+        0..n-1 these are (then each batch completes them with one :class:`_Span`).
 
         ``expected`` >= 0: they must get offsets ``expected, expected+1, ...``
         (conditional batches; all placed now, so a sender pass cannot split them
@@ -404,26 +588,31 @@ class ProducerCore:
         p = self.partitions.get((topic, partition))
         if p is None:
             p = self.partitions[(topic, partition)] = _Partition(topic, partition)
+        if not self._outstanding:
+            self._idle.clear()  # type: ignore[union-attr]
         self._outstanding += len(values)
-        self._idle.clear()  # type: ignore[union-attr]
         i, n = 0, len(values)
+        # records per batch: at most batch.size bytes (one record alone may be larger), by an upper bound
+        # of each record's size; ends[i] is the bytes of records 0..i-1
+        ends = list(accumulate(record_sizes(values, keys), initial=0))
+        room = self.batch_size - HEADER_SIZE
         while i < n:
             if p.open is not None:
                 self._close_open(p)
-            # records per batch: stay near batch.size
             b = p.open = _Batch(topic, partition, BatchBuilder(self.batch_size, self.codec))
             b.expected = expected + i if expected >= 0 else -1
-            j, size = i, HEADER_SIZE
-            while j < n and (j == i or size < self.batch_size):
-                v, k = values[j], keys[j] if keys is not None else None
-                size += 8 + (len(v) if v else 0) + (len(k) if k else 0)
-                j += 1
+            j = max(i + 1, bisect_right(ends, ends[i] + room, i + 1) - 1)
             section = encode_records(values[i:j], None if keys is None else keys[i:j])
             b.builder.append_encoded(section, j - i, timestamp)
             b.nbytes = len(section)
             self.buffered_bytes += b.nbytes
-            b.futures.extend(futures[i:j])
-            b.timestamps.extend([timestamp] * (j - i))
+            if isinstance(futures, BatchFutures):
+                b.futures.append(futures._span(i, j - i))
+                b.timestamps.append(timestamp)
+                b.spans = True
+            else:
+                b.futures.extend(futures[i:j])
+                b.timestamps.extend([timestamp] * (j - i))
             i = j
         self._close_open(p)
         self._kick()
@@ -474,11 +663,17 @@ class ProducerCore:
         if self.txn is not None and b.futures:
             self.txn.batch_failed(exc, b.seq >= 0)
         per = b.nbytes
-        for fut in b.futures:
-            _set_error(fut, exc)
-        n = len(b.futures)
-        b.futures = []
-        self._complete_n(n, per)
+        futs, b.futures = b.futures, []
+        if b.spans:
+            for fut in futs:
+                if type(fut) is _Span:
+                    fut.finish(b.topic, b.partition, -1, -1, exc)
+                else:
+                    _set_error(fut, exc)
+        else:
+            for fut in futs:
+                _set_error(fut, exc)
+        self._complete_n(b.count if futs else 0, per)
 
     def _complete_n(self, n: int, nbytes: int) -> None:
         self._outstanding -= n
@@ -490,19 +685,31 @@ class ProducerCore:
 
     def _succeed_batch(self, b: _Batch, base_offset: int, log_append_time: int) -> None:
         topic, part = b.topic, b.partition
-        if log_append_time >= 0:
-            for i, fut in enumerate(b.futures):
+        futs, b.futures = b.futures, []
+        if self.complete_many is not None and not b.spans:
+            self.complete_many(futs, BatchResult(topic, part, base_offset, log_append_time, b.timestamps))
+        elif b.spans:
+            i = 0
+            for fut, ts in zip(futs, b.timestamps):
+                off = base_offset + i if base_offset >= 0 else -1
+                ts = log_append_time if log_append_time >= 0 else ts
+                if type(fut) is _Span:
+                    fut.finish(topic, part, off, ts, None)
+                    i += fut.count
+                else:
+                    _set_result(fut, RecordMetadata(topic, part, off, ts))
+                    i += 1
+        elif log_append_time >= 0:
+            for i, fut in enumerate(futs):
                 _set_result(fut, RecordMetadata(topic, part, base_offset + i if base_offset >= 0 else -1,
                                                 log_append_time))
         elif base_offset >= 0:
-            for i, (fut, ts) in enumerate(zip(b.futures, b.timestamps)):
+            for i, (fut, ts) in enumerate(zip(futs, b.timestamps)):
                 _set_result(fut, RecordMetadata(topic, part, base_offset + i, ts))
         else:
-            for fut, ts in zip(b.futures, b.timestamps):
+            for fut, ts in zip(futs, b.timestamps):
                 _set_result(fut, RecordMetadata(topic, part, -1, ts))
-        n = len(b.futures)
-        b.futures = []
-        self._complete_n(n, b.nbytes)
+        self._complete_n(b.count if futs else 0, b.nbytes)
 
     # -- idempotence ------------------------------------------------------------------
 
@@ -602,7 +809,15 @@ class ProducerCore:
         while True:
             self._wake.clear()
             try:
-                wait = self._pass(time.monotonic())
+                # Each pass sends at most one request per leader (the first sendable batch of each of its
+                # partitions, as Java's drain). While a pass sent something, run another one for the
+                # batches queued behind, up to max.in.flight requests: with one pass per wake-up, a
+                # backlog went out one request per answer, one request in flight whatever max.in.flight.
+                for _ in range(max(1, self.max_in_flight)):
+                    requests = self.stats["requests"]
+                    wait = self._pass(time.monotonic())
+                    if self.stats["requests"] == requests:
+                        break
             except Exception as exc:  # a bug must not silently stop all delivery
                 self._fatal = KafkaError(f"producer sender failed: {exc!r}")
                 raise
@@ -680,18 +895,8 @@ class ProducerCore:
         for topic in refresh - self._refreshing:
             self._refreshing.add(topic)
             asyncio.ensure_future(self._refresh(topic))
-        more = False  # a request went out and its partitions have further batches (pipelining)
         for node, items in by_node.items():
-            sent_before = self.stats["requests"]
             self._send(node, items, now)
-            more = more or (self.stats["requests"] > sent_before
-                            and self._node_inflight.get(node, 0) < self.max_in_flight
-                            and any(p.ready and p.inflight < self.max_in_flight and not p.blocked for p, _ in items))
-        if more:
-            # a request holds one batch per partition (Kafka's rule for v3+): the next batches of the same
-            # partitions go in the next requests at once, up to max.in.flight, as Java's sender does,
-            # instead of one request per round trip
-            return 0.0
         return max(next_due, 0.001)
 
     async def _refresh(self, topic: str) -> None:
@@ -785,10 +990,11 @@ class ProducerCore:
                     p.unacked.append(b)
             elif total and total + b.builder.size > self.max_request:
                 continue
-            data = b.builder.to_bytes(self.producer_id if self.idempotent else -1,
-                                      self.producer_epoch if self.idempotent else -1,
-                                      b.seq, self.transactional_id is not None)
-            total += len(data)
+            head = b.builder.header(self.producer_id if self.idempotent else -1,
+                                    self.producer_epoch if self.idempotent else -1,
+                                    b.seq, self.transactional_id is not None)
+            data = (head, b.builder.body)  # handed to the socket as parts: the records are not copied here
+            total += HEADER_SIZE + len(data[1])
             topics.setdefault(b.topic, []).append((b.partition, data))
             b.in_flight = True
             b.attempts += 1
@@ -800,8 +1006,8 @@ class ProducerCore:
         if not sent:
             return
         expected = {(b.topic, b.partition): b.expected for b in sent} if conditional else None
-        body = b"".join(encode_produce_request(version, self.transactional_id, self.acks, self.request_timeout_ms,
-                                               topics, expected))
+        body = encode_produce_request(version, self.transactional_id, self.acks, self.request_timeout_ms,
+                                      topics, expected)
         # a conditional request's answer is decoded here, keeping the unknown tags (the actual next offset)
         fut = conn.send(PRODUCE, version, body, expect_response=self.acks != 0, raw_response=conditional)
         self._node_inflight[node] = self._node_inflight.get(node, 0) + 1
@@ -1004,7 +1210,7 @@ def _values_list(values: Any) -> list[bytes | None]:
 
 
 async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | None], keys: Any,
-                             partition: int | None, timestamp: int | None, futs: list[Any],
+                             partition: int | None, timestamp: int | None, futs: BatchFutures,
                              expected_offset: int | None = None) -> None:
     """The batch API shared by both facades: ``futs[i]`` completes with record ``i``'s metadata."""
     if expected_offset is not None:
@@ -1020,12 +1226,13 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
     if expected_offset is not None:
         core.append_many(topic, vals, ks, partition, ts, futs, expected_offset)  # type: ignore[arg-type]
     elif partition is None and ks is not None:
+        each = futs.eager()  # spread over partitions: one future per record
         groups: dict[int, list[int]] = {}
         for i, k in enumerate(ks):
             groups.setdefault(core.sticky.partition(topic, n) if k is None else partition_for_key(k, n),
                               []).append(i)
         for part, idx in groups.items():
-            core.append_many(topic, [vals[i] for i in idx], [ks[i] for i in idx], part, ts, [futs[i] for i in idx])
+            core.append_many(topic, [vals[i] for i in idx], [ks[i] for i in idx], part, ts, [each[i] for i in idx])
     else:
         part = core.sticky.partition(topic, n) if partition is None else partition
         core.append_many(topic, vals, ks, part, ts, futs)
@@ -1096,16 +1303,17 @@ class Producer:
 
     async def produce_batch(self, topic: str, values: Any, keys: Any = None, partition: int | None = None,
                             timestamp: int | None = None, expected_offset: int | None = None
-                            ) -> list[asyncio.Future[RecordMetadata]]:
+                            ) -> BatchFutures:
         """Queue many records at once (a list, or a pyarrow array); returns their futures, in order.
 
         With ``partition`` (or without keys) the records section is encoded in
-        bulk; with keys each record goes to its key's partition.
+        bulk; with keys each record goes to its key's partition. The result is
+        a :class:`BatchFutures` sequence: a record's ``asyncio.Future`` is made
+        when it is first looked at.
         """
         self._core.check_open()
         vals = _values_list(values)
-        loop = asyncio.get_running_loop()
-        futs = [loop.create_future() for _ in vals]
+        futs = BatchFutures(len(vals), asyncio.get_running_loop().create_future)
         await produce_batch_into(self._core, topic, vals, keys, partition, timestamp, futs, expected_offset)
         return futs
 
