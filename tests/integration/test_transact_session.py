@@ -646,3 +646,28 @@ def test_offset_fetch_does_not_queue_behind_a_held_join_group(sbroker: EmbeddedB
     finally:
         other.close(autocommit=False)
     assert took < 1.0, f"OffsetFetch took {took:.1f}s: it waited behind the held JoinGroup"
+
+
+def test_blocking_produce_many_in_bulk_per_partition(sbroker: EmbeddedBroker, kit: Any) -> None:
+    """``produce_many`` of (topic, key, value, partition) dicts goes in bulk per partition (no future per
+    record); an aborted bulk transaction stays invisible, the committed copy is exact and in order."""
+    from oncelog.client import TransactSession as BlockingSession
+
+    bs = sbroker.bootstrap
+    inp, out = make_topics(bs, kit, "bulk", parts=3)
+    n = 600
+    seed(bs, inp, n, parts=3)
+    group = f"g-{inp}"
+    with BlockingSession(conf(bs, group), [inp]) as s:
+        assert len(s.wait_assigned(30)) == 3
+        aborted = s.poll(5.0, 50)
+        s.produce_many({"topic": out, "key": m.key, "value": m.value, "partition": m.partition} for m in aborted)
+        assert s.counters["records_out"] == len(aborted)
+        assert s.end(commit=False) is False
+        while s.counters["records_in"] < n + len(aborted):
+            recs = s.poll(2.0, 200)
+            s.produce_many({"topic": out, "key": m.key, "value": m.value, "partition": m.partition} for m in recs)
+            assert s.end(commit=True) is True
+    doc = verify(bs, inp, out, group)
+    assert doc["_counts"] == CLEAN, doc["examples"]
+    assert doc["output_records"] == n and doc["aborted_seen"] == len(aborted)

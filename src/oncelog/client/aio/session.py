@@ -260,16 +260,33 @@ class TransactSession:
         """As :meth:`Producer.produce`, inside the session's transaction."""
         self._check()
         if not self._in_txn:
-            self._producer._txn().begin_transaction()
-            self._in_txn, self._abort_cause, self._offsets = True, None, {}
-            self._txn_in = self._txn_out = 0
-            self._futs = []
-            self._txn_started = time.monotonic()
+            self._begin_now()
         fut = self._producer.produce(topic, value, key, partition, headers, timestamp, on_delivery)
         self._futs.append(fut)
         self._txn_out += 1
         self.counters["records_out"] += 1
         return fut
+
+    async def produce_batch(self, topic: str, values: Any, keys: Any = None, partition: int | None = None,
+                            timestamp: int | None = None) -> Any:
+        """As :meth:`Producer.produce_batch` (many records, no headers), inside the session's transaction.
+
+        With ``partition`` the records are encoded in bulk and no future is made per record (the
+        transaction's outcome is :meth:`end`'s answer)."""
+        self._check()
+        if not self._in_txn:
+            self._begin_now()
+        futs = await self._producer.produce_batch(topic, values, keys, partition, timestamp)
+        self._txn_out += len(futs)
+        self.counters["records_out"] += len(futs)
+        return futs
+
+    def _begin_now(self) -> None:
+        self._producer._txn().begin_transaction()
+        self._in_txn, self._abort_cause, self._offsets = True, None, {}
+        self._txn_in = self._txn_out = 0
+        self._futs = []
+        self._txn_started = time.monotonic()
 
     # -- ending a transaction -----------------------------------------------------------------------
 
