@@ -12,8 +12,9 @@ that move are revoked).
 
 Built on ``oncelog chaos`` (docs/chaos.md: ``--churn``, ``--assignor``), run
 as a user would run it, with a fixed seed: a failure is a reproducible
-scenario, not a flake. Each run costs about 50 s on an idle 2-core machine
-(seeding 100k records 2 s, copy ~40 s, audit ~6 s).
+scenario, not a flake. Measured on a shared 2-core machine (load 6-9): range
+80 s, roundrobin 42 s, cooperative-sticky 37 s (seeding 100k records 2 s,
+copy 29-71 s, audit 4-6 s); up to 100 s each under heavier load.
 """
 
 from __future__ import annotations
