@@ -161,6 +161,17 @@ def test_transaction_timeout_must_be_below_session_timeout() -> None:
     assert s.transaction_timeout_ms < 10000
 
 
+def test_batch_size_default_fits_a_transaction() -> None:
+    """A session's records are flushed together by end(): its producer batches up to ~1 MB per partition
+    (Kafka's 16 KiB made a 500-record transaction 17 requests per partition); an explicit value is kept."""
+    base = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"}
+    assert TransactSession(base, ["t"])._producer.config["batch.size"] == 1_000_000
+    assert TransactSession({**base, "batch.size": 4096}, ["t"])._producer.config["batch.size"] == 4096
+    assert TransactSession({**base, "max.request.size": 200_000}, ["t"])._producer.config["batch.size"] == 200_000
+    with pytest.raises(ConfigError, match="max.request.size"):
+        TransactSession({**base, "max.request.size": "lots"}, ["t"])
+
+
 async def drain(bs: str, sessions: list[TransactSession], out: str, group: str, inp: str, n: int,
                 parts: int) -> None:
     """Run ``copier`` on every session until the group committed all ``n`` input records."""
@@ -588,3 +599,75 @@ def test_connectivity_blip_kicked_member_aborts(proxied: tuple[EmbeddedBroker, A
     doc = verify(bs, inp, out, group)
     assert doc["_counts"] == CLEAN, doc["examples"]
     assert doc["output_records"] == n
+
+
+def test_offset_fetch_does_not_queue_behind_a_held_join_group(sbroker: EmbeddedBroker, kit: Any) -> None:
+    """OffsetFetch (a rewind after an abort, committed()) while the member's JoinGroup is held by the broker.
+
+    A kafka-python member that stops polling does not rejoin until its rebalance timeout (15 s), so the
+    broker holds the session's JoinGroup that long. On the group's connection the OffsetFetch would wait
+    behind it (a broker answers in request order per connection), time out after request.timeout.ms and
+    close the connection under the JoinGroup (found by test 3 with cooperative-sticky). It must be answered
+    at once."""
+    from kafka import KafkaConsumer
+
+    inp, _ = make_topics(sbroker.bootstrap, kit, "heldjoin", parts=2)
+    group = "heldjoin"
+    other = KafkaConsumer(bootstrap_servers=sbroker.bootstrap, group_id=group, session_timeout_ms=10000,
+                          max_poll_interval_ms=15000, heartbeat_interval_ms=1000, auto_offset_reset="earliest",
+                          enable_auto_commit=False)
+    other.subscribe([inp])
+    deadline = time.monotonic() + 30
+    while not other.assignment():
+        assert time.monotonic() < deadline, "kafka-python member never got an assignment"
+        other.poll(200)
+
+    async def go() -> float:
+        s = TransactSession({"bootstrap.servers": sbroker.bootstrap, "group.id": group,
+                             "session.timeout.ms": 10000, "request.timeout.ms": 3000}, [inp])
+        await s.start()
+        try:
+            # the session's JoinGroup is held until the idle member's rebalance timeout
+            t = time.monotonic() + 10
+            while s.member._state != "joining" and time.monotonic() < t:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            assert not s.member.in_group
+            t0 = time.monotonic()
+            await s.committed([(inp, 0), (inp, 1)], timeout=10)
+            took = time.monotonic() - t0
+            assert not s.member.in_group, "the join ended before the check: the test proves nothing"
+            return took
+        finally:
+            await s.close()
+
+    try:
+        took = asyncio.run(go())
+    finally:
+        other.close(autocommit=False)
+    assert took < 1.0, f"OffsetFetch took {took:.1f}s: it waited behind the held JoinGroup"
+
+
+def test_blocking_produce_many_in_bulk_per_partition(sbroker: EmbeddedBroker, kit: Any) -> None:
+    """``produce_many`` of (topic, key, value, partition) dicts goes in bulk per partition (no future per
+    record); an aborted bulk transaction stays invisible, the committed copy is exact and in order."""
+    from oncelog.client import TransactSession as BlockingSession
+
+    bs = sbroker.bootstrap
+    inp, out = make_topics(bs, kit, "bulk", parts=3)
+    n = 600
+    seed(bs, inp, n, parts=3)
+    group = f"g-{inp}"
+    with BlockingSession(conf(bs, group), [inp]) as s:
+        assert len(s.wait_assigned(30)) == 3
+        aborted = s.poll(5.0, 50)
+        s.produce_many({"topic": out, "key": m.key, "value": m.value, "partition": m.partition} for m in aborted)
+        assert s.counters["records_out"] == len(aborted)
+        assert s.end(commit=False) is False
+        while s.counters["records_in"] < n + len(aborted):
+            recs = s.poll(2.0, 200)
+            s.produce_many({"topic": out, "key": m.key, "value": m.value, "partition": m.partition} for m in recs)
+            assert s.end(commit=True) is True
+    doc = verify(bs, inp, out, group)
+    assert doc["_counts"] == CLEAN, doc["examples"]
+    assert doc["output_records"] == n and doc["aborted_seen"] == len(aborted)

@@ -192,6 +192,9 @@ _INTS: dict[str, tuple[str, _Spec]] = {
     "transaction.remove.expired.transaction.cleanup.interval.ms": (
         "transaction_remove_expired_transaction_cleanup_interval_ms", _POS_INT),
     "oncelog.transaction.version": ("transaction_version", _Spec("int", lo=0, hi=2)),
+    "add.partitions.to.txn.retry.backoff.ms": ("add_partitions_to_txn_retry_backoff_ms", _POS_INT),
+    "add.partitions.to.txn.retry.backoff.max.ms": ("add_partitions_to_txn_retry_backoff_max_ms",
+                                                   _Spec("int", lo=0)),
     # the log cleaner (Kafka's CleanerConfig; docs/compaction.md)
     "log.cleaner.threads": ("log_cleaner_threads", _Spec("int", lo=0)),
     "log.cleaner.dedupe.buffer.size": ("log_cleaner_dedupe_buffer_size", _LONG),
@@ -273,6 +276,10 @@ class BrokerConfig:
     transaction_two_phase_commit_enable: bool = False
     # the finalized level of the transaction.version feature (KIP-890): 2 = TV2
     transaction_version: int = 2
+    # TV2: a Produce whose implicit add meets CONCURRENT_TRANSACTIONS (the previous transaction's markers are
+    # being written) is retried inside the broker every backoff ms, for up to max ms (Kafka's defaults)
+    add_partitions_to_txn_retry_backoff_ms: int = 20
+    add_partitions_to_txn_retry_backoff_max_ms: int = 100
     # the log cleaner (Kafka's names and defaults)
     log_cleaner_enable: bool = True
     log_cleaner_threads: int = 1

@@ -143,6 +143,7 @@ def run_confluent(a: argparse.Namespace, ctl: Control) -> int:
         "session.timeout.ms": a.session_timeout_ms, "heartbeat.interval.ms": max(a.session_timeout_ms // 10, 100),
         "max.poll.interval.ms": max(a.session_timeout_ms * 3, 20_000), "socket.timeout.ms": a.request_timeout_ms,
         "fetch.wait.max.ms": 100, "reconnect.backoff.ms": 50, "reconnect.backoff.max.ms": 500, **NO_REBOOTSTRAP,
+        **({"partition.assignment.strategy": a.assignor} if a.assignor else {}),
     })
     consumer.subscribe([a.input])
     all_parts = [TopicPartition(a.input, p) for p in range(len(ends))]
@@ -258,6 +259,19 @@ def run_confluent(a: argparse.Namespace, ctl: Control) -> int:
 # -- kafka-python ----------------------------------------------------------------------------------
 
 
+def kp_assignor(name: str) -> dict[str, Any]:
+    if not name:
+        return {}
+    from kafka.coordinator.assignors.range import RangePartitionAssignor
+    from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+
+    classes = {"range": RangePartitionAssignor, "roundrobin": RoundRobinPartitionAssignor}
+    if name not in classes:
+        print(f"oncelog chaos: kafka-python has no {name} assignor", file=sys.stderr)
+        sys.exit(EXIT_MISSING)
+    return {"partition_assignment_strategy": [classes[name]]}
+
+
 def run_kafka_python(a: argparse.Namespace, ctl: Control) -> int:
     try:
         from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
@@ -293,7 +307,7 @@ def run_kafka_python(a: argparse.Namespace, ctl: Control) -> int:
                              max_poll_interval_ms=max(a.session_timeout_ms * 3, 20_000),
                              request_timeout_ms=max(a.request_timeout_ms, 5000) + 1000,
                              fetch_max_wait_ms=100, max_poll_records=a.max_per_txn,
-                             reconnect_backoff_max_ms=500, retry_backoff_ms=50)
+                             reconnect_backoff_max_ms=500, retry_backoff_ms=50, **kp_assignor(a.assignor))
     # as in tests/integration/test_groups_clients.py: load metadata before joining, and finish (re)joins
     # with a long timer (kafka-python 3.0.x drops a join round that outlives poll's timer)
     consumer.partitions_for_topic(a.input)
@@ -393,15 +407,21 @@ def run_session(a: argparse.Namespace, ctl: Control) -> int:
     """The same copy on :class:`oncelog.client.TransactSession`: the session owns the group member, the
     consumer and the transactional producer (abort on revoke, heartbeat before commit, stable offsets,
     rewinds after an abort). Its transaction timeout is derived from the session timeout (seed 003)."""
+    import logging
+
     from oncelog.client import TransactSession
     from oncelog.client.errors import KafkaError
 
+    # the session's INFO lines (why a transaction aborts, stable-offsets mode) go to the copier's log
+    logging.basicConfig(level=logging.DEBUG if os.environ.get("ONCELOG_CHAOS_DEBUG") else logging.INFO,
+                        stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     conf = {"bootstrap.servers": a.bootstrap, "group.id": a.group, "client.id": a.client_id,
             "transactional.id": a.transactional_id, "auto.offset.reset": "earliest", "linger.ms": 5,
             "session.timeout.ms": a.session_timeout_ms,
             "heartbeat.interval.ms": max(a.session_timeout_ms // 10, 100),
             "max.poll.interval.ms": max(a.session_timeout_ms * 3, 20_000),
-            "request.timeout.ms": max(a.request_timeout_ms, 5000)}
+            "request.timeout.ms": max(a.request_timeout_ms, 5000),
+            **({"partition.assignment.strategy": a.assignor} if a.assignor else {})}
     session = None
     for attempt in range(20):
         ctl.beat()
@@ -485,6 +505,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--txn-timeout-ms", type=int, default=20_000)
     p.add_argument("--request-timeout-ms", type=int, default=3000)
     p.add_argument("--stuck-timeout", type=float, default=120.0)
+    p.add_argument("--assignor", default="", help="partition.assignment.strategy (default: the client's own)")
     a = p.parse_args(argv)
     a.ends = [int(x) for x in a.ends.split(",")]
     return a

@@ -91,6 +91,9 @@ class Profile:
     timeout: float = 600.0
     session_timeout_ms: int = 6000
     progress_bar: bool = False
+    assignor: str = ""  # partition.assignment.strategy of every copier ("": the client's default)
+    churn: float = 0.0  # seconds between membership changes on a timer (0: off); see Runner.churn_step
+    churn_gap: float = 1.0  # seconds a churned slot stays empty before its replacement joins
 
 
 PROFILES = {
@@ -188,6 +191,7 @@ class Slot:
                "--ends", ",".join(str(e) for e in r.ends), "--max-per-txn", str(r.profile.max_per_txn),
                "--rate", str(r.profile.rate / r.profile.copiers if r.profile.rate > 0 else 0),
                "--session-timeout-ms", str(r.profile.session_timeout_ms),
+               *(["--assignor", r.profile.assignor] if r.profile.assignor else []),
                "--request-timeout-ms", str(REQUEST_TIMEOUT_MS), "--stuck-timeout", str(r.stuck_timeout)]
         log = open(r.work / f"copier{self.index}.log", "ab")
         log.write(f"--- start gen {self.gen} ({self.client}) at {r.elapsed():.1f}s\n".encode())
@@ -263,6 +267,10 @@ class Runner:
         self.bar_task: Any = None
         self.console: Any = None
         self.stuck_timeout = 90
+        self.churn_rng = random.Random(f"oncelog-chaos-churn-{seed}")
+        self.churn_count = 0
+        self.next_churn = 0.0
+        self.rejoin_at: dict[int, float] = {}  # slot index -> when its replacement starts (churn)
 
     # -- bookkeeping
 
@@ -402,6 +410,41 @@ class Runner:
         self.proxy.set_faults(drop_response_rate=0.0, duplicate_rate=0.0, close_rate=0.0,
                               delay_ms=(0.0, 0.0), drop_mode="gap", late_rate=0.0)
 
+    def churn_step(self) -> None:
+        """One timed membership change: a copier is killed (SIGKILL) or leaves (SIGTERM: it ends its
+        transaction and leaves the group), alternately, and its replacement joins ``churn_gap`` seconds
+        later, so each step is a leave (or a death the session timeout notices) and then a join."""
+        live = [s for s in self.slots if s.alive() and not s.done and s.index not in self.rejoin_at]
+        if not live:
+            return
+        kind = "copier_hard" if self.churn_count % 2 == 0 else "copier_clean"
+        self.churn_count += 1
+        slot = live[self.churn_rng.randrange(len(live))]
+        f = Fault(kind, round(self.progress / self.profile.records, 4), slot.index,
+                  fired=round(self.elapsed(), 1), note="churn: ")
+        self.faults.append(f)
+        slot.signal(signal.SIGKILL if kind == "copier_hard" else signal.SIGTERM)
+        rc = slot.wait(30 if kind == "copier_hard" else 60)
+        if rc is None:
+            slot.signal(signal.SIGKILL)
+            rc = slot.wait(30)
+            f.note += "SIGTERM ignored, killed; "
+        slot.exit_codes.append(rc if rc is not None else -999)
+        if slot.done:
+            f.note += f"copier{slot.index} (done)"
+        else:
+            f.note += f"copier{slot.index}.{slot.gen} ({slot.client}) exit {rc}, rejoins in {self.profile.churn_gap}s"
+            self.rejoin_at[slot.index] = time.monotonic() + self.profile.churn_gap
+        self.event(f"{kind} (churn) at {f.at:.0%}: {f.note}")
+
+    def rejoin(self, force: bool = False) -> None:
+        now = time.monotonic()
+        for i, t in list(self.rejoin_at.items()):
+            if force or now >= t:
+                del self.rejoin_at[i]
+                if not force:
+                    self.slots[i].start()
+
     def supervise(self) -> None:
         """Restart copiers that exited on their own (a fatal client error, the stuck watchdog)."""
         for s in self.slots:
@@ -451,6 +494,11 @@ class Runner:
                 self.supervise()
                 self.end_burst()
                 done_copying = any(s.done for s in self.slots)
+                self.rejoin(force=done_copying)
+                if p.churn > 0 and not done_copying and time.monotonic() >= self.next_churn:
+                    if self.next_churn:
+                        self.churn_step()
+                    self.next_churn = time.monotonic() + p.churn
                 if (pending and not done_copying and not self.burst_until
                         and self.progress >= pending[0].at * p.records and time.monotonic() - last_fault > 1.0):
                     self.fire(pending.pop(0))
@@ -486,6 +534,8 @@ class Runner:
             "partitions": self.profile.partitions,
             "copiers": self.profile.copiers,
             "clients": list(self.profile.clients),
+            "assignor": self.profile.assignor or "default",
+            "churn_steps": self.churn_count,
             "copy_seconds": round(copy_seconds, 1),
             "audit_seconds": round(time.monotonic() - t, 1),
             "timed_out": timed_out,
@@ -634,6 +684,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proxy-bursts", type=int, help="bursts of each proxy fault kind (late, drop/dup, close)")
     p.add_argument("--rate", type=float, help="records/s for all copiers together, paced inside transactions (0: off)")
     p.add_argument("--timeout", type=float, help="give up (and fail) after this many seconds of copying")
+    p.add_argument("--partitions", type=int, help="partitions of the input and output topics")
+    p.add_argument("--max-per-txn", type=int, help="records per transaction at most")
+    p.add_argument("--assignor", choices=("range", "roundrobin", "cooperative-sticky"),
+                   help="partition.assignment.strategy of every copier (default: each client's default)")
+    p.add_argument("--churn", type=float,
+                   help="every this many seconds a copier is killed (SIGKILL) or leaves (SIGTERM), alternately, "
+                        "and its replacement joins a second later (0: off)")
     p.add_argument("--work-dir", help="where the broker data and logs go (default: a new temporary directory)")
     p.add_argument("--keep-data", action="store_true", help="keep the work dir (always kept on failure)")
     p.add_argument("--json", action="store_true", help="print one JSON summary object on stdout")
@@ -664,8 +721,21 @@ def profile_from_args(args: argparse.Namespace) -> Profile:
         prof.rate = args.rate
     if args.timeout is not None:
         prof.timeout = args.timeout
-    if prof.records < prof.partitions or prof.copiers < 1:
-        raise ValueError("need at least one record per partition and one copier")
+    if args.partitions is not None:
+        prof.partitions = args.partitions
+    if args.max_per_txn is not None:
+        prof.max_per_txn = args.max_per_txn
+    if args.assignor:
+        prof.assignor = args.assignor
+        if args.assignor == "cooperative-sticky" and "kafka-python" in prof.clients:
+            raise ValueError("kafka-python has no cooperative-sticky assignor; use --clients confluent,session")
+    if args.churn is not None:
+        prof.churn = args.churn
+    if prof.records < prof.partitions or prof.copiers < 1 or prof.partitions < 1 or prof.max_per_txn < 1:
+        raise ValueError("need at least one partition, one record per partition, one record per transaction "
+                         "and one copier")
+    if prof.churn < 0:
+        raise ValueError("--churn must be 0 (off) or a number of seconds")
     return prof
 
 

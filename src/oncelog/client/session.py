@@ -19,6 +19,27 @@ from oncelog.client.aio.session import TransactSession as _AioSession
 __all__ = ["TransactSession"]
 
 
+_BULK_FIELDS = frozenset({"topic", "key", "value", "partition"})
+
+
+def _by_partition(items: list[Any]) -> dict[tuple[str, int], tuple[list[Any], list[Any]]] | None:
+    """``{(topic, partition): (keys, values)}`` in order, when every item is a dict naming only topic, key,
+    value and a partition; else None (records with headers, timestamps or no partition go one by one)."""
+    groups: dict[tuple[str, int], tuple[list[Any], list[Any]]] = {}
+    for item in items:
+        if not isinstance(item, dict) or not item.keys() <= _BULK_FIELDS:
+            return None
+        part = item.get("partition")
+        if type(part) is not int or part < 0 or "topic" not in item:
+            return None
+        g = groups.get((item["topic"], part))
+        if g is None:
+            g = groups[(item["topic"], part)] = ([], [])
+        g[0].append(item.get("key"))
+        g[1].append(item.get("value"))
+    return groups
+
+
 class TransactSession:
     """``with TransactSession(config, ["in"]) as s: recs = s.poll(1.0); s.produce(...); s.end()``."""
 
@@ -75,8 +96,13 @@ class TransactSession:
         """Queue many records with one hand-over to the loop thread: ``(topic, key, value)`` tuples or
         ``produce()`` keyword dicts."""
         batch = list(items)
+        groups = _by_partition(batch)
 
         async def go() -> None:
+            if groups is not None:  # every record a (topic, key, value, partition) dict: in bulk per partition
+                for (topic, partition), (keys, values) in groups.items():
+                    await self._s.produce_batch(topic, values, keys, partition)
+                return
             for item in batch:
                 if isinstance(item, dict):
                     self._s.produce(**item)

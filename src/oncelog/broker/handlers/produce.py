@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from oncelog.broker.context import CloseConnection, RequestContext
@@ -129,6 +130,22 @@ def _refuse_keyless(topic: str, index: int, records: bytes, hdr: BatchHeader, co
     out["record_errors"] = [{"batch_index": i, "batch_index_error_message": why} for i in missing]
     log.info("produce to %s-%d rejected: %d record(s) without a key for a compacted topic", topic, index, len(missing))
     return out
+
+
+async def _add_implicitly(broker: Any, txn: Any, producer_id: int, producer_epoch: int,
+                          tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    """TV2's implicit add, retried here while the coordinator answers CONCURRENT_TRANSACTIONS (the producer's
+    previous transaction is still writing its markers), every ``add.partitions.to.txn.retry.backoff.ms`` for
+    up to ``add.partitions.to.txn.retry.backoff.max.ms``, as Kafka's ReplicaManager does for Produce v12: a
+    client's produce backoff (retry.backoff.ms, 100 ms) after each transaction's first Produce costs too much."""
+    cfg = broker.config
+    deadline = time.monotonic() + cfg.add_partitions_to_txn_retry_backoff_max_ms / 1000
+    codes = await txn.add_partitions_implicitly(producer_id, producer_epoch, tps)
+    while (any(c == ErrorCode.concurrent_transactions for c in codes.values())
+           and time.monotonic() + cfg.add_partitions_to_txn_retry_backoff_ms / 1000 <= deadline):
+        await asyncio.sleep(cfg.add_partitions_to_txn_retry_backoff_ms / 1000)
+        codes = await txn.add_partitions_implicitly(producer_id, producer_epoch, tps)
+    return codes
 
 
 def _txn_error(code: int, version: int) -> KafkaError:
@@ -211,8 +228,10 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
             entry = [index, partition, records, hdr, None, cond]
             if hdr.is_transactional and hdr.producer_id >= 0:
                 tp = TopicPartition(name, index)
-                if tv2 and txn.check_in_txn(hdr.producer_id, hdr.producer_epoch, tp) == ErrorCode.invalid_txn_state:
-                    implicit_adds.append((entry, hdr, tp))  # KIP-890: Produce v12 adds the partition itself
+                if tv2 and txn.check_in_txn(hdr.producer_id, hdr.producer_epoch, tp) in (
+                        ErrorCode.invalid_txn_state, ErrorCode.concurrent_transactions):
+                    # KIP-890: Produce v12 adds the partition itself (after the previous transaction's markers)
+                    implicit_adds.append((entry, hdr, tp))
                 else:
                     entry[4] = _verifier(txn, tp, version)
             entries.append(entry)
@@ -223,7 +242,7 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
         for _, h, tp in implicit_adds:
             by_producer.setdefault((h.producer_id, h.producer_epoch), []).append(tp)
         answers = await asyncio.gather(
-            *(txn.add_partitions_implicitly(pid, epoch, tps) for (pid, epoch), tps in by_producer.items())
+            *(_add_implicitly(broker, txn, pid, epoch, tps) for (pid, epoch), tps in by_producer.items())
         )
         codes = dict(zip(by_producer, answers))
         for entry, h, tp in implicit_adds:

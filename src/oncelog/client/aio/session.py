@@ -54,8 +54,24 @@ __all__ = ["HEURISTIC_SLEEP", "TransactSession"]
 
 log = logging.getLogger("oncelog.client.session")
 
+SESSION_BATCH_SIZE = 1_000_000  # the session's default batch.size (see session_configs)
 HEURISTIC_SLEEP = 0.2  # seed 003: franz-go's sleep before releasing the rebalance lock without KIP-447
 EARLIEST, LATEST = -2, -1
+
+
+def _retrieved(fut: "asyncio.Future[Any]") -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _forget_failures(futs: list["asyncio.Future[Any]"]) -> None:
+    """The records of an aborted transaction: their failure is end()'s answer, not an error for asyncio to
+    log as "Future exception was never retrieved" (a caller may still await them)."""
+    for f in futs:
+        if f.done():
+            _retrieved(f)
+        else:
+            f.add_done_callback(_retrieved)
 
 
 def session_configs(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -80,6 +96,14 @@ def session_configs(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
                 "before the group can give its partitions to another member (seed 003)")
     else:
         conf["transaction.timeout.ms"] = max(1, session_ms - max(1000, session_ms // 10))
+    if "batch.size" not in conf:
+        # a transaction's records are flushed together by end(): with Kafka's 16 KiB default a 500-record
+        # transaction of 512 B records is 17 batches (requests) per partition, and the broker's per-batch
+        # work dominated the copy (docs/benchmarks.md); franz-go's default batch limit is ~1 MB too
+        try:
+            conf["batch.size"] = min(SESSION_BATCH_SIZE, int(conf.get("max.request.size", SESSION_BATCH_SIZE)))
+        except (TypeError, ValueError):
+            pass  # a bad max.request.size: parse_config says so
     if not conf.get("transactional.id"):
         conf["transactional.id"] = f"{conf['group.id']}-session-{uuid.uuid4().hex[:12]}"
     return conf, conf
@@ -101,6 +125,11 @@ class TransactSession:
         # the group's own connections (as Java's coordinator socket): on the consumer's, a heartbeat would
         # wait behind a Fetch the broker holds up to fetch.max.wait.ms (answers come in request order)
         self._group_cluster = Cluster(self._consumer.config)
+        # and OffsetFetch (rewinds after an abort, committed()) on a third: on the group's connections it would
+        # queue behind a JoinGroup the broker holds for the whole rebalance, time out after request.timeout.ms
+        # and take the JoinGroup down with the connection (seen under member churn: the member then lost its
+        # generation and every transaction in the meantime aborted on TxnOffsetCommit)
+        self._offsets_cluster = Cluster(self._consumer.config)
         self._member = GroupMember(self._group_cluster, self._consumer.config, self.topics,
                                    on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._lock = asyncio.Lock()  # held across end(); the revoke callbacks wait for it
@@ -108,6 +137,7 @@ class TransactSession:
         self._abort_cause: str | None = None
         self._offsets: dict[tuple[str, int], int] = {}
         self._txn_in = self._txn_out = 0
+        self._futs: list[asyncio.Future[Any]] = []  # the open transaction's records
         self._stable: bool | None = None  # None: not known yet; False: pre-KIP-447 heuristic
         self._error: KafkaError | None = None
         self._started = False
@@ -124,6 +154,7 @@ class TransactSession:
         self._started = True
         await self._consumer.start()
         await self._group_cluster.start()
+        await self._offsets_cluster.start()
         await self._producer.start()
         await self._producer.init_transactions()
         await self._member.start()
@@ -162,6 +193,7 @@ class TransactSession:
                     self._count_abort("close")
                 except KafkaError as exc:
                     log.info("session %s: abort on close failed: %s", self.transactional_id, exc)
+                _forget_failures(self._futs)
                 self._in_txn = False
             if self._release_task is not None:
                 await asyncio.gather(self._release_task, return_exceptions=True)
@@ -170,6 +202,7 @@ class TransactSession:
             self._closed = True
             await self._consumer.close()
             await self._group_cluster.close()
+            await self._offsets_cluster.close()
             await self._producer.close(5.0)
 
     # -- consume and produce ----------------------------------------------------------------------
@@ -192,12 +225,24 @@ class TransactSession:
             self._abort_cause = None
             self._offsets = {}
             self._txn_in = self._txn_out = 0
+            self._futs = []
             self._txn_started = time.monotonic()
 
     async def poll(self, timeout: float | None = 1.0, max_records: int = 500) -> list[Message]:
         """Records of the owned partitions (up to ``max_records``); starts a transaction when there are some."""
         self._check()
         self._member.poll_happened()
+        if not self._in_txn and not self._member.in_group:
+            # a rebalance is under way (a cooperative member keeps its partitions meanwhile): a transaction
+            # started now could not commit (no heartbeat succeeds before the rebalance ends), so wait for it
+            t0 = time.monotonic()
+            try:
+                await asyncio.wait_for(self._member._wait_assigned(), timeout)
+            except asyncio.TimeoutError:
+                return []
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - t0))
+            self._check()
         msgs = await self._consumer.consume(max_records, timeout)
         self._check()
         if msgs:
@@ -215,14 +260,33 @@ class TransactSession:
         """As :meth:`Producer.produce`, inside the session's transaction."""
         self._check()
         if not self._in_txn:
-            self._producer._txn().begin_transaction()
-            self._in_txn, self._abort_cause, self._offsets = True, None, {}
-            self._txn_in = self._txn_out = 0
-            self._txn_started = time.monotonic()
+            self._begin_now()
         fut = self._producer.produce(topic, value, key, partition, headers, timestamp, on_delivery)
+        self._futs.append(fut)
         self._txn_out += 1
         self.counters["records_out"] += 1
         return fut
+
+    async def produce_batch(self, topic: str, values: Any, keys: Any = None, partition: int | None = None,
+                            timestamp: int | None = None) -> Any:
+        """As :meth:`Producer.produce_batch` (many records, no headers), inside the session's transaction.
+
+        With ``partition`` the records are encoded in bulk and no future is made per record (the
+        transaction's outcome is :meth:`end`'s answer)."""
+        self._check()
+        if not self._in_txn:
+            self._begin_now()
+        futs = await self._producer.produce_batch(topic, values, keys, partition, timestamp)
+        self._txn_out += len(futs)
+        self.counters["records_out"] += len(futs)
+        return futs
+
+    def _begin_now(self) -> None:
+        self._producer._txn().begin_transaction()
+        self._in_txn, self._abort_cause, self._offsets = True, None, {}
+        self._txn_in = self._txn_out = 0
+        self._futs = []
+        self._txn_started = time.monotonic()
 
     # -- ending a transaction -----------------------------------------------------------------------
 
@@ -256,10 +320,17 @@ class TransactSession:
             committed = False
             if cause is None:
                 try:
-                    await self._producer.flush()
+                    # the offsets travel while the records' Produce requests are answered (as Java sends them
+                    # before commitTransaction flushes): both belong to this transaction, EndTxn waits for both
+                    offsets = None
                     if self._abort_cause is None and self._offsets:
-                        await self._producer.send_offsets_to_transaction(dict(self._offsets),
-                                                                         self._member.group_metadata())
+                        offsets = asyncio.ensure_future(self._producer.send_offsets_to_transaction(
+                            dict(self._offsets), self._member.group_metadata()))
+                    try:
+                        await self._producer.flush()
+                    finally:
+                        if offsets is not None:
+                            await offsets
                 except KafkaError as exc:
                     if self._fatal(exc):
                         raise
@@ -290,7 +361,10 @@ class TransactSession:
                     self._fatal(exc)
                     self._error = self._error or exc
                     raise
+                finally:
+                    _forget_failures(self._futs)
             self._in_txn = False
+            self._futs = []
             ms = (time.monotonic() - self._txn_started) * 1000
             if committed:
                 self.counters["committed"] += 1
@@ -347,7 +421,7 @@ class TransactSession:
     # -- offsets and rebalances ------------------------------------------------------------------
 
     async def _committed(self, parts: list[tuple[str, int]]) -> dict[tuple[str, int], Any]:
-        cluster, gid = self._group_cluster, self._member.group_id
+        cluster, gid = self._offsets_cluster, self._member.group_id
         if self._stable is not False:
             try:
                 out = await fetch_offsets(cluster, gid, parts, require_stable=True, unstable_unsupported="raise")
@@ -364,7 +438,7 @@ class TransactSession:
     async def committed(self, partitions: Iterable[tuple[str, int]],
                         timeout: float | None = None) -> dict[tuple[str, int], Any]:
         """The group's committed offsets (``OffsetAndMetadata`` or None), stable ones where the broker can."""
-        return await fetch_offsets(self._group_cluster, self._member.group_id, list(partitions),
+        return await fetch_offsets(self._offsets_cluster, self._member.group_id, list(partitions),
                                    require_stable=self._stable is not False, timeout=timeout)
 
     async def _seek_committed(self, parts: list[tuple[str, int]], keep: list[tuple[str, int]]) -> None:
