@@ -38,6 +38,8 @@ from oncelog.protocol.records import (
     InvalidRecordError,
     iter_batch_headers,
     iter_records,
+    RecordColumns,
+    decode_columns,
     read_control_marker,
 )
 
@@ -217,6 +219,44 @@ def fetched_records(data: bytes, partition: int, position: int, isolation_level:
         kept, skipped = [b for b in batches if not b.header.is_control], 0
     records = [r for b in kept for r in b.records if r.offset >= position]
     return records, batches, skipped, batches[-1].header.next_offset
+
+
+def fetched_columns(data: bytes, partition: int, position: int, isolation_level: int,
+                    aborted: list[tuple[int, int]], check_crc: bool = True
+                    ) -> tuple[list[RecordColumns], list[Batch], int, int]:
+    """:func:`fetched_records` as columns: the same batches, filter, checks and next position,
+    but each kept data batch decoded by :func:`~oncelog.protocol.records.decode_columns`
+    (no per-record objects) and cut to the offsets at or after ``position``.
+
+    Returns ``(columns per kept batch, batches decoded, skipped aborted batches,
+    next position)``. The consumer builds its messages from these in bulk.
+    """
+    batches = [b for b in decode_batches(data, partition, check_crc, records=False)
+               if b.header.last_offset >= position]
+    if not batches:
+        return [], [], 0, position
+    if isolation_level == READ_COMMITTED:
+        kept, skipped = filter_read_committed(batches, aborted)
+    else:
+        kept, skipped = [b for b in batches if not b.header.is_control], 0
+    out: list[RecordColumns] = []
+    for b in kept:
+        assert b.raw is not None
+        try:
+            cols = decode_columns(b.raw, 0, True)
+        except InvalidRecordError as exc:
+            raise ReaderError(f"partition {partition}: batch at offset {b.header.base_offset}: "
+                              f"{exc.message}") from None
+        if b.header.base_offset < position:
+            i = 0
+            offs = cols.offsets
+            while i < len(offs) and offs[i] < position:
+                i += 1
+            assert cols.headers is not None
+            cols = RecordColumns(offs[i:], cols.timestamps[i:], cols.keys[i:], cols.values[i:], cols.headers[i:])
+        if cols.offsets:
+            out.append(cols)
+    return out, batches, skipped, batches[-1].header.next_offset
 
 
 def fetch_request(partitions: dict[str, list[tuple[int, int]]], isolation_level: int, *, max_wait_ms: int = 100,

@@ -12,7 +12,7 @@ Internal design (for the group consumer that builds on it):
 * One fetcher task keeps, per leader broker, at most one Fetch in flight for
   the partitions of that broker whose buffer is empty. Fetch v4-v12 (topics
   by name); decoding, CRC checks, decompression of all four codecs and the
-  read_committed filter are :func:`oncelog.client.reader.fetched_records`.
+  read_committed filter are :func:`oncelog.client.reader.fetched_columns`.
 * A partition without a position gets one from ``auto.offset.reset``
   (ListOffsets earliest/latest; ``none`` -> :class:`OffsetOutOfRangeError`
   from :meth:`poll`); OFFSET_OUT_OF_RANGE resets the same way; leadership
@@ -38,8 +38,10 @@ import inspect
 import itertools
 import logging
 import re
+import threading
 import time
 from collections import deque
+from itertools import repeat
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +64,7 @@ from oncelog.client.reader import (
     READ_UNCOMMITTED,
     ReaderError,
     fetch_request,
-    fetched_records,
+    fetched_columns,
     list_offsets_request,
 )
 from oncelog.protocol.errors import ErrorCode
@@ -157,10 +159,15 @@ class Consumer:
         self._next_auto_commit = time.monotonic() + self.config["auto.commit.interval.ms"] / 1000
         self._commits: set[asyncio.Task[None]] = set()
         self._closing = False
+        # the partition states' buffers, positions and order are also read by take_nowait() from
+        # the blocking facade's caller thread: every change to them holds this lock
+        self._lock = threading.RLock()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
         """Connect and read metadata."""
         if not self._started:
+            self._loop = asyncio.get_running_loop()
             await self.cluster.start()
             self._task = asyncio.ensure_future(self._run())
             self._started = True
@@ -176,18 +183,19 @@ class Consumer:
 
     def assign(self, partitions: Iterable[Any]) -> None:
         """Consume exactly these partitions (``TopicPartition``, ``(topic, partition[, offset])``)."""
-        new: dict[tuple[str, int], _PartitionState] = {}
-        for item in partitions:
-            tp = _tp(item)
-            st = self._parts.get((tp.topic, tp.partition)) or _PartitionState(tp.topic, tp.partition)
-            if tp.offset >= 0:
-                self._seek_state(st, tp.offset)
-            elif tp.offset in (EARLIEST, LATEST):
-                self._seek_state(st, None)
-                st.fetch_pos = tp.offset  # resolved by ListOffsets
-            new[(tp.topic, tp.partition)] = st
-        self._parts = new
-        self._order = deque(new)
+        tps = [_tp(item) for item in partitions]
+        with self._lock:
+            new: dict[tuple[str, int], _PartitionState] = {}
+            for tp in tps:
+                st = self._parts.get((tp.topic, tp.partition)) or _PartitionState(tp.topic, tp.partition)
+                if tp.offset >= 0:
+                    self._seek_state(st, tp.offset)
+                elif tp.offset in (EARLIEST, LATEST):
+                    self._seek_state(st, None)
+                    st.fetch_pos = tp.offset  # resolved by ListOffsets
+                new[(tp.topic, tp.partition)] = st
+            self._parts = new
+            self._order = deque(new)
         self._wake.set()
 
     def assignment(self) -> list[TopicPartition]:
@@ -197,10 +205,11 @@ class Consumer:
         self.assign([])
 
     def _seek_state(self, st: _PartitionState, offset: int | None) -> None:
-        st.fetch_pos = st.consumed = offset
-        st.buffer.clear()
-        st.error = None
-        st.generation = next(_generations)
+        with self._lock:
+            st.fetch_pos = st.consumed = offset
+            st.buffer.clear()
+            st.error = None
+            st.generation = next(_generations)
 
     def seek(self, partition: Any, offset: int | None = None) -> None:
         """Continue ``partition`` (assigned) from ``offset`` (or the TopicPartition's offset)."""
@@ -209,9 +218,10 @@ class Consumer:
         st = self._parts.get((tp.topic, tp.partition))
         if st is None:
             raise KafkaError(f"{tp.topic}-{tp.partition} is not assigned")
-        self._seek_state(st, off if off >= 0 else None)
-        if off in (EARLIEST, LATEST):
-            st.fetch_pos = off
+        with self._lock:
+            self._seek_state(st, off if off >= 0 else None)
+            if off in (EARLIEST, LATEST):
+                st.fetch_pos = off
         self._wake.set()
 
     async def position(self, partition: Any) -> int:
@@ -289,25 +299,27 @@ class Consumer:
         self._remove([_tp(p) for p in partitions])
 
     def _add(self, tps: list[TopicPartition]) -> None:
-        for tp in tps:
-            key = (tp.topic, tp.partition)
-            st = self._parts.get(key)
-            if st is None:
-                st = self._parts[key] = _PartitionState(tp.topic, tp.partition)
-                self._order.append(key)
-            if tp.offset >= 0:
-                self._seek_state(st, tp.offset)
-            elif tp.offset in (EARLIEST, LATEST):
-                self._seek_state(st, None)
-                st.fetch_pos = tp.offset
+        with self._lock:
+            for tp in tps:
+                key = (tp.topic, tp.partition)
+                st = self._parts.get(key)
+                if st is None:
+                    st = self._parts[key] = _PartitionState(tp.topic, tp.partition)
+                    self._order.append(key)
+                if tp.offset >= 0:
+                    self._seek_state(st, tp.offset)
+                elif tp.offset in (EARLIEST, LATEST):
+                    self._seek_state(st, None)
+                    st.fetch_pos = tp.offset
         self._wake.set()
 
     def _remove(self, tps: list[TopicPartition]) -> None:
-        for tp in tps:
-            st = self._parts.pop((tp.topic, tp.partition), None)
-            if st is not None:
-                st.buffer.clear()
-        self._order = deque(k for k in self._order if k in self._parts)
+        with self._lock:
+            for tp in tps:
+                st = self._parts.pop((tp.topic, tp.partition), None)
+                if st is not None:
+                    st.buffer.clear()
+            self._order = deque(k for k in self._order if k in self._parts)
         self._wake.set()
 
     # -- pause / resume ------------------------------------------------------------------
@@ -593,7 +605,9 @@ class Consumer:
         while True:
             if member is not None and member.error is not None:
                 raise member.error
-            out = self._take(num_messages)
+            out, drained = self._take(num_messages)
+            if drained:
+                self._wake.set()
             if out:
                 return out
             for st in self._parts.values():
@@ -610,26 +624,55 @@ class Consumer:
             except asyncio.TimeoutError:
                 return []
 
-    def _take(self, n: int) -> list[Message]:
-        out: list[Message] = []
-        order = self._order
-        for _ in range(len(order)):
-            key = order[0]
-            order.rotate(-1)  # round robin over partitions
-            st = self._parts.get(key)
-            if st is None or not st.buffer or st.paused:
-                continue
-            buf = st.buffer
-            while buf and len(out) < n:
-                m = buf.popleft()
-                out.append(m)
-                st.consumed = m.offset + 1
-            if not buf:
-                st.consumed = st.fetch_pos  # past trailing control/aborted batches too, as in Java
-                self._wake.set()
-            if len(out) >= n:
-                break
+    def take_nowait(self, n: int) -> list[Message] | None:
+        """Up to ``n`` already fetched messages, callable from any thread (the blocking facade's
+        fast path: no hop to the loop thread while records are buffered).
+
+        None when this must go through :meth:`consume` on the loop instead: nothing is buffered,
+        the consumer is closed, the group member has an error or a ``max.poll.interval.ms``
+        expiry to act on, or an auto-commit is due.
+        """
+        member = self._member
+        if (self._closed or (member is not None and (member.error is not None or member._poll_expired))
+                or (self._auto_commit and time.monotonic() >= self._next_auto_commit)):
+            return None
+        out, drained = self._take(n)
+        if not out:
+            return None
+        if member is not None:
+            member._last_poll = time.monotonic()  # poll_happened() without a pending expiry
+        if drained and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)  # the fetcher refills the drained partitions
         return out
+
+    def _take(self, n: int) -> tuple[list[Message], bool]:
+        """Up to ``n`` buffered messages, round robin over the partitions; and whether a buffer
+        drained (the fetcher must be woken: asyncio.Event is not thread-safe, the caller wakes it)."""
+        out: list[Message] = []
+        drained = False
+        with self._lock:
+            order = self._order
+            for _ in range(len(order)):
+                key = order[0]
+                order.rotate(-1)  # round robin over partitions
+                st = self._parts.get(key)
+                if st is None or not st.buffer or st.paused:
+                    continue
+                buf = st.buffer
+                k = n - len(out)
+                if k >= len(buf):
+                    out.extend(buf)
+                    buf.clear()
+                else:
+                    pop = buf.popleft
+                    out.extend([pop() for _ in range(k)])
+                st.consumed = out[-1].offset + 1
+                if not buf:
+                    st.consumed = st.fetch_pos  # past trailing control/aborted batches too, as in Java
+                    drained = True
+                if len(out) >= n:
+                    break
+        return out, drained
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return self._iterate()
@@ -776,15 +819,18 @@ class Consumer:
         pos = st.fetch_pos
         assert pos is not None
         try:
-            records, _batches, _skipped, next_pos = fetched_records(
+            columns, _batches, _skipped, next_pos = fetched_columns(
                 bytes(p.records or b""), st.partition, pos, self.isolation, aborted, self.config["check.crcs"])
         except ReaderError as exc:
             st.error = error_for(int(ErrorCode.corrupt_message.value), str(exc))
             return True
-        topic = st.topic
-        st.buffer.extend(Message(topic, r.partition, r.offset, r.key, r.value, r.headers, r.timestamp)
-                         for r in records)
-        if not records and not st.buffer:
-            st.consumed = next_pos  # only markers or aborted batches: the position moves past them
-        st.fetch_pos = next_pos
-        return bool(records)
+        topic, part = repeat(st.topic), repeat(st.partition)
+        # one Message a record, built in bulk (no intermediate record objects), outside the lock
+        msgs = [m for c in columns
+                for m in map(Message, topic, part, c.offsets, c.keys, c.values, c.headers, c.timestamps)]  # type: ignore[arg-type]
+        with self._lock:
+            st.buffer.extend(msgs)
+            if not msgs and not st.buffer:
+                st.consumed = next_pos  # only markers or aborted batches: the position moves past them
+            st.fetch_pos = next_pos
+        return bool(msgs)
