@@ -646,23 +646,31 @@ class Consumer:
         return out
 
     def _take(self, n: int) -> tuple[list[Message], bool]:
-        """Up to ``n`` buffered messages, round robin over the partitions; and whether a buffer
-        drained (the fetcher must be woken: asyncio.Event is not thread-safe, the caller wakes it)."""
+        """Up to ``n`` buffered messages; and whether a buffer drained (the fetcher must be woken:
+        asyncio.Event is not thread-safe, the caller wakes it).
+
+        A partition's buffer is handed out until it is empty before the next partition's (round
+        robin over partitions by fetch, as Java's fetch buffer does), so the partitions drain
+        one after another and are refetched while the others' records are still being consumed,
+        instead of all at once.
+        """
         out: list[Message] = []
         drained = False
         with self._lock:
             order = self._order
             for _ in range(len(order)):
                 key = order[0]
-                order.rotate(-1)  # round robin over partitions
                 st = self._parts.get(key)
                 if st is None or not st.buffer or st.paused:
+                    order.rotate(-1)
                     continue
                 buf = st.buffer
                 k = n - len(out)
                 if k >= len(buf):
                     out.extend(buf)
                     buf.clear()
+                elif k == 1:
+                    out.append(buf.popleft())
                 else:
                     pop = buf.popleft
                     out.extend([pop() for _ in range(k)])
@@ -670,6 +678,7 @@ class Consumer:
                 if not buf:
                     st.consumed = st.fetch_pos  # past trailing control/aborted batches too, as in Java
                     drained = True
+                    order.rotate(-1)
                 if len(out) >= n:
                     break
         return out, drained
