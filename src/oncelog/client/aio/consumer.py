@@ -620,8 +620,12 @@ class Consumer:
             if wait is not None and wait <= 0:
                 return []
             try:
-                await asyncio.wait_for(self._data.wait(), wait)
-            except asyncio.TimeoutError:
+                # not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives as
+                # the data does (it returns the inner result), and a caller's `while True: await
+                # consume(...)` task then never ends when cancelled (the churn test's close hang)
+                async with asyncio.timeout(wait):
+                    await self._data.wait()
+            except TimeoutError:
                 return []
 
     def take_nowait(self, n: int) -> list[Message] | None:
