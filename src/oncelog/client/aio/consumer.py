@@ -13,6 +13,11 @@ Internal design (for the group consumer that builds on it):
   the partitions of that broker whose buffer is empty. Fetch v4-v12 (topics
   by name); decoding, CRC checks, decompression of all four codecs and the
   read_committed filter are :func:`oncelog.client.reader.fetched_columns`.
+* ``consume`` hands out one partition's buffer until it is empty before the
+  next partition's (Java's fetch buffer), so partitions drain and are
+  refetched one after another. ``take_nowait`` is the same hand-out callable
+  from another thread (the blocking facade's fast path); every change to the
+  buffers, positions and partition order holds ``_lock``.
 * A partition without a position gets one from ``auto.offset.reset``
   (ListOffsets earliest/latest; ``none`` -> :class:`OffsetOutOfRangeError`
   from :meth:`poll`); OFFSET_OUT_OF_RANGE resets the same way; leadership
