@@ -27,12 +27,19 @@ Clients:
 * ``confluent``: confluent-kafka ``Consumer.consume(500, 1.0)``;
 * ``confluent-poll``: one ``poll(1.0)`` per record;
 * ``kafkapython``: kafka-python ``KafkaConsumer.poll(1000, max_records=500)``;
-* ``aiokafka``: aiokafka ``AIOKafkaConsumer.getmany(timeout_ms=1000, max_records=500)``.
+* ``kafkapython-iter``: kafka-python, one record a step of ``for m in consumer``;
+* ``aiokafka``: aiokafka ``AIOKafkaConsumer.getmany(timeout_ms=1000, max_records=500)``;
+* ``aiokafka-getone``: aiokafka, one ``await getone()`` per record.
+
+The ``-poll``/``-iter``/``-getone`` variants are the per-record APIs; compare
+them with each other, and the batch APIs with each other.
 
 Usage: ``python bench/client_consume.py --rounds 5 --records 100000 --size 1024``
-(``--profile oncelog`` runs one client once under pyinstrument, all threads,
-and prints its profile). Prints a markdown table: median records/s, median
-of the per-round ratios to each reference client, CPU seconds per MB.
+(``--profile oncelog`` runs one client once under pyinstrument, the calling
+thread only, and prints its profile). Prints a markdown table: median
+records/s, the median of the per-round ratios to each reference client of the
+same kind (batch API against batch API, per-record against per-record),
+client and broker CPU seconds per MB.
 """
 
 from __future__ import annotations
@@ -240,6 +247,53 @@ def run_aiokafka(bootstrap: str, topic: str, n: int, iso: str, run: Run) -> None
     asyncio.run(main())
 
 
+def run_kafkapython_iter(bootstrap: str, topic: str, n: int, iso: str, run: Run) -> None:
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, isolation_level=iso)
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        c.assign(tps)
+        for tp in tps:
+            c.seek(tp, 0)
+        records = size = 0
+        for m in c:
+            records += 1
+            size += len(m.value)
+            if records >= n:
+                break
+        run.records, run.bytes = records, size
+        _done(run)
+    finally:
+        c.close()
+
+
+def run_aiokafka_getone(bootstrap: str, topic: str, n: int, iso: str, run: Run) -> None:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def main() -> None:
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             isolation_level=iso)
+        await c.start()
+        try:
+            tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+            c.assign(tps)
+            for tp in tps:
+                c.seek(tp, 0)
+            records = size = 0
+            getone = c.getone
+            while records < n:
+                m = await getone()
+                records += 1
+                size += len(m.value)
+            run.records, run.bytes = records, size
+            _done(run)
+        finally:
+            await c.stop()
+
+    asyncio.run(main())
+
+
 CLIENTS: dict[str, Callable[[str, str, int, str, Run], None]] = {
     "oncelog": run_oncelog,
     "oncelog-poll": run_oncelog_poll,
@@ -248,9 +302,14 @@ CLIENTS: dict[str, Callable[[str, str, int, str, Run], None]] = {
     "confluent": run_confluent,
     "confluent-poll": run_confluent_poll,
     "kafkapython": run_kafkapython,
+    "kafkapython-iter": run_kafkapython_iter,
     "aiokafka": run_aiokafka,
+    "aiokafka-getone": run_aiokafka_getone,
 }
-REFERENCES = ("confluent", "kafkapython", "aiokafka")
+PER_RECORD = {"oncelog-poll", "confluent-poll", "kafkapython-iter", "aiokafka-getone"}
+# the ratio columns: each client against the reference of its kind (per-record API vs per-record API)
+REFERENCES = {"confluent": ("confluent", "confluent-poll"), "kafka-python": ("kafkapython", "kafkapython-iter"),
+              "aiokafka": ("aiokafka", "aiokafka-getone")}
 
 
 def broker_cpu(pid: int) -> float:
@@ -323,16 +382,20 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {rnd} {c}: {rate:,.0f} records/s, {cpu:.4f} client CPU s/MB, "
                       f"{bcpu:.4f} broker CPU s/MB ({nbytes:,} B)", file=sys.stderr)
     meta = run_metadata()
-    refs = [r for r in REFERENCES if r in rates]
+    def ref_of(client: str, name: str) -> str:
+        return REFERENCES[name][client in PER_RECORD]
+
+    refs = [name for name in REFERENCES if any(ref_of(c, name) in rates for c in rates)]
     print(f"Consume {args.records:,} x {args.size} B records, 8 partitions, manual assign from offset 0, "
           f"{args.isolation}, producer compression {args.compression}, {args.rounds} rounds in turn; "
           f"python {meta['python']}, {meta['cpu_count']} CPUs (shared), oncelog {meta['oncelog_git']}, "
           f"librdkafka {meta['librdkafka']}\n`{meta['command']}`\n")
-    head = "".join(f" vs {r} |" for r in refs)
+    head = "".join(f" vs {r} (same kind of API) |" for r in refs)
     print(f"| client | median records/s | runs |{head} client CPU s/MB | broker CPU s/MB |")
     print("|---|---:|---|" + "---:|" * len(refs) + "---:|---:|")
     for c, rs in rates.items():
-        ratios = "".join(f" {statistics.median(a / b for a, b in zip(rs, rates[r])):.2f}x |" for r in refs)
+        ratios = "".join(f" {statistics.median(a / b for a, b in zip(rs, rates[ref_of(c, r)])):.2f}x |"
+                         if ref_of(c, r) in rates else " |" for r in refs)
         print(f"| {c} | {statistics.median(rs):,.0f} | {', '.join(f'{r:,.0f}' for r in rs)} |{ratios} "
               f"{statistics.median(cpus[c]):.4f} | {statistics.median(bcpus[c]):.4f} |")
     return 0
