@@ -148,3 +148,26 @@ def test_take_nowait_from_threads_returns_each_record_once() -> None:
     seen = sorted((m.partition, m.offset) for g in got for m in g)
     assert seen == [(p, o) for p in range(4) for o in range(n)]
     assert all(c._parts[("t", p)].consumed == n for p in range(4))
+
+
+def test_take_one_nowait_hands_out_what_take_nowait_would() -> None:
+    def filled() -> Consumer:
+        c = Consumer({"bootstrap.servers": "127.0.0.1:1", "isolation.level": "read_committed"})
+        c.assign([("t", p, 0) for p in range(3)])
+        for p in range(3):
+            assert c._apply(c._parts[("t", p)], response(b"".join(LOG), ABORTED))
+        return c
+
+    one, many = filled(), filled()
+    got, positions = [], []
+    while (m := one.take_one_nowait()) is not None:
+        got.append(m)
+        positions.append(one._parts[("t", m.partition)].consumed)
+    want, want_positions = [], []
+    while (ms := many.take_nowait(1)) is not None:
+        want.extend(ms)
+        want_positions.append(many._parts[("t", ms[0].partition)].consumed)
+    assert got == want and positions == want_positions
+    # one partition's records until they run out, then the next partition's
+    assert [(m.partition, m.offset) for m in got] == [(p, o) for p in range(3) for o in (4, 5, 6, 8, 9, 10, 11, 12)]
+    assert positions[-1] == 14 and all(one._parts[("t", p)].consumed == 14 for p in range(3))

@@ -144,9 +144,9 @@ class Consumer:
 
     def poll(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after ``timeout`` seconds (None: wait)."""
-        got = self._c.take_nowait(1)  # buffered records: no hop to the loop thread
-        if got:
-            return got[0]
+        msg = self._c.take_one_nowait()  # buffered records: no hop to the loop thread
+        if msg is not None:
+            return msg
         return self._run(self._c.poll(timeout))
 
     def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:

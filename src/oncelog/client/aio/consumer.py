@@ -671,6 +671,33 @@ class Consumer:
             self._loop.call_soon_threadsafe(self._wake.set)  # the fetcher refills the drained partitions
         return out
 
+    def take_one_nowait(self) -> Message | None:
+        """:meth:`take_nowait` for one message (the blocking ``poll()``), without the list.
+
+        Handles the common case, a message of the current partition that does not empty its
+        buffer; anything else goes through :meth:`take_nowait`.
+        """
+        member = self._member
+        if (self._closed or (member is not None and (member.error is not None or member._poll_expired))
+                or (self._auto_commit and time.monotonic() >= self._next_auto_commit)):
+            return None
+        with self._lock:
+            order = self._order
+            st = self._parts.get(order[0]) if order else None
+            if st is not None and not st.paused and st.buffer:
+                ch = st.buffer[0]
+                i = ch.i
+                if i + 1 < ch.n:  # the chunk (so the buffer) keeps records: nothing to wake
+                    ch.i = i + 1
+                    st.consumed = ch.offsets[i] + 1
+                    msg = Message(st.topic, st.partition, ch.offsets[i], ch.keys[i], ch.values[i], ch.headers[i],
+                                  ch.timestamps[i])
+                    if member is not None:
+                        member._last_poll = time.monotonic()
+                    return msg
+        got = self.take_nowait(1)
+        return got[0] if got else None
+
     def _take(self, n: int) -> tuple[list[Message], bool]:
         """Up to ``n`` buffered messages; and whether a buffer drained (the fetcher must be woken:
         asyncio.Event is not thread-safe, the caller wakes it).
