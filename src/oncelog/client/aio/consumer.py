@@ -46,9 +46,9 @@ import re
 import threading
 import time
 from collections import deque
-from itertools import repeat
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from oncelog.client.aio.cluster import METADATA, METADATA_VERSIONS, REFRESH_ERRORS, Cluster
@@ -72,8 +72,8 @@ from oncelog.client.reader import (
     fetched_columns,
     list_offsets_request,
 )
-from oncelog.protocol.records import RecordColumns
 from oncelog.protocol.errors import ErrorCode
+from oncelog.protocol.records import RecordColumns
 
 __all__ = ["Consumer", "Message", "TopicPartition"]
 
