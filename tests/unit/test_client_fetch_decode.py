@@ -171,3 +171,24 @@ def test_take_one_nowait_hands_out_what_take_nowait_would() -> None:
     # one partition's records until they run out, then the next partition's
     assert [(m.partition, m.offset) for m in got] == [(p, o) for p in range(3) for o in (4, 5, 6, 8, 9, 10, 11, 12)]
     assert positions[-1] == 14 and all(one._parts[("t", p)].consumed == 14 for p in range(3))
+
+
+def test_a_batch_that_does_not_decode_fails_at_hand_out_after_the_records_before_it() -> None:
+    import asyncio
+
+    from oncelog.client.errors import KafkaError
+    from oncelog.protocol.records import RECORDS_OFFSET
+
+    bad = bytearray(txn(3, 9, 3, transactional=False))
+    bad[RECORDS_OFFSET] += 2  # the first record's length no longer matches its fields; the CRC is made valid
+    update_crc(bad)
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
+    c.assign([("t", 0, 1)])
+    st = c._parts[("t", 0)]
+    assert c._apply(st, response(txn(0, 9, 3, transactional=False) + bytes(bad) + txn(6, 9, 3, transactional=False)))
+    got = c.take_nowait(100)
+    assert got is not None and [m.offset for m in got] == [1, 2]  # the good batch, from the position on
+    assert st.consumed == st.fetch_pos == 3  # stays at the batch that does not decode (as Java's position)
+    with pytest.raises(KafkaError, match="CORRUPT_MESSAGE|batch at offset 3"):
+        asyncio.run(c.consume(10, 0.1))
+    assert c.take_nowait(1) is None and not st.buffer
