@@ -91,18 +91,25 @@ class Ours:
         self.task = asyncio.ensure_future(self._loop())
 
     async def _loop(self) -> None:
+        # processed, not yet committed: a commit that fails in a rebalance (REBALANCE_IN_PROGRESS
+        # while the group completes it, as Java's RebalanceInProgressException) is tried again for
+        # the partitions still owned, else a partition that stays here and gets no more records
+        # would keep its committed offset behind the records this member processed
+        pending: dict[tuple[str, int], int] = {}
         try:
             while True:
                 msgs = await self.c.consume(500, 0.2)
-                last: dict[tuple[str, int], int] = {}
                 for m in msgs:
                     self.seen.append((self.name, m.partition, m.offset, m.value))
-                    last[(m.topic, m.partition)] = m.offset + 1
-                if last:
+                    pending[(m.topic, m.partition)] = m.offset + 1
+                if pending:
+                    owned = self.owns()
+                    pending = {tp: o for tp, o in pending.items() if tp in owned}  # moved: the owner re-reads
                     try:
-                        await self.c.commit([TopicPartition(t, p, o) for (t, p), o in last.items()])
+                        await self.c.commit([TopicPartition(t, p, o) for (t, p), o in pending.items()])
+                        pending = {}
                     except KafkaError:
-                        pass  # a rebalance ended the generation: another member re-reads these
+                        pass  # the generation ended or is completing: commit again next round
         except asyncio.CancelledError:
             raise
         except BaseException as exc:

@@ -144,10 +144,16 @@ class Consumer:
 
     def poll(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after ``timeout`` seconds (None: wait)."""
+        msg = self._c.take_one_nowait()  # buffered records: no hop to the loop thread
+        if msg is not None:
+            return msg
         return self._run(self._c.poll(timeout))
 
     def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
         """Up to ``num_messages`` messages, waiting up to ``timeout`` s for the first."""
+        got = self._c.take_nowait(num_messages)
+        if got:
+            return got
         return self._run(self._c.consume(num_messages, timeout))
 
     def close(self) -> None:

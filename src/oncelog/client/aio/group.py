@@ -221,8 +221,9 @@ class GroupMember:
             if self._task is not None and self._task.done():
                 raise ClientClosedError("group member stopped")
             try:
-                await asyncio.wait_for(self._assigned.wait(), 0.1)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(0.1):  # not wait_for: it can swallow a cancellation (3.11)
+                    await self._assigned.wait()
+            except TimeoutError:
                 pass
 
     def subscribe(self, topics: Iterable[str]) -> None:

@@ -1,0 +1,194 @@
+"""The consumer's decode path (``reader.fetched_columns``) and its buffer (``take_nowait``), without a broker.
+
+``fetched_columns`` must give exactly what ``fetched_records`` gives (same
+records, filter, checks, next position), only as columns; the consumer's
+``_apply`` builds its messages from it, and ``take_nowait`` hands them out
+from any thread with the positions ``consume`` would report.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from oncelog.client.aio.consumer import Consumer
+from oncelog.client.reader import (
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+    ReaderError,
+    fetched_columns,
+    fetched_records,
+)
+from oncelog.protocol import compression
+from oncelog.protocol.records import (
+    ATTRIBUTES_OFFSET,
+    BATCH_LENGTH_OFFSET,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    Record,
+    encode_control_batch,
+    encode_record_batch,
+    update_crc,
+)
+
+
+def txn(offset: int, pid: int, n: int = 3, transactional: bool = True) -> bytes:
+    return encode_record_batch([Record(f"{pid}-{offset + i}".encode(), b"v%d" % (offset + i), [("h", b"%d" % i)])
+                                for i in range(n)], base_offset=offset, producer_id=pid, producer_epoch=0,
+                               base_sequence=offset, is_transactional=transactional)
+
+
+def marker(offset: int, pid: int, commit: bool) -> bytes:
+    return encode_control_batch(pid, 0, commit, 0, base_offset=offset)
+
+
+def compressed(codec: int, raw: bytes) -> bytes:
+    """``raw`` (one uncompressed batch) with its records compressed by ``codec``, CRC fixed."""
+    body = compression.compress(codec, raw[HEADER_SIZE:])
+    head = bytearray(raw[:HEADER_SIZE])
+    attrs = int.from_bytes(head[ATTRIBUTES_OFFSET:ATTRIBUTES_OFFSET + 2], "big")
+    head[ATTRIBUTES_OFFSET:ATTRIBUTES_OFFSET + 2] = (attrs | codec).to_bytes(2, "big")
+    head[BATCH_LENGTH_OFFSET:BATCH_LENGTH_OFFSET + 4] = (HEADER_SIZE - LOG_OVERHEAD + len(body)).to_bytes(4, "big")
+    out = bytearray(head) + body
+    update_crc(out)
+    return bytes(out)
+
+
+# pid 1 aborts 0..2 (marker 3); pid 2 commits 4..6 (marker 7); an idempotent batch 8..9; pid 1 again 10..12 committed
+LOG = [txn(0, 1), marker(3, 1, False), txn(4, 2), marker(7, 2, True), txn(8, 5, 2, transactional=False),
+       txn(10, 1), marker(13, 1, True)]
+ABORTED = [(1, 0)]
+
+
+def flat(columns: list[Any]) -> list[tuple[int, bytes | None, bytes | None, list[Any], int]]:
+    return [row for c in columns for row in zip(c.offsets, c.keys, c.values, c.headers, c.timestamps)]
+
+
+@pytest.mark.parametrize("codec", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("isolation", [READ_UNCOMMITTED, READ_COMMITTED])
+@pytest.mark.parametrize("position", [0, 1, 5, 9, 12, 14])
+def test_columns_equal_records(codec: int, isolation: int, position: int) -> None:
+    data = b"".join(compressed(codec, b) if codec and i % 2 == 0 else b for i, b in enumerate(LOG))
+    records, batches, skipped, nxt = fetched_records(data, 7, position, isolation, ABORTED)
+    columns, cbatches, cskipped, cnxt = fetched_columns(data, 7, position, isolation, ABORTED)
+    assert flat(columns) == [(r.offset, r.key, r.value, r.headers, r.timestamp) for r in records]
+    assert (len(cbatches), cskipped, cnxt) == (len(batches), skipped, nxt)
+    assert all(c.offsets for c in columns)  # no empty column sets after the cut
+    if position == 0:
+        want = [0, 1, 2, 4, 5, 6, 8, 9, 10, 11, 12] if isolation == READ_UNCOMMITTED else [4, 5, 6, 8, 9, 10, 11, 12]
+        assert [o for o, *_ in flat(columns)] == want and cnxt == 14
+    if position == 14:
+        assert columns == [] and cnxt == 14
+
+
+def test_columns_check_crc_and_ignore_a_partial_tail() -> None:
+    good = txn(0, 1)
+    columns, _, _, nxt = fetched_columns(good + good[:30], 0, 0, READ_UNCOMMITTED, [])
+    assert [o for o, *_ in flat(columns)] == [0, 1, 2] and nxt == 3
+    bad = bytearray(good)
+    bad[-1] ^= 1
+    with pytest.raises(ReaderError, match="CRC"):
+        fetched_columns(bytes(bad), 0, 0, READ_UNCOMMITTED, [])
+    assert fetched_columns(bytes(bad), 0, 0, READ_UNCOMMITTED, [], check_crc=False)[3] == 3
+    gz = bytearray(compressed(1, good))
+    gz[HEADER_SIZE + 12] ^= 0xFF  # corrupt the gzip stream, CRC recomputed so only decompression fails
+    update_crc(gz)
+    with pytest.raises(ReaderError):
+        fetched_columns(bytes(gz), 0, 0, READ_UNCOMMITTED, [])
+
+
+def response(data: bytes, aborted: list[tuple[int, int]] = ()) -> Any:  # type: ignore[assignment]
+    return SimpleNamespace(error_code=0, records=data, aborted_transactions=[
+        SimpleNamespace(producer_id=p, first_offset=o) for p, o in aborted])
+
+
+def test_apply_then_take_nowait_positions() -> None:
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1", "isolation.level": "read_committed"})
+    c.assign([("t", 0, 1)])
+    st = c._parts[("t", 0)]
+    assert c.take_nowait(5) is None  # nothing buffered: the caller must go through consume()
+    assert c._apply(st, response(b"".join(LOG), ABORTED))
+    got = c.take_nowait(2)
+    assert got is not None and [(m.topic, m.partition, m.offset, m.key) for m in got] == [
+        ("t", 0, 4, b"2-4"), ("t", 0, 5, b"2-5")]
+    assert got[0].headers == [("h", b"0")] and got[0].value == b"v4"
+    assert st.consumed == 6  # what position() reports and a commit would store
+    rest = c.take_nowait(100)
+    assert rest is not None and [m.offset for m in rest] == [6, 8, 9, 10, 11, 12]
+    assert st.consumed == 14  # past the trailing COMMIT marker, as in Java
+    assert c.take_nowait(1) is None
+    # only markers or aborted data: no messages, the position moves past them
+    assert not c._apply(st, response(txn(14, 1) + marker(17, 1, False), [(1, 14)]))
+    assert st.consumed == st.fetch_pos == 18
+    c._closed = True
+    assert c._apply(st, response(txn(18, 9, transactional=False))) and c.take_nowait(1) is None
+
+
+def test_take_nowait_from_threads_returns_each_record_once() -> None:
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
+    c.assign([("t", p, 0) for p in range(4)])
+    n = 300
+    for p in range(4):
+        batches = b"".join(txn(o, 9, 10, transactional=False) for o in range(0, n, 10))
+        assert c._apply(c._parts[("t", p)], response(batches))
+    got: list[list[Any]] = [[] for _ in range(4)]
+
+    def worker(i: int) -> None:
+        while (ms := c.take_nowait(7)) is not None:
+            got[i].extend(ms)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    seen = sorted((m.partition, m.offset) for g in got for m in g)
+    assert seen == [(p, o) for p in range(4) for o in range(n)]
+    assert all(c._parts[("t", p)].consumed == n for p in range(4))
+
+
+def test_take_one_nowait_hands_out_what_take_nowait_would() -> None:
+    def filled() -> Consumer:
+        c = Consumer({"bootstrap.servers": "127.0.0.1:1", "isolation.level": "read_committed"})
+        c.assign([("t", p, 0) for p in range(3)])
+        for p in range(3):
+            assert c._apply(c._parts[("t", p)], response(b"".join(LOG), ABORTED))
+        return c
+
+    one, many = filled(), filled()
+    got, positions = [], []
+    while (m := one.take_one_nowait()) is not None:
+        got.append(m)
+        positions.append(one._parts[("t", m.partition)].consumed)
+    want, want_positions = [], []
+    while (ms := many.take_nowait(1)) is not None:
+        want.extend(ms)
+        want_positions.append(many._parts[("t", ms[0].partition)].consumed)
+    assert got == want and positions == want_positions
+    # one partition's records until they run out, then the next partition's
+    assert [(m.partition, m.offset) for m in got] == [(p, o) for p in range(3) for o in (4, 5, 6, 8, 9, 10, 11, 12)]
+    assert positions[-1] == 14 and all(one._parts[("t", p)].consumed == 14 for p in range(3))
+
+
+def test_a_batch_that_does_not_decode_fails_at_hand_out_after_the_records_before_it() -> None:
+    import asyncio
+
+    from oncelog.client.errors import KafkaError
+    from oncelog.protocol.records import RECORDS_OFFSET
+
+    bad = bytearray(txn(3, 9, 3, transactional=False))
+    bad[RECORDS_OFFSET] += 2  # the first record's length no longer matches its fields; the CRC is made valid
+    update_crc(bad)
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
+    c.assign([("t", 0, 1)])
+    st = c._parts[("t", 0)]
+    assert c._apply(st, response(txn(0, 9, 3, transactional=False) + bytes(bad) + txn(6, 9, 3, transactional=False)))
+    got = c.take_nowait(100)
+    assert got is not None and [m.offset for m in got] == [1, 2]  # the good batch, from the position on
+    assert st.consumed == st.fetch_pos == 3  # stays at the batch that does not decode (as Java's position)
+    with pytest.raises(KafkaError, match="CORRUPT_MESSAGE|batch at offset 3"):
+        asyncio.run(c.consume(10, 0.1))
+    assert c.take_nowait(1) is None and not st.buffer
