@@ -115,3 +115,36 @@ def test_asyncio_consumer_iterates(broker: EmbeddedBroker, kit: Any) -> None:
     for q in range(3):
         offs = [m.offset for m in got if m.partition == q]
         assert offs == list(range(len(offs)))
+
+
+def test_group_requests_do_not_wait_behind_a_held_fetch(broker: EmbeddedBroker, kit: Any) -> None:
+    """Commits, committed() and heartbeats go on the group's own connections (Java's
+    coordinator socket): with nothing new to read the broker holds each Fetch for
+    fetch.max.wait.ms, and on the fetch connection a commit waited behind it (answers come
+    in request order per connection)."""
+    import time
+
+    from oncelog.client import Producer
+
+    kit.create_topic(broker.bootstrap, "idle", 1)
+    with Producer({"bootstrap.servers": broker.bootstrap}) as p:
+        p.produce("idle", b"only", partition=0)
+        p.flush(30)
+    with Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "held-fetch", "auto.offset.reset": "earliest",
+                   "enable.auto.commit": False, "fetch.max.wait.ms": 10_000,
+                   "request.timeout.ms": 40_000}) as c:
+        c.subscribe(["idle"])
+        got: list[Any] = []
+        deadline = time.monotonic() + 60
+        while not got:
+            assert time.monotonic() < deadline, "nothing consumed"
+            got = c.consume(10, 1.0)
+        assert [m.value for m in got] == [b"only"]
+        c.consume(10, 0.5)  # the next Fetch is now in flight, held by the broker (no new data)
+        took = []
+        for _ in range(3):
+            t0 = time.monotonic()
+            c.commit(asynchronous=False)
+            assert c.committed([TopicPartition("idle", 0)])[0].offset == 1
+            took.append(time.monotonic() - t0)
+        assert max(took) < 3.0, took  # behind the held Fetch: up to 10 s each

@@ -186,6 +186,10 @@ class Consumer:
     def __init__(self, config: dict[str, Any]) -> None:
         self.config: ClientConfig = parse_config(config, "consumer")
         self.cluster = Cluster(self.config)
+        # the group's own connections (Java's coordinator socket): heartbeats, JoinGroup/SyncGroup,
+        # OffsetCommit and OffsetFetch. On the fetch connections they would wait behind a Fetch the
+        # broker holds up to fetch.max.wait.ms, since answers come in request order per connection
+        self._group_cluster = Cluster(self.config)
         self.isolation = READ_COMMITTED if self.config["isolation.level"] == "read_committed" else READ_UNCOMMITTED
         self._parts: dict[tuple[str, int], _PartitionState] = {}
         self._order: deque[tuple[str, int]] = deque()
@@ -442,7 +446,7 @@ class Consumer:
         if self._member is None:
             if self._parts:
                 self.assign([])  # a manual assignment ends with subscribe, as in Kafka
-            self._member = GroupMember(self.cluster, self.config, self._literal_topics, on_assign=self._on_assign,
+            self._member = GroupMember(self._group_cluster, self.config, self._literal_topics, on_assign=self._on_assign,
                                        on_revoke=self._on_revoke, on_lost=self._on_lost)
             if not patterns:
                 asyncio.ensure_future(self._member.start())
@@ -528,7 +532,7 @@ class Consumer:
     async def _on_assign(self, parts: list[tuple[str, int]]) -> None:
         tps = [TopicPartition(t, p) for t, p in parts]
         if parts:
-            committed = await fetch_offsets(self.cluster, self.group_id or "", parts,
+            committed = await fetch_offsets(self._group_cluster, self.group_id or "", parts,
                                             require_stable=self.isolation == READ_COMMITTED)
             starts = []
             for t, p in parts:
@@ -571,7 +575,7 @@ class Consumer:
         if self._member is not None:
             await self._member.commit(offsets)
         else:
-            await commit_offsets(self.cluster, self.group_id, offsets,
+            await commit_offsets(self._group_cluster, self.group_id, offsets,
                                  group_instance_id=self.config["group.instance.id"] or None)
 
     def _maybe_auto_commit(self) -> None:
@@ -627,7 +631,7 @@ class Consumer:
         if self.group_id is None:
             raise ConfigError("committed() needs group.id")
         keys = [(tp.topic, tp.partition) for tp in map(_tp, partitions)]
-        got = await fetch_offsets(self.cluster, self.group_id, keys, require_stable=self.isolation == READ_COMMITTED,
+        got = await fetch_offsets(self._group_cluster, self.group_id, keys, require_stable=self.isolation == READ_COMMITTED,
                                   timeout=timeout)
         return [TopicPartition(t, p, om.offset if (om := got.get((t, p))) is not None else -1001) for t, p in keys]
 
@@ -834,6 +838,7 @@ class Consumer:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.cluster.close()
+        await self._group_cluster.close()
 
     # -- the fetcher -------------------------------------------------------------------------------
 
