@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.spark.helpers import direct_read, make_topic, offsets, produce
+from tests.spark.helpers import check_verified, direct_read, make_topic, offsets, produce
 
 from oncelog.spark.sink import (
     DecisionLog,
@@ -83,11 +83,11 @@ def test_batch_write_key_headers_topic_column(spark: Any, spark_broker: Any, top
 
 
 def _stream(spark: Any, bs: str, src: str, dst: str, ckpt: Path, guarantee: str | None = None,
-            crash: str = "") -> Any:
+            crash: str = "", per_trigger: int = 150) -> Any:
     from pyspark.sql import functions as F
 
     df = (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", bs).option("subscribe", src)
-          .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "150").load()
+          .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(per_trigger)).load()
           .select(F.col("value"), F.col("partition")))
     w = (df.writeStream.format("oncelog").option("kafka.bootstrap.servers", bs).option("topic", dst)
          .option("checkpointLocation", str(ckpt)).trigger(availableNow=True))
@@ -108,7 +108,7 @@ def test_streaming_write(spark: Any, spark_broker: Any, tmp_path: Path, guarante
     q = _stream(spark, bs, src, dst, tmp_path / "ckpt", guarantee)
     q.awaitTermination(120)
     assert q.exception() is None
-    check_exactly_once(committed(bs, dst, 2), 400)
+    check_verified(bs, src, dst, 2, 400)
 
 
 def test_task_fails_after_prepare_then_retried(spark: Any, spark_broker: Any, tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_task_fails_after_prepare_then_retried(spark: Any, spark_broker: Any, tm
     q = _stream(spark, bs, src, dst, tmp_path / "ckpt", crash="task-after-prepare")
     q.awaitTermination(120)
     assert q.exception() is None
-    check_exactly_once(committed(bs, dst, 2), 300)
+    check_verified(bs, src, dst, 2, 300)
     # the orphaned attempts' records are in the log, aborted: read_uncommitted sees them
     assert len(committed(bs, dst, 2, "read_uncommitted")) > 300
 
@@ -134,6 +134,9 @@ def _task_batches(values: list[bytes]) -> Any:
 
 def test_commit_twice_and_abort_after_commit(spark_broker: Any, topic_name: str) -> None:
     bs = spark_broker.bootstrap
+    src = f"s-{uuid.uuid4().hex[:8]}"
+    make_topic(bs, src, 1)
+    produce(bs, src, 10, 1)  # what the two tasks below copy (verify's input)
     make_topic(bs, topic_name, 1)
     opts = parse_sink_options({"kafka.bootstrap.servers": bs, "topic": topic_name}, streaming=True)
     query = uuid.uuid4().hex
@@ -143,8 +146,8 @@ def test_commit_twice_and_abort_after_commit(spark_broker: Any, topic_name: str)
     commit_batch(opts, msgs, 0)
     commit_batch(opts, msgs, 0)  # Spark after a crash: the same batch committed twice
     abort_batch(opts, msgs, 0)  # and an abort after the commit succeeded
+    check_verified(bs, src, topic_name, 1, 10)
     rows = committed(bs, topic_name, 1)
-    check_exactly_once(rows, 10)
     assert DecisionLog(opts).read(query)[0] == {m.transactional_id: m.state for m in msgs}
     # a replay of the decided batch writes nothing new
     again = write_task(opts, query, 0, 0, 0, _task_batches([b"v99"]))
