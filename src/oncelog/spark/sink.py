@@ -300,6 +300,25 @@ def resolve_id(opts: SinkOptions, tid: str, decided: str) -> str:
         p.close(5)
 
 
+COMPLETION_THREADS = 16  # transactional ids completed at once by commit()/abort()
+
+
+def settle_all(opts: SinkOptions, states: dict[str, str]) -> None:
+    """:func:`resolve_id` for each ``{transactional id: decided state}``, up to COMPLETION_THREADS at a
+    time (each is a few round trips to the coordinator: a batch of many tasks must not pay them in
+    series). Raises the first failure after all have been tried."""
+    if len(states) <= 1:
+        for tid, state in states.items():
+            resolve_id(opts, tid, state)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(COMPLETION_THREADS, len(states)), thread_name_prefix="oncelog-complete") as pool:
+        futures = [pool.submit(resolve_id, opts, tid, state) for tid, state in states.items()]
+    for f in futures:
+        f.result()
+
+
 def decided_state(latest: Decision | None, tid: str) -> str:
     """The state of ``tid`` in the query's latest decision ("" when that decision does not name it).
 
@@ -441,8 +460,7 @@ def commit_batch(opts: SinkOptions, messages: list[Any], batch: int) -> None:
         log.record(query, batch, txns)
         latest = Decision(query, batch, txns, opts.checkpoint)
     maybe_kill("after-decision", batch, opts)
-    for tid in sorted(latest.txns):
-        resolve_id(opts, tid, latest.txns[tid])
+    settle_all(opts, {tid: latest.txns[tid] for tid in sorted(latest.txns)})
     sweep(opts, query, latest, skip=set(latest.txns))
     maybe_kill("after-complete", batch, opts)
 
@@ -457,8 +475,7 @@ def abort_batch(opts: SinkOptions, messages: list[Any], batch: int) -> None:
     tids = {m.transactional_id for m in msgs if m.transactional_id}
     if latest is not None and latest.batch == batch:
         tids |= set(latest.txns)
-    for tid in sorted(tids):
-        resolve_id(opts, tid, decided_state(latest, tid))
+    settle_all(opts, {tid: decided_state(latest, tid) for tid in sorted(tids)})
 
 
 # -- Spark's writers -----------------------------------------------------------------------------
