@@ -113,7 +113,12 @@ def maybe_kill(point: str, batch: int, opts: SinkOptions | None = None) -> None:
     """SIGKILL the whole process group of the driver (test hook): nothing after this point runs."""
     if crash_point(point, batch, opts):
         pgid = int(os.environ.get(CRASH_PGID_ENV) or os.getpgrp())
-        os.killpg(pgid, signal.SIGKILL)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        finally:
+            # PySpark's daemon puts its Python workers in their own process group: this one (the
+            # commit runner, a task) is not always in ``pgid`` and must not run on past the crash
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 # -- the decision log ----------------------------------------------------------------------------
