@@ -12,7 +12,9 @@ order (A B C):
 * ``at_least_once``: the same sink with ``deliveryGuarantee=at_least_once``;
 * ``foreachBatch``: what a PySpark user without the connector writes today:
   ``foreachBatch`` -> ``foreachPartition`` with a confluent-kafka producer per
-  task, one ``produce`` per Row, ``flush`` at the end (at-least-once).
+  task, one ``produce`` per Row, ``flush`` at the end (at-least-once);
+* ``noop`` (D, not a sink under test): the same query into Spark's ``noop``
+  sink, so that "side minus noop" is what the sink itself costs.
 
 Same source, same data, same broker, same session; the output partition is
 the input's. Per run: wall time (records/s), and CPU seconds read from /proc:
@@ -133,6 +135,8 @@ def copy(spark: Any, bootstrap: str, src: str, dst: str, ckpt: str, how: str, pe
     if how == "foreachBatch":
         fn = confluent_partition_writer(bootstrap, dst)
         w = df.writeStream.foreachBatch(lambda batch, _id: batch.foreachPartition(fn))
+    elif how == "noop":
+        w = df.writeStream.format("noop")
     else:
         w = (df.writeStream.format("oncelog").option("kafka.bootstrap.servers", bootstrap).option("topic", dst)
              .option("deliveryGuarantee", how))
@@ -161,7 +165,7 @@ def main() -> int:
                     help="verify the output of the last round (default), of every round, or never")
     args = ap.parse_args()
     meta = run_metadata()
-    sides = ("exactly_once", "at_least_once", "foreachBatch")
+    sides = ("exactly_once", "at_least_once", "foreachBatch", "noop")
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(
             data_dir=Path(tmp) / "data", log_path=Path(tmp) / "broker.log",
             config={"transaction.two.phase.commit.enable": "true"}) as broker:
@@ -201,23 +205,25 @@ def main() -> int:
                 bcpu[how].append((b1 - b0) / args.records * 1e6)
                 print(f"round {r + 1} {how}: {args.records / dt:,.0f} records/s, spark {cpu[how][-1]:.1f} "
                       f"+ broker {bcpu[how][-1]:.1f} CPU us/record", file=sys.stderr)
-                if args.check == "all" or (args.check == "last" and r == args.rounds - 1):
+                if how != "noop" and (args.check == "all" or (args.check == "last" and r == args.rounds - 1)):
                     check(b, src, dst, how, args.records)
         spark.stop()
     print(f"Copy {args.records:,} x {args.size} B records, {args.partitions} partitions, oncelog source "
           f"(read_committed, maxOffsetsPerTrigger {args.per_trigger:,}, AvailableNow) into each sink; "
-          f"{args.rounds} rounds A B C; Spark local[{args.cores}]; python {meta['python']}, {meta['cpu_count']} "
+          f"{args.rounds} rounds A B C D; Spark local[{args.cores}]; python {meta['python']}, {meta['cpu_count']} "
           f"CPUs (shared), oncelog {meta['oncelog_git']}")
     print(f"`{meta['command']}`\n")
     print("| sink | median records/s | runs | vs at_least_once | vs foreachBatch | Spark CPU us/record | "
-          "broker CPU us/record |\n|---|---:|---|---:|---:|---:|---:|")
+          "of it the sink (minus noop) | broker CPU us/record |\n|---|---:|---|---:|---:|---:|---:|---:|")
+    noop = statistics.median(cpu["noop"])
     for how in sides:
         med = statistics.median(rate[how])
         # paired ratios: run i of this side against run i of the other, then the median
         vs_alo = statistics.median(x / y for x, y in zip(rate[how], rate["at_least_once"]))
         vs_fb = statistics.median(x / y for x, y in zip(rate[how], rate["foreachBatch"]))
         print(f"| {how} | {med:,.0f} | {', '.join(f'{x:,.0f}' for x in rate[how])} | {vs_alo:.2f}x | "
-              f"{vs_fb:.2f}x | {statistics.median(cpu[how]):.1f} | {statistics.median(bcpu[how]):.1f} |")
+              f"{vs_fb:.2f}x | {statistics.median(cpu[how]):.1f} | {statistics.median(cpu[how]) - noop:.1f} | "
+              f"{statistics.median(bcpu[how]):.1f} |")
     return 0
 
 
