@@ -360,6 +360,20 @@ def _bytes(v: Any) -> bytes | None:
     return bytes(v)
 
 
+def _bytes_column(col: Any) -> list[bytes | None]:
+    """An Arrow column of binary or string values as a list of bytes (None for null), without a
+    Python call per value."""
+    import pyarrow as pa
+
+    t = col.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        col = col.cast(pa.large_binary() if pa.types.is_large_string(t) else pa.binary())
+        t = col.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return col.to_pylist()  # type: ignore[no-any-return]
+    return [_bytes(v) for v in col.to_pylist()]
+
+
 def write_batches(p: Producer, opts: SinkOptions, batches: Iterator[Any]) -> int:
     """Produce every row of the Arrow ``batches``; returns how many (delivery is checked by flush)."""
     n = 0
@@ -367,19 +381,35 @@ def write_batches(p: Producer, opts: SinkOptions, batches: Iterator[Any]) -> int
         names = rb.schema.names
         if "value" not in names:
             raise SinkOptionError("Required attribute 'value' not found")
-        cols = {name: rb.column(name).to_pylist() for name in names
-                if name in ("key", "value", "topic", "partition", "headers")}
+        cols = {name: rb.column(name).to_pylist() for name in names if name in ("topic", "partition", "headers")}
         rows = rb.num_rows
-        values = [_bytes(v) for v in cols["value"]]
-        keys = [_bytes(k) for k in cols["key"]] if "key" in cols else None
+        values = _bytes_column(rb.column("value"))
+        keys = _bytes_column(rb.column("key")) if "key" in names else None
         topics = cols.get("topic")
         parts = cols.get("partition")
         headers = cols.get("headers")
-        if topics is None and parts is None and headers is None:
-            if opts.topic is None:
-                raise SinkOptionError("topic option required when no 'topic' attribute is present. "
-                                      "Use the topic option for setting a topic.")
-            p.produce_batch(opts.topic, values, keys)
+        if topics is None and opts.topic is None:
+            raise SinkOptionError("topic option required when no 'topic' attribute is present. "
+                                  "Use the topic option for setting a topic.")
+        if (headers is None or not any(headers)) and (parts is None or None not in parts):
+            # no headers, and every partition given or none: one produce_batch per (topic, partition),
+            # each in row order (the order a row-by-row write gives each partition)
+            if opts.topic is not None and parts is None:
+                p.produce_batch(opts.topic, values, keys)
+                n += rows
+                continue
+            groups: dict[tuple[str, int | None], list[int]] = {}
+            for i in range(rows):
+                topic = opts.topic or topics[i]  # type: ignore[index]
+                if topic is None:
+                    raise SinkOptionError("null topic present in the data. Use the topic option for setting a topic.")
+                groups.setdefault((topic, parts[i] if parts is not None else None), []).append(i)
+            for (topic, part), idx in groups.items():
+                if len(idx) == rows:
+                    p.produce_batch(topic, values, keys, partition=part)
+                else:
+                    p.produce_batch(topic, [values[i] for i in idx],
+                                    [keys[i] for i in idx] if keys is not None else None, partition=part)
             n += rows
             continue
         for i in range(rows):
