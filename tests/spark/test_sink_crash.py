@@ -8,6 +8,7 @@ without it. About 40 s a case (two Spark sessions).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,6 +21,8 @@ import pytest
 
 from tests.spark.helpers import check_verified, make_topic, produce
 from tests.spark.test_sink import committed
+
+from oncelog.spark.sink import DecisionLog, parse_sink_options
 
 JOB = Path(__file__).with_name("sink_job.py")
 N = 300
@@ -53,6 +56,11 @@ def test_driver_killed_then_restarted(spark_broker: Any, tmp_path: Path, point: 
     produce(bs, src, N, 2)
     ckpt = tmp_path / "ckpt"
     assert run_job(bs, src, dst, ckpt, f"{point}@1") == -signal.SIGKILL  # the hook fired
+    # ... at its point: batch 1 is decided exactly when the kill came after the decision
+    query = json.loads((ckpt / "metadata").read_text())["id"]
+    opts = parse_sink_options({"kafka.bootstrap.servers": bs, "topic": dst}, streaming=True)
+    latest = DecisionLog(opts).latest(query)
+    assert latest is not None and latest.batch == (1 if point in ("after-decision", "after-complete") else 0)
     assert run_job(bs, src, dst, ckpt, None) == 0
     check_verified(bs, src, dst, 2, N)
     if point in ("after-decision", "after-complete"):
