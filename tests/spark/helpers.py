@@ -87,3 +87,41 @@ def make_topic(bootstrap: str, name: str, partitions: int) -> None:
     with Admin(bootstrap) as admin:
         err = admin.create_topic(name, partitions)
     assert err is None, err
+
+
+def settled(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> None:
+    """Wait until no transaction is open on ``topic`` (LSO == high watermark on every partition): the
+    markers of a completed transaction are written after complete_transaction() returns, as in Kafka."""
+    deadline = time.monotonic() + timeout
+    while offsets(bootstrap, topic, partitions) != offsets(bootstrap, topic, partitions, "read_uncommitted"):
+        assert time.monotonic() < deadline, f"transactions still open on {topic}"
+        time.sleep(0.1)
+
+
+def verify_report(bootstrap: str, src: str, dst: str, id_spec: str = "value", order: str = "partition") -> dict:
+    """``oncelog verify --json`` (the CLI, in a subprocess) on a copy ``src`` -> ``dst``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "oncelog.cli", "verify", "--bootstrap", bootstrap, "--input", src,
+                           "--output", dst, "--id", id_spec, "--order", order, "--json"],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert proc.returncode in (0, 1), f"verify failed ({proc.returncode}): {proc.stderr[-2000:]}"
+    report = json.loads(proc.stdout)
+    assert report["clean"] == (proc.returncode == 0)
+    return report
+
+
+def check_verified(bootstrap: str, src: str, dst: str, partitions: int, n: int, id_spec: str = "value") -> dict:
+    """The crash matrix's end: verify's report on ``src`` -> ``dst`` has 0 lost, 0 duplicated, 0
+    aborted-visible, 0 out of order (per output partition and input partition), 0 unexpected, and all
+    ``n`` input records are in the output."""
+    settled(bootstrap, dst, partitions)
+    r = verify_report(bootstrap, src, dst, id_spec)
+    anomalies = {k: r[k] for k in ("lost", "duplicated", "aborted_visible", "out_of_order", "unexpected")}
+    assert anomalies == dict.fromkeys(anomalies, 0), f"verify found anomalies: {anomalies} {r['examples']}"
+    assert r["unidentified"] == {"input": 0, "output": 0}, r["unidentified"]
+    assert (r["input_records"], r["output_records"]) == (n, n), r
+    return r

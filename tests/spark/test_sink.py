@@ -13,10 +13,13 @@ from typing import Any
 
 import pytest
 
-from tests.spark.helpers import direct_read, make_topic, offsets, produce
+from tests.spark.helpers import check_verified, direct_read, make_topic, offsets, produce
 
 from oncelog.spark.sink import (
+    DECISION_TOPIC_CONFIG,
+    DecisionHint,
     DecisionLog,
+    OncelogStreamWriter,
     abort_batch,
     commit_batch,
     parse_sink_options,
@@ -83,11 +86,11 @@ def test_batch_write_key_headers_topic_column(spark: Any, spark_broker: Any, top
 
 
 def _stream(spark: Any, bs: str, src: str, dst: str, ckpt: Path, guarantee: str | None = None,
-            crash: str = "") -> Any:
+            crash: str = "", per_trigger: int = 150) -> Any:
     from pyspark.sql import functions as F
 
     df = (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", bs).option("subscribe", src)
-          .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "150").load()
+          .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(per_trigger)).load()
           .select(F.col("value"), F.col("partition")))
     w = (df.writeStream.format("oncelog").option("kafka.bootstrap.servers", bs).option("topic", dst)
          .option("checkpointLocation", str(ckpt)).trigger(availableNow=True))
@@ -108,7 +111,7 @@ def test_streaming_write(spark: Any, spark_broker: Any, tmp_path: Path, guarante
     q = _stream(spark, bs, src, dst, tmp_path / "ckpt", guarantee)
     q.awaitTermination(120)
     assert q.exception() is None
-    check_exactly_once(committed(bs, dst, 2), 400)
+    check_verified(bs, src, dst, 2, 400)
 
 
 def test_task_fails_after_prepare_then_retried(spark: Any, spark_broker: Any, tmp_path: Path) -> None:
@@ -121,7 +124,7 @@ def test_task_fails_after_prepare_then_retried(spark: Any, spark_broker: Any, tm
     q = _stream(spark, bs, src, dst, tmp_path / "ckpt", crash="task-after-prepare")
     q.awaitTermination(120)
     assert q.exception() is None
-    check_exactly_once(committed(bs, dst, 2), 300)
+    check_verified(bs, src, dst, 2, 300)
     # the orphaned attempts' records are in the log, aborted: read_uncommitted sees them
     assert len(committed(bs, dst, 2, "read_uncommitted")) > 300
 
@@ -134,6 +137,9 @@ def _task_batches(values: list[bytes]) -> Any:
 
 def test_commit_twice_and_abort_after_commit(spark_broker: Any, topic_name: str) -> None:
     bs = spark_broker.bootstrap
+    src = f"s-{uuid.uuid4().hex[:8]}"
+    make_topic(bs, src, 1)
+    produce(bs, src, 10, 1)  # what the two tasks below copy (verify's input)
     make_topic(bs, topic_name, 1)
     opts = parse_sink_options({"kafka.bootstrap.servers": bs, "topic": topic_name}, streaming=True)
     query = uuid.uuid4().hex
@@ -143,9 +149,10 @@ def test_commit_twice_and_abort_after_commit(spark_broker: Any, topic_name: str)
     commit_batch(opts, msgs, 0)
     commit_batch(opts, msgs, 0)  # Spark after a crash: the same batch committed twice
     abort_batch(opts, msgs, 0)  # and an abort after the commit succeeded
+    check_verified(bs, src, topic_name, 1, 10)
     rows = committed(bs, topic_name, 1)
-    check_exactly_once(rows, 10)
-    assert DecisionLog(opts).read(query)[0] == {m.transactional_id: m.state for m in msgs}
+    latest = DecisionLog(opts).latest(query)
+    assert latest is not None and (latest.batch, latest.txns) == (0, {m.transactional_id: m.state for m in msgs})
     # a replay of the decided batch writes nothing new
     again = write_task(opts, query, 0, 0, 0, _task_batches([b"v99"]))
     assert again.skipped
@@ -180,6 +187,74 @@ def test_orphans_of_a_larger_partition_count_are_swept(spark_broker: Any, topic_
     msgs = [write_task(opts, query, 0, 0, 0, _task_batches([b"v0"]))]
     commit_batch(opts, msgs, 0)
     check_exactly_once(committed(bs, topic_name, 1), 1)
+
+
+def _batch(opts: Any, query: str, batch: int, values: list[bytes], hint: Any = None) -> list[Any]:
+    msgs = [write_task(opts, query, batch, 0, 0, _task_batches(values), hint)]
+    commit_batch(opts, msgs, batch)
+    return msgs
+
+
+def test_decisions_keyed_by_query_in_a_compacted_topic(spark_broker: Any, topic_name: str) -> None:
+    """One key per query (compaction keeps its latest decision), and the topic is made compacted."""
+    from oncelog.client.admin import Admin, ConfigResource
+    from oncelog.client.reader import READ_UNCOMMITTED, PartitionReader
+
+    bs = spark_broker.bootstrap
+    make_topic(bs, topic_name, 1)
+    decisions = f"dec-{uuid.uuid4().hex[:8]}"
+    opts = parse_sink_options({"kafka.bootstrap.servers": bs, "topic": topic_name, "decisionTopic": decisions},
+                              streaming=True)
+    query = uuid.uuid4().hex
+    for b in range(3):
+        _batch(opts, query, b, [f"v{b}".encode()])
+    with Admin(bs) as admin:
+        res = ConfigResource("topic", decisions)
+        cfg = admin.describe_configs([res])[res]
+    assert {k: cfg[k].value for k in DECISION_TOPIC_CONFIG} == DECISION_TOPIC_CONFIG
+    with PartitionReader(bs) as r:
+        recs = r.read_partition(decisions, 0, READ_UNCOMMITTED).records
+    assert [rec.key for rec in recs] == [query.encode()] * 3  # compaction may keep only the last
+    latest = DecisionLog(opts).latest(query)
+    assert latest is not None and latest.batch == 2
+    check_exactly_once(committed(bs, topic_name, 1), 3)
+
+
+def test_tasks_use_the_drivers_snapshot_and_read_no_decisions(spark_broker: Any, topic_name: str,
+                                                               monkeypatch: Any) -> None:
+    """Spark makes a stream writer per batch on the driver: it carries the query's latest decision
+    (found by checkpoint location) to the tasks, which then never read the decision topic; the
+    driver's reads are incremental (one new record per batch, whatever the history)."""
+    bs = spark_broker.bootstrap
+    make_topic(bs, topic_name, 1)
+    ck = f"/tmp/ckpt-{uuid.uuid4().hex[:8]}"
+    opts = parse_sink_options({"kafka.bootstrap.servers": bs, "topic": topic_name, "checkpointLocation": ck},
+                              streaming=True)
+    query = uuid.uuid4().hex
+    log = DecisionLog(opts)
+    assert OncelogStreamWriter(opts).hint is None  # nothing decided under this checkpoint yet
+    _batch(opts, query, 0, [b"v0"])
+    read_before = log.refresh().records_read
+    _batch(opts, query, 1, [b"v1"], OncelogStreamWriter(opts).hint)
+    assert log.refresh().records_read - read_before == 1  # the driver read the new decision only
+    hint = OncelogStreamWriter(opts).hint  # the writer Spark would pickle to batch 2's tasks
+    assert hint is not None and hint.query == query and hint.latest is not None and hint.latest.batch == 1
+
+    def no_reads(self: Any, *a: Any) -> Any:
+        raise AssertionError("a task read the decision topic")
+
+    monkeypatch.setattr(DecisionLog, "refresh", no_reads)
+    # a replay of decided batch 1 (the crash between our commit and Spark's commit log) writes
+    # nothing, from the snapshot alone
+    assert write_task(opts, query, 1, 0, 0, _task_batches([b"v99"]), hint).skipped
+    new = write_task(opts, query, 2, 0, 0, _task_batches([b"v2"]), hint)
+    assert not new.skipped and new.state
+    # a snapshot of another query is not used: that task looks its decision up itself
+    with pytest.raises(AssertionError, match="read the decision topic"):
+        write_task(opts, uuid.uuid4().hex, 0, 0, 0, _task_batches([b"x"]), hint)
+    monkeypatch.undo()
+    commit_batch(opts, [new], 2)
+    check_exactly_once(committed(bs, topic_name, 1), 3)
 
 
 def test_missing_value_column_is_one_clear_error(spark: Any, spark_broker: Any, topic_name: str) -> None:

@@ -28,7 +28,10 @@ def test_defaults_streaming_exactly_once_batch_at_least_once() -> None:
 
 def test_kafka_properties_pass_to_the_producer() -> None:
     o = parse_sink_options({**BS, "kafka.linger.ms": "7", "kafka.compression.type": "lz4"}, streaming=True)
-    assert o.producer == {"bootstrap.servers": "127.0.0.1:9092", "linger.ms": "7", "compression.type": "lz4"}
+    assert o.producer == {"bootstrap.servers": "127.0.0.1:9092", "linger.ms": "7", "compression.type": "lz4",
+                          "batch.size": "262144"}  # the sink's default
+    # a kafka.* option wins over the sink's defaults
+    assert parse_sink_options({**BS, "kafka.batch.size": "16384"}, streaming=True).producer["batch.size"] == "16384"
 
 
 @pytest.mark.parametrize("opts, message", [

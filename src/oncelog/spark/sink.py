@@ -9,10 +9,13 @@ the ``topic`` option), ``partition``, ``headers``. ``deliveryGuarantee``:
   Each task writes in a KIP-939 transaction under a transactional id stable
   across its attempts (``<prefix>-<query>-<partition>``) and *prepares* it;
   the driver's ``commit()`` first records the decision "batch B of query Q
-  commits these prepared transactions" in the decision topic, then completes
-  each one. Every transactional id is resolved against the decision log
-  before it is used again (decided: roll forward; undecided: abort), and a
-  batch whose decision is recorded writes nothing when Spark replays it.
+  commits these prepared transactions" in the decision topic (compacted, keyed
+  by query: the latest decision of each query), then completes each one. Every
+  transactional id is resolved against the query's latest decision before it
+  is used again (decided: roll forward; undecided: abort), and a batch whose
+  decision is recorded writes nothing when Spark replays it. The driver reads
+  the decision topic (incrementally) and hands each batch's tasks the latest
+  decision with the writer, so tasks do not read it.
 
 Layer rule: ``oncelog.client`` only, so it works against Apache Kafka >= 4.1
 with ``transaction.two.phase.commit.enable`` allowed.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -34,7 +38,7 @@ from oncelog.client.admin import Admin
 from oncelog.client.aio.transactions import PreparedTxnState
 from oncelog.client.errors import InvalidTxnStateError, KafkaError, TopicAlreadyExistsError
 from oncelog.client.producer import Producer
-from oncelog.client.reader import EARLIEST, LATEST, READ_UNCOMMITTED, PartitionReader
+from oncelog.client.reader import EARLIEST, LATEST, READ_UNCOMMITTED, PartitionReader, ReaderError
 
 EXACTLY_ONCE, AT_LEAST_ONCE = "exactly_once", "at_least_once"
 DEFAULT_DECISION_TOPIC = "__oncelog_spark_decisions"
@@ -42,6 +46,13 @@ DEFAULT_TXN_PREFIX = "oncelog-spark"
 CRASH_ENV = "ONCELOG_SPARK_SINK_CRASH"  # test-only: "<point>[@<batch>]"
 CRASH_PGID_ENV = "ONCELOG_SPARK_SINK_CRASH_PGID"  # test-only: the process group to SIGKILL
 CRASH_POINTS = ("during-write", "task-after-prepare", "before-decision", "after-decision", "after-complete")
+# The decision topic: one record per query survives compaction; small segments keep the part not yet
+# compacted (the active segment) small.
+DECISION_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.bytes": str(1 << 20), "min.cleanable.dirty.ratio": "0.1"}
+# Producer defaults of the sink (a kafka.* option wins): a task writes its whole partition at once, so
+# batches of 256 KiB rather than the client's 16 KiB (Kafka's default) cut the requests, and the broker's
+# work per record, by several times; still well under the broker's 1 MiB message.max.bytes.
+PRODUCER_DEFAULTS = {"batch.size": "262144"}
 # Producer properties the sink sets itself (Spark's Kafka sink refuses its serializers the same way).
 _RESERVED = {"key.serializer", "value.serializer", "transactional.id", "transaction.two.phase.commit.enable"}
 
@@ -59,6 +70,7 @@ class SinkOptions:
     txn_prefix: str
     decision_topic: str
     crash: str = ""  # test-only crash point (option "_testCrashAt"; else the env var)
+    checkpoint: str = ""  # the query's checkpointLocation option ("" when Spark did not pass one)
 
 
 def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptions:
@@ -71,7 +83,7 @@ def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptio
     if guarantee not in (EXACTLY_ONCE, AT_LEAST_ONCE):
         raise SinkOptionError(f"Option 'deliveryGuarantee' must be '{EXACTLY_ONCE}' or '{AT_LEAST_ONCE}', "
                               f"not {guarantee!r}")
-    producer: dict[str, Any] = {}
+    producer: dict[str, Any] = dict(PRODUCER_DEFAULTS)
     for k, v in opts.items():
         if k.lower().startswith("kafka."):
             name = k[len("kafka."):]
@@ -82,7 +94,7 @@ def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptio
     return SinkOptions(bootstrap=bootstrap, topic=topic.strip() if topic else None, guarantee=guarantee,
                        producer=producer, txn_prefix=lower.get("transactionalidprefix", DEFAULT_TXN_PREFIX),
                        decision_topic=lower.get("decisiontopic", DEFAULT_DECISION_TOPIC),
-                       crash=lower.get("_testcrashat", ""))
+                       crash=lower.get("_testcrashat", ""), checkpoint=lower.get("checkpointlocation", ""))
 
 
 # -- test-only crash points --------------------------------------------------------------------
@@ -105,7 +117,12 @@ def maybe_kill(point: str, batch: int, opts: SinkOptions | None = None) -> None:
     """SIGKILL the whole process group of the driver (test hook): nothing after this point runs."""
     if crash_point(point, batch, opts):
         pgid = int(os.environ.get(CRASH_PGID_ENV) or os.getpgrp())
-        os.killpg(pgid, signal.SIGKILL)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        finally:
+            # PySpark's daemon puts its Python workers in their own process group: this one (the
+            # commit runner, a task) is not always in ``pgid`` and must not run on past the crash
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 # -- the decision log ----------------------------------------------------------------------------
@@ -124,49 +141,130 @@ class SinkCommit(WriterCommitMessage):
     skipped: bool = False  # the batch was already decided: the replay wrote nothing
 
 
-class DecisionLog:
-    """Decision records in one partition of the decision topic.
+@dataclass(frozen=True)
+class Decision:
+    """The latest decision of a query: batch ``batch`` commits ``txns`` ({transactional id: state})."""
 
-    Key ``<query>/<batch>``; value ``{"query", "batch", "txns": {transactional id: state}}``.
-    Written by an idempotent producer with acks=all and flushed before any
-    transaction is completed. Read from the start (read_uncommitted: the
-    records are not transactional).
+    query: str
+    batch: int
+    txns: dict[str, str]
+    checkpoint: str = ""
+
+
+@dataclass(frozen=True)
+class DecisionHint:
+    """What the driver hands the write tasks of one batch (pickled with the writer): the latest
+    decision of ``query`` as the driver read it before the batch's tasks started (None: no decision).
+    A task of another query id ignores it and looks the decision up itself."""
+
+    query: str
+    latest: Decision | None
+
+
+class _Index:
+    """The latest decision per query, from one pass over the decision topic, kept up to date by
+    reading only what was appended since (``next_offset``)."""
+
+    def __init__(self) -> None:
+        self.next_offset = 0
+        self.latest: dict[str, Decision] = {}
+        self.by_checkpoint: dict[str, str] = {}  # checkpoint location -> the query of its latest decision
+        self.records_read = 0  # how many records the index has read in all (tests: growth per batch)
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        self.records_read += 1
+        if value is None:
+            return
+        try:
+            d = json.loads(value)
+            dec = Decision(str(d["query"]), int(d["batch"]), dict(d["txns"]), str(d.get("checkpoint") or ""))
+        except (ValueError, KeyError, TypeError):
+            return  # not a decision record
+        old = self.latest.get(dec.query)
+        if old is None or dec.batch >= old.batch:
+            self.latest[dec.query] = dec
+            if dec.checkpoint:
+                self.by_checkpoint[dec.checkpoint] = dec.query
+
+
+_INDEXES: dict[tuple[str, str], _Index] = {}  # (bootstrap, decision topic) -> index, per Python process
+_INDEX_LOCK = threading.Lock()
+_TOPICS_MADE: set[tuple[str, str]] = set()
+
+
+class DecisionLog:
+    """Decision records in the compacted decision topic (one partition).
+
+    Key: the query id ``Q``; value ``{"query", "batch", "txns": {transactional id: state},
+    "checkpoint"}``: the latest decision of ``Q``, which replaces the one before it (compaction keeps
+    one record per query, so reading the topic costs what the number of queries costs, not the
+    queries' history). Written by an idempotent producer with acks=all and flushed before any
+    transaction is completed. Read read_uncommitted (the records are not transactional), by the
+    driver: incrementally from where this process last read (the planner and commit processes of
+    Spark's driver live as long as the query), so a batch reads only the decisions made since.
+    Records of earlier versions (key ``<Q>/<B>``) are read the same way.
     """
 
     def __init__(self, opts: SinkOptions) -> None:
         self.opts = opts
 
+    @property
+    def _bootstrap(self) -> str:
+        return self.opts.bootstrap.split(",")[0]
+
     def ensure_topic(self) -> None:
-        with Admin(self.opts.bootstrap.split(",")[0]) as admin:
+        if (self._bootstrap, self.opts.decision_topic) in _TOPICS_MADE:
+            return
+        with Admin(self._bootstrap) as admin:
             try:
-                admin.create_topic(self.opts.decision_topic, 1, -1, {"retention.ms": "-1"})
+                admin.create_topic(self.opts.decision_topic, 1, -1, DECISION_TOPIC_CONFIG)
             except TopicAlreadyExistsError:
                 pass
             except KafkaError as exc:
                 raise RuntimeError(f"cannot create the decision topic {self.opts.decision_topic}: {exc}") from None
+        _TOPICS_MADE.add((self._bootstrap, self.opts.decision_topic))
 
-    def read(self, query: str) -> dict[int, dict[str, str]]:
-        """``{batch: {transactional id: state}}`` of every decision of ``query``."""
+    def refresh(self) -> _Index:
+        """The index of this process, brought up to the decision topic's end (read from where it was)."""
         self.ensure_topic()
-        out: dict[int, dict[str, str]] = {}
-        with PartitionReader(self.opts.bootstrap.split(",")[0]) as r:
-            start = r.list_offset(self.opts.decision_topic, 0, EARLIEST)
-            end = r.list_offset(self.opts.decision_topic, 0, LATEST)
-            data = r.read_partition(self.opts.decision_topic, 0, READ_UNCOMMITTED, start, end)
-        prefix = f"{query}/".encode()
-        for rec in data.records:
-            if rec.key is None or not rec.key.startswith(prefix) or rec.value is None:
-                continue
-            d = json.loads(rec.value)
-            out[int(d["batch"])] = dict(d["txns"])
-        return out
+        key = (self._bootstrap, self.opts.decision_topic)
+        with _INDEX_LOCK:
+            idx = _INDEXES.get(key) or _Index()
+            with PartitionReader(self._bootstrap) as r:
+                start = r.list_offset(self.opts.decision_topic, 0, EARLIEST)
+                end = r.list_offset(self.opts.decision_topic, 0, LATEST)
+                if idx.next_offset > end or idx.next_offset < start:
+                    idx = _Index()  # the topic was recreated or truncated: read it again
+                pos = max(idx.next_offset, start)
+                if pos < end:
+                    data = r.read_partition(self.opts.decision_topic, 0, READ_UNCOMMITTED, pos, end)
+                    for rec in sorted(data.records, key=lambda x: x.offset):
+                        idx.apply(rec.key, rec.value)
+                idx.next_offset = max(pos, end)
+            _INDEXES[key] = idx
+            return idx
+
+    def latest(self, query: str) -> Decision | None:
+        """The latest decision of ``query`` (None when it has none)."""
+        return self.refresh().latest.get(query)
+
+    def hint(self) -> DecisionHint | None:
+        """The driver's snapshot for the next batch's tasks: the latest decision made under this
+        query's checkpoint location (None without a checkpointLocation option or any decision there)."""
+        if not self.opts.checkpoint:
+            return None
+        idx = self.refresh()
+        query = idx.by_checkpoint.get(self.opts.checkpoint)
+        return DecisionHint(query, idx.latest[query]) if query is not None else None
 
     def record(self, query: str, batch: int, txns: dict[str, str]) -> None:
-        value = json.dumps({"query": query, "batch": batch, "txns": txns}, sort_keys=True).encode()
+        self.ensure_topic()
+        value = json.dumps({"query": query, "batch": batch, "txns": txns, "checkpoint": self.opts.checkpoint},
+                           sort_keys=True).encode()
         conf = {"bootstrap.servers": self.opts.bootstrap, "acks": "all", "enable.idempotence": True}
         p = Producer(conf)
         try:
-            fut = p.produce(self.opts.decision_topic, value, key=f"{query}/{batch}".encode(), partition=0)
+            fut = p.produce(self.opts.decision_topic, value, key=query.encode(), partition=0)
             if p.flush(60) != 0:
                 raise RuntimeError("the decision record was not written in time")
             fut.result(0)  # raises if it failed
@@ -211,15 +309,38 @@ def resolve_id(opts: SinkOptions, tid: str, decided: str) -> str:
         p.close(5)
 
 
-def latest_decided(decisions: dict[int, dict[str, str]], tid: str) -> str:
-    """The state of ``tid`` in the latest decision that names it ("" when none does)."""
-    for batch in sorted(decisions, reverse=True):
-        if tid in decisions[batch]:
-            return decisions[batch][tid]
-    return ""
+COMPLETION_THREADS = 16  # transactional ids completed at once by commit()/abort()
 
 
-def sweep(opts: SinkOptions, query: str, decisions: dict[int, dict[str, str]], skip: set[str]) -> dict[str, str]:
+def settle_all(opts: SinkOptions, states: dict[str, str]) -> None:
+    """:func:`resolve_id` for each ``{transactional id: decided state}``, up to COMPLETION_THREADS at a
+    time (each is a few round trips to the coordinator: a batch of many tasks must not pay them in
+    series). Raises the first failure after all have been tried."""
+    if len(states) <= 1:
+        for tid, state in states.items():
+            resolve_id(opts, tid, state)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(COMPLETION_THREADS, len(states)), thread_name_prefix="oncelog-complete") as pool:
+        futures = [pool.submit(resolve_id, opts, tid, state) for tid, state in states.items()]
+    for f in futures:
+        f.result()
+
+
+def decided_state(latest: Decision | None, tid: str) -> str:
+    """The state of ``tid`` in the query's latest decision ("" when that decision does not name it).
+
+    Only the latest decision matters: ``commit()`` of batch B completes every transaction of B's
+    decision before it returns, and Spark starts batch B+1 only after that (a crash in between makes
+    Spark replay B, whose ``commit()`` completes them). So when any task or ``commit()`` runs, every
+    transaction of an earlier decision is complete, and a kept transaction not in the latest
+    decision is undecided.
+    """
+    return latest.txns.get(tid, "") if latest is not None else ""
+
+
+def sweep(opts: SinkOptions, query: str, latest: Decision | None, skip: set[str]) -> dict[str, str]:
     """Find the transactional ids of ``query`` the coordinator still has open (ListTransactions,
     filtered by prefix: ids from an earlier partition count, orphans) and settle each one."""
     prefix = f"{opts.txn_prefix}-{query}-"
@@ -228,7 +349,7 @@ def sweep(opts: SinkOptions, query: str, decisions: dict[int, dict[str, str]], s
     out = {}
     for t in sorted({r.transactional_id for r in listed}):
         if t.startswith(prefix) and t not in skip:
-            out[t] = resolve_id(opts, t, latest_decided(decisions, t))
+            out[t] = resolve_id(opts, t, decided_state(latest, t))
     return out
 
 
@@ -243,6 +364,20 @@ def _bytes(v: Any) -> bytes | None:
     return bytes(v)
 
 
+def _bytes_column(col: Any) -> list[bytes | None]:
+    """An Arrow column of binary or string values as a list of bytes (None for null), without a
+    Python call per value."""
+    import pyarrow as pa
+
+    t = col.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        col = col.cast(pa.large_binary() if pa.types.is_large_string(t) else pa.binary())
+        t = col.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return col.to_pylist()  # type: ignore[no-any-return]
+    return [_bytes(v) for v in col.to_pylist()]
+
+
 def write_batches(p: Producer, opts: SinkOptions, batches: Iterator[Any]) -> int:
     """Produce every row of the Arrow ``batches``; returns how many (delivery is checked by flush)."""
     n = 0
@@ -250,19 +385,35 @@ def write_batches(p: Producer, opts: SinkOptions, batches: Iterator[Any]) -> int
         names = rb.schema.names
         if "value" not in names:
             raise SinkOptionError("Required attribute 'value' not found")
-        cols = {name: rb.column(name).to_pylist() for name in names
-                if name in ("key", "value", "topic", "partition", "headers")}
+        cols = {name: rb.column(name).to_pylist() for name in names if name in ("topic", "partition", "headers")}
         rows = rb.num_rows
-        values = [_bytes(v) for v in cols["value"]]
-        keys = [_bytes(k) for k in cols["key"]] if "key" in cols else None
+        values = _bytes_column(rb.column("value"))
+        keys = _bytes_column(rb.column("key")) if "key" in names else None
         topics = cols.get("topic")
         parts = cols.get("partition")
         headers = cols.get("headers")
-        if topics is None and parts is None and headers is None:
-            if opts.topic is None:
-                raise SinkOptionError("topic option required when no 'topic' attribute is present. "
-                                      "Use the topic option for setting a topic.")
-            p.produce_batch(opts.topic, values, keys)
+        if topics is None and opts.topic is None:
+            raise SinkOptionError("topic option required when no 'topic' attribute is present. "
+                                  "Use the topic option for setting a topic.")
+        if (headers is None or not any(headers)) and (parts is None or None not in parts):
+            # no headers, and every partition given or none: one produce_batch per (topic, partition),
+            # each in row order (the order a row-by-row write gives each partition)
+            if opts.topic is not None and parts is None:
+                p.produce_batch(opts.topic, values, keys)
+                n += rows
+                continue
+            groups: dict[tuple[str, int | None], list[int]] = {}
+            for i in range(rows):
+                topic = opts.topic or topics[i]  # type: ignore[index]
+                if topic is None:
+                    raise SinkOptionError("null topic present in the data. Use the topic option for setting a topic.")
+                groups.setdefault((topic, parts[i] if parts is not None else None), []).append(i)
+            for (topic, part), idx in groups.items():
+                if len(idx) == rows:
+                    p.produce_batch(topic, values, keys, partition=part)
+                else:
+                    p.produce_batch(topic, [values[i] for i in idx],
+                                    [keys[i] for i in idx] if keys is not None else None, partition=part)
             n += rows
             continue
         for i in range(rows):
@@ -290,8 +441,14 @@ def _task_context() -> tuple[str | None, int, int, int]:
 
 
 def write_task(opts: SinkOptions, query: str, batch: int, partition: int, attempt: int,
-               batches: Iterator[Any]) -> SinkCommit:
-    """One write task (exactly-once or at-least-once)."""
+               batches: Iterator[Any], hint: DecisionHint | None = None) -> SinkCommit:
+    """One write task (exactly-once or at-least-once).
+
+    ``hint`` is the driver's snapshot of the query's latest decision, taken before this batch's
+    tasks started; with it the task reads nothing from the decision topic. Without one (no
+    checkpointLocation option, a new query, or a hint for another query id) the task looks the
+    decision up itself (:meth:`DecisionLog.latest`).
+    """
     if opts.guarantee == AT_LEAST_ONCE:
         conf = dict(opts.producer)
         conf["bootstrap.servers"] = opts.bootstrap
@@ -305,14 +462,13 @@ def write_task(opts: SinkOptions, query: str, batch: int, partition: int, attemp
             p.close(5)
         return SinkCommit(query, batch, partition, records=n)
     tid = f"{opts.txn_prefix}-{query}-{partition}"
-    log = DecisionLog(opts)
-    decisions = log.read(query)
+    latest = hint.latest if hint is not None and hint.query == query else DecisionLog(opts).latest(query)
     p = _txn_producer(opts, tid)
     try:
         p.init_transactions(keep_prepared_txn=True)  # fences an orphaned attempt of this task
-        resolve(p, latest_decided(decisions, tid))
-        if batch in decisions:  # Spark replays a batch we already committed: write nothing
-            return SinkCommit(query, batch, partition, tid, decisions[batch].get(tid, ""), skipped=True)
+        resolve(p, decided_state(latest, tid))
+        if latest is not None and batch <= latest.batch:  # Spark replays a batch we committed: write nothing
+            return SinkCommit(query, batch, partition, tid, decided_state(latest, tid), skipped=True)
         p.begin_transaction()
         n = 0
         for i, rb in enumerate(batches):
@@ -334,16 +490,17 @@ def commit_batch(opts: SinkOptions, messages: list[Any], batch: int) -> None:
         return
     query = msgs[0].query
     log = DecisionLog(opts)
-    decisions = log.read(query)
-    if batch not in decisions:
+    latest = log.latest(query)
+    if latest is not None and batch < latest.batch:
+        return  # a later batch is decided, so this one was committed and completed long ago
+    if latest is None or latest.batch != batch:
         maybe_kill("before-decision", batch, opts)
         txns = {m.transactional_id: m.state for m in msgs if m.state and not m.skipped and m.transactional_id}
         log.record(query, batch, txns)
-        decisions[batch] = txns
+        latest = Decision(query, batch, txns, opts.checkpoint)
     maybe_kill("after-decision", batch, opts)
-    for tid in sorted(decisions[batch]):
-        resolve_id(opts, tid, latest_decided(decisions, tid))
-    sweep(opts, query, decisions, skip=set(decisions[batch]))
+    settle_all(opts, {tid: latest.txns[tid] for tid in sorted(latest.txns)})
+    sweep(opts, query, latest, skip=set(latest.txns))
     maybe_kill("after-complete", batch, opts)
 
 
@@ -353,10 +510,11 @@ def abort_batch(opts: SinkOptions, messages: list[Any], batch: int) -> None:
     if opts.guarantee == AT_LEAST_ONCE or not msgs:
         return
     query = msgs[0].query
-    decisions = DecisionLog(opts).read(query)
-    tids = {m.transactional_id for m in msgs if m.transactional_id} | set(decisions.get(batch, {}))
-    for tid in sorted(tids):
-        resolve_id(opts, tid, latest_decided(decisions, tid))
+    latest = DecisionLog(opts).latest(query)
+    tids = {m.transactional_id for m in msgs if m.transactional_id}
+    if latest is not None and latest.batch == batch:
+        tids |= set(latest.txns)
+    settle_all(opts, {tid: decided_state(latest, tid) for tid in sorted(tids)})
 
 
 # -- Spark's writers -----------------------------------------------------------------------------
@@ -368,10 +526,11 @@ class OncelogBatchWriter(DataSourceArrowWriter):
     def __init__(self, opts: SinkOptions) -> None:
         self.opts = opts
         self.job = uuid.uuid4().hex  # made on the driver, pickled to every task
+        self.hint = DecisionHint(self.job, None)  # a new job id has no decision: tasks read nothing
 
     def write(self, iterator: Iterator[Any]) -> SinkCommit:
         _, _, partition, attempt = _task_context()
-        return write_task(self.opts, self.job, 0, partition, attempt, iterator)
+        return write_task(self.opts, self.job, 0, partition, attempt, iterator, self.hint)
 
     def commit(self, messages: list[Any]) -> None:
         commit_batch(self.opts, messages, 0)
@@ -381,15 +540,26 @@ class OncelogBatchWriter(DataSourceArrowWriter):
 
 
 class OncelogStreamWriter(DataSourceStreamArrowWriter):
-    """``df.writeStream``: exactly-once by default (see the module docstring)."""
+    """``df.writeStream``: exactly-once by default (see the module docstring).
+
+    Spark makes a new writer on the driver for every micro-batch, before the batch's tasks run, and
+    pickles it to them: the writer carries the driver's snapshot of the latest decision
+    (:meth:`DecisionLog.hint`), so no task reads the decision topic.
+    """
 
     def __init__(self, opts: SinkOptions) -> None:
         self.opts = opts
         self.fallback = uuid.uuid4().hex
+        self.hint: DecisionHint | None = None
+        if opts.guarantee == EXACTLY_ONCE:
+            try:
+                self.hint = DecisionLog(opts).hint()
+            except (KafkaError, ReaderError, OSError, RuntimeError):
+                self.hint = None  # the tasks look the decision up themselves
 
     def write(self, iterator: Iterator[Any]) -> SinkCommit:
         query, batch, partition, attempt = _task_context()
-        return write_task(self.opts, query or self.fallback, batch, partition, attempt, iterator)
+        return write_task(self.opts, query or self.fallback, batch, partition, attempt, iterator, self.hint)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         commit_batch(self.opts, messages, batchId)
