@@ -29,7 +29,7 @@ from typing import Any
 from oncelog.broker.broker import Broker
 from oncelog.broker.config import BrokerConfig, StartupError
 from oncelog.broker.dispatch import CloseConnection, handle_frame
-from oncelog.broker.log_cleaner import CleanerConfig, LogCleaner, cleaner_config
+from oncelog.broker.log_cleaner import LogCleaner, cleaner_config
 from oncelog.protocol.framing import FrameDecoder, FrameError, frame
 
 log = logging.getLogger("oncelog.server")
@@ -208,27 +208,29 @@ class BrokerServer:
     def _cleaner_settings_changed(self) -> None:
         """Dynamic ``log.cleaner.*`` broker configs changed: restart the cleaners with the new
         settings, as Kafka's LogCleaner.reconfigure does (shut the cleaner threads down, start
-        them again). A pass in progress stops after its current step; its files are rolled back
-        or forward as after a crash, and the new cleaners pick the filthiest log again."""
-        new = cleaner_config(self.broker.config, self.broker.dynamic.overlay({}))
-        if self.cleaner is None or new == self.cleaner.config:
+        them again). A pass in progress stops after its current step (its cleaned files are
+        removed, nothing is swapped in), and the new cleaners pick the filthiest log again."""
+        if self.cleaner is None:
             return
-        self.broker.cleaner_threads = new.threads  # what the next change is checked against
-        self._cleaner_restart = asyncio.get_running_loop().create_task(
-            self._restart_cleaner(new, self._cleaner_restart)
-        )
+        # what the next change is checked against: the count just asked for
+        self.broker.cleaner_threads = cleaner_config(self.broker.config, self.broker.dynamic.overlay({})).threads
+        self._cleaner_restart = asyncio.get_running_loop().create_task(self._restart_cleaner(self._cleaner_restart))
 
-    async def _restart_cleaner(self, new: CleanerConfig, previous: asyncio.Task[None] | None) -> None:
-        if previous is not None:  # changes apply in the order they were made
+    async def _restart_cleaner(self, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:  # one restart at a time, in the order the changes were made
             await asyncio.gather(previous, return_exceptions=True)
+        # the settings stored now (a later change may have come while the previous restart ran)
+        new = cleaner_config(self.broker.config, self.broker.dynamic.overlay({}))
         old, task = self.cleaner, self._cleaner_task
-        if old is not None:
-            await old.stop(task, keep_deleter=True)
+        if old is None or new == old.config:
+            return
+        await old.stop(task, keep_deleter=True)
+        if task is not None:  # never two cleaners on one partition: the old one has ended
+            await asyncio.gather(task, return_exceptions=True)
         if self._server is None or not self._server.is_serving():
-            if old is not None:
-                old.deleter.stop()
+            old.deleter.stop()
             return  # shutting down
-        self.cleaner = LogCleaner(self.broker, new, old.deleter if old is not None else None)
+        self.cleaner = LogCleaner(self.broker, new, old.deleter)
         self._cleaner_task = asyncio.get_running_loop().create_task(self.cleaner.run())
         log.info("log cleaner restarted with %d thread(s) (dynamic config)", new.threads)
 

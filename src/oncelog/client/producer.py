@@ -224,6 +224,8 @@ class Producer:
                     fut.set_exception(KafkaError(str(exc)))
                     return fut
         with self._lock:
+            if self._closed:  # checked again under the lock close() sets it with: nothing is left behind
+                raise ClientClosedError("producer is closed")
             # the fast path: the record goes into its partition's open batch here, on the caller's thread
             # (Java's RecordAccumulator); the loop thread hears of a batch when it is full or new, and takes
             # it at its next pass. Anything unusual (topic not known yet, conditional, transactional, a
@@ -440,9 +442,10 @@ class Producer:
 
     def close(self, timeout: float | None = None) -> None:
         """Flush (up to ``timeout`` s), then close connections and the loop thread."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:  # a produce() on another thread either got its record in before, or raises
+            if self._closed:
+                return
+            self._closed = True
         try:
             self._lt.call(self._drain)
             self._lt.run(self._core.close(timeout))

@@ -331,7 +331,6 @@ class BatchFutures(Sequence[Any]):
         fut = self._made.get(i)
         if fut is not None or self._eager is not None:
             return fut
-        fut = self._made[i] = self._make()
         spans = self._spans
         lo, hi = 0, len(spans)
         while lo < hi:  # the span holding record i
@@ -345,6 +344,10 @@ class BatchFutures(Sequence[Any]):
         if lock is not None:
             lock.acquire()
         try:
+            fut = self._made.get(i)
+            if fut is not None:  # made meanwhile by another thread
+                return fut
+            fut = self._made[i] = self._make()
             if not sp.done:
                 if sp.waiters is None:
                     sp.waiters = {}
