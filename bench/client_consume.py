@@ -6,7 +6,8 @@ One oncelog broker (``common.OncelogBroker``) for the whole run. The topic
 over the partitions, ``--compression`` for the producer, default none) is
 filled once with confluent-kafka. Every round runs each client once, in the
 same order (A B C ..., A B C ...), and each reads the whole topic from offset
-0: manual assignment of all 8 partitions at offset 0 (no group, no commits),
+0: manual assignment of all 8 partitions at offset 0 (no group membership, no commits;
+confluent-kafka is given a random group.id because librdkafka requires one),
 ``isolation.level`` set explicitly and equally for every client
 (``--isolation``, default read_uncommitted), every other setting each client's
 default (fetch sizes, fetch.min.bytes, check.crcs ...). A run counts records

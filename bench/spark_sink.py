@@ -19,8 +19,9 @@ order (A B C):
 Same source, same data, same broker, same session; the output partition is
 the input's. Per run: wall time (records/s), and CPU seconds read from /proc:
 the Spark side (this process's tree without the broker: the JVM and the Python
-workers, with reaped children) and the broker. Each run's output is checked
-(every record once: ``oncelog verify`` for exactly-once, counts otherwise).
+workers, with reaped children) and the broker. The last round's outputs are
+checked with ``oncelog verify`` (every record once; ``--check all`` checks
+every round's, ``--check none`` none).
 Usage: ``python bench/spark_sink.py --rounds 3 --records 200000``.
 """
 
