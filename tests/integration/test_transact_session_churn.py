@@ -12,9 +12,8 @@ that move are revoked).
 
 Built on ``oncelog chaos`` (docs/chaos.md: ``--churn``, ``--assignor``), run
 as a user would run it, with a fixed seed: a failure is a reproducible
-scenario, not a flake. Measured on a shared 2-core machine (load 6-9): range
-80 s, roundrobin 42 s, cooperative-sticky 37 s (seeding 100k records 2 s,
-copy 29-71 s, audit 4-6 s); up to 100 s each under heavier load.
+scenario, not a flake. Measured: 37-80 s each on a shared 2-core machine
+(load 6-9), about 30 s each on a quiet one (copy 23-24 s, audit 4-6 s).
 """
 
 from __future__ import annotations
@@ -64,7 +63,9 @@ def test_three_sessions_copy_through_churn_and_broker_bounces(tmp_path: Path, as
     assert summary["assignor"] == assignor
     applied = summary["faults_applied"]
     assert applied.get("broker_hard", 0) == BROKER_BOUNCES, (summary["faults"], where)
-    assert applied.get("copier_hard", 0) >= 3 and applied.get("copier_clean", 0) >= 3, (summary["faults"], where)
+    # a step every CHURN_S s while the copy runs: a quiet machine copies in about 23 s, which leaves
+    # room for four steps (two of each kind); a faster one may see fewer, but always both kinds
+    assert applied.get("copier_hard", 0) >= 1 and applied.get("copier_clean", 0) >= 1, (summary["faults"], where)
     # a step every CHURN_S s, plus the wait for a SIGTERMed session to finish its transaction and leave
     assert summary["copy_seconds"] / max(summary["churn_steps"], 1) < 10, where
     assert report["aborted_seen"] > 0, report
