@@ -116,6 +116,23 @@ class MockCluster:
         self.close()
 
 
+def spark_session(cores: int, app: str) -> "object":
+    """A local SparkSession on loopback for the Spark benches, with format("oncelog") registered."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from oncelog.spark import register
+
+    s = (SparkSession.builder.master(f"local[{cores}]").appName(app)
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+         .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+         .getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    register(s)
+    return s
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

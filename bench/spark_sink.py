@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import run_metadata  # noqa: E402
+from common import run_metadata, spark_session  # noqa: E402
 
 from oncelog.testing import EmbeddedBroker  # noqa: E402
 
@@ -91,22 +91,6 @@ def fill(bootstrap: str, topic: str, records: int, size: int, partitions: int) -
         p.produce_batch(topic, [b"%08d-" % i + pad for i in ids], partition=part)
     assert p.flush(120) == 0
     p.close()
-
-
-def session(cores: int) -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    from oncelog.spark import register
-
-    s = (SparkSession.builder.master(f"local[{cores}]").appName("oncelog-bench-sink")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-         .getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    register(s)
-    return s
 
 
 def confluent_partition_writer(bootstrap: str, topic: str) -> Any:
@@ -176,7 +160,7 @@ def main() -> int:
         src = f"in-{uuid.uuid4().hex[:6]}"
         print(f"filling {args.records} x {args.size} B into {args.partitions} partitions", file=sys.stderr)
         fill(b, src, args.records, args.size, args.partitions)
-        spark = session(args.cores)
+        spark = spark_session(args.cores, "oncelog-bench-sink")
         # warm every path once (the session's first jobs, the Python workers' imports)
         warm = f"warm-{uuid.uuid4().hex[:6]}"
         fill(b, warm, 2000, 10, args.partitions)

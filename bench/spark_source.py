@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import run_metadata  # noqa: E402
+from common import run_metadata, spark_session  # noqa: E402
 
 from oncelog.testing import EmbeddedBroker  # noqa: E402
 
@@ -92,22 +92,6 @@ def read_spark(spark: Any, bootstrap: str, topic: str) -> None:
      .write.format("noop").mode("overwrite").save())
 
 
-def session(cores: int) -> Any:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    from oncelog.spark import register
-
-    s = (SparkSession.builder.master(f"local[{cores}]").appName("oncelog-bench")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-         .getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    register(s)
-    return s
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -125,7 +109,7 @@ def main() -> int:
         fill(b, topic, args.records, args.size, args.partitions)
         want = read_reader(b, topic, args.partitions)
         assert want == args.records, (want, args.records)
-        spark = session(args.cores)
+        spark = spark_session(args.cores, "oncelog-bench")
         warm = f"warm-{uuid.uuid4().hex[:6]}"
         fill(b, warm, 1000, 10, 2)
         read_spark(spark, b, warm)
