@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from crc32c import crc32c
 
@@ -210,15 +210,24 @@ def fetched_records(data: bytes, partition: int, position: int, isolation_level:
     (control and aborted batches included), or ``position`` if none.
     Shared by :class:`PartitionReader` and the consumer.
     """
-    batches = [b for b in decode_batches(data, partition, check_crc) if b.header.last_offset >= position]
+    kept, batches, skipped, next_position = _select_batches(
+        decode_batches(data, partition, check_crc), position, isolation_level, aborted)
+    records = [r for b in kept for r in b.records if r.offset >= position]
+    return records, batches, skipped, next_position
+
+
+def _select_batches(decoded: Iterable[Batch], position: int, isolation_level: int, aborted: list[tuple[int, int]]
+                    ) -> tuple[list[Batch], list[Batch], int, int]:
+    """The batches reaching ``position``, the data batches of them the isolation level shows,
+    the aborted ones skipped, and the next position (past the last batch, or ``position``)."""
+    batches = [b for b in decoded if b.header.last_offset >= position]
     if not batches:
         return [], [], 0, position
     if isolation_level == READ_COMMITTED:
         kept, skipped = filter_read_committed(batches, aborted)
     else:
         kept, skipped = [b for b in batches if not b.header.is_control], 0
-    records = [r for b in kept for r in b.records if r.offset >= position]
-    return records, batches, skipped, batches[-1].header.next_offset
+    return kept, batches, skipped, batches[-1].header.next_offset
 
 
 def fetched_batches(data: bytes, partition: int, position: int, isolation_level: int,
@@ -232,15 +241,8 @@ def fetched_batches(data: bytes, partition: int, position: int, isolation_level:
     decodes each batch when it hands its records out, so a Fetch answer is processed at
     once and the next Fetch goes out while the records are decoded.
     """
-    batches = [b for b in decode_batches(data, partition, check_crc, records=False)
-               if b.header.last_offset >= position]
-    if not batches:
-        return [], [], 0, position
-    if isolation_level == READ_COMMITTED:
-        kept, skipped = filter_read_committed(batches, aborted)
-    else:
-        kept, skipped = [b for b in batches if not b.header.is_control], 0
-    return kept, batches, skipped, batches[-1].header.next_offset
+    return _select_batches(decode_batches(data, partition, check_crc, records=False), position, isolation_level,
+                           aborted)
 
 
 def batch_columns(batch: Batch, partition: int, position: int) -> RecordColumns:
