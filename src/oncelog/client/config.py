@@ -173,7 +173,22 @@ PROPERTIES: dict[str, Property] = _props(
              lo=0, hi=INT32_MAX),
     Property("socket.connection.setup.timeout.ms", "int", 10000, ALL, "TCP connect timeout", lo=1, hi=INT32_MAX),
     Property("metadata.max.age.ms", "int", 300000, ALL, "refresh metadata at least this often", lo=0, hi=INT32_MAX),
-    Property("security.protocol", "enum", "plaintext", ALL, "only PLAINTEXT is supported", choices=("plaintext",)),
+    Property("security.protocol", "enum", "plaintext", ALL, "PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or SASL_SSL",
+             choices=("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")),
+    # TLS (librdkafka's names; docs/client.md)
+    Property("ssl.ca.location", "str", None, ALL, "PEM file (or directory) of the CA certificates that sign the "
+             "brokers' certificates (default: the system's trust store)"),
+    Property("ssl.certificate.location", "str", None, ALL, "PEM file of the client's certificate (chain), for "
+             "brokers with ssl.client.auth=required"),
+    Property("ssl.key.location", "str", None, ALL, "PEM file of the client's private key"),
+    Property("ssl.key.password", "str", None, ALL, "password of an encrypted ssl.key.location"),
+    Property("ssl.endpoint.identification.algorithm", "enum", "https", ALL, "https: the broker's certificate must "
+             "name the host connected to; none: no host name check (the chain is still verified)",
+             choices=("https", "none")),
+    # SASL
+    Property("sasl.mechanism", "str", None, ALL, "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"),
+    Property("sasl.username", "str", None, ALL, "SASL user name (PLAIN, SCRAM)"),
+    Property("sasl.password", "str", None, ALL, "SASL password (PLAIN, SCRAM)"),
     # -- producer --------------------------------------------------------------
     Property("acks", "acks", -1, P, "all (-1), 1 or 0"),
     Property("linger.ms", "int", 5, P, "how long a batch waits for more records", lo=0, hi=900000),
@@ -231,6 +246,7 @@ ALIASES: dict[str, tuple[str, dict[str, str]]] = {
     "message.send.max.retries": ("retries", {}),
     "message.timeout.ms": ("delivery.timeout.ms", {}),
     "max.in.flight": ("max.in.flight.requests.per.connection", {}),
+    "sasl.mechanisms": ("sasl.mechanism", {}),
 }
 # librdkafka's older auto.offset.reset values
 _OFFSET_RESET_ALIASES = {"smallest": "earliest", "beginning": "earliest", "largest": "latest", "end": "latest",
@@ -240,12 +256,14 @@ _OFFSET_RESET_ALIASES = {"smallest": "earliest", "beginning": "earliest", "large
 class ClientConfig(Mapping[str, Any]):
     """The validated configuration of one client: property name -> normalised value."""
 
-    __slots__ = ("_values", "role", "explicit")
+    __slots__ = ("_values", "role", "explicit", "security")
 
     def __init__(self, values: dict[str, Any], role: str, explicit: frozenset[str]) -> None:
         self._values = values
         self.role = role
         self.explicit = explicit  # the keys the user set (after aliasing)
+        # TLS context and SASL settings (oncelog.client.security), built by parse_config
+        self.security: Any = None
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -313,6 +331,8 @@ def parse_config(conf: Mapping[str, Any] | None, role: str) -> ClientConfig:
             raise ConfigError(f"unknown configuration property {raw_key!r}{hint}")
         if key == "auto.offset.reset" and isinstance(value, str):
             value = _OFFSET_RESET_ALIASES.get(value.strip().lower(), value)
+        if key == "ssl.endpoint.identification.algorithm" and isinstance(value, str) and not value.strip():
+            value = "none"  # the Java client's spelling of "no host name check" is the empty string
         converted = prop.convert(value)
         if role in prop.roles:
             values[key] = converted
@@ -325,6 +345,9 @@ def parse_config(conf: Mapping[str, Any] | None, role: str) -> ClientConfig:
         values[name] = list(prop.default) if isinstance(prop.default, list) else prop.default
     cfg = ClientConfig(values, role, frozenset(explicit))
     cfg.bootstrap  # noqa: B018 - validates the server list now
+    from oncelog.client.security import build_security
+
+    cfg.security = build_security(values)  # TLS files and SASL settings are checked now too
     if role == "producer":
         _check_producer(cfg)
     if role == "consumer":

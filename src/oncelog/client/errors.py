@@ -26,6 +26,7 @@ __all__ = [
     "DeliveryTimeoutError",
     "KafkaError",
     "KafkaConnectionError",
+    "SslAuthenticationError",
     "error_class",
     "error_for",
 ]
@@ -123,6 +124,23 @@ class ClientClosedError(KafkaError):
 
 class UnsupportedApiError(_BY_CODE[ErrorCode.unsupported_version.value]):  # type: ignore[misc]
     """The broker and this client share no version of an API (UNSUPPORTED_VERSION)."""
+
+
+class SslAuthenticationError(KafkaError):
+    """The TLS handshake with a broker failed: an untrusted or expired certificate, a host name
+    the certificate does not name, no common protocol (the Java client's SslAuthenticationException,
+    librdkafka's local ``_SSL`` error). Not retriable: the client does not retry it."""
+
+    name = "SSL_AUTHENTICATION_FAILED"
+
+
+# authentication failures: the client reports them at once instead of retrying (as the Java client)
+AUTHENTICATION_ERRORS: tuple[type[KafkaError], ...] = (
+    SslAuthenticationError,
+    _BY_CODE[ErrorCode.sasl_authentication_failed.value],
+    _BY_CODE[ErrorCode.illegal_sasl_state.value],
+    _BY_CODE[ErrorCode.unsupported_sasl_mechanism.value],
+)
 
 
 class IllegalStateError(KafkaError):

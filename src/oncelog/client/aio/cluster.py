@@ -41,6 +41,7 @@ from typing import Any
 from oncelog.client.aio.connection import BrokerConnection
 from oncelog.client.config import ClientConfig
 from oncelog.client.errors import (
+    AUTHENTICATION_ERRORS,
     KafkaConnectionError,
     KafkaError,
     UnknownTopicOrPartitionError,
@@ -111,7 +112,7 @@ class Cluster:
     def _conn_kwargs(self) -> dict[str, Any]:
         c = self.config
         return {"client_id": c["client.id"], "request_timeout_ms": c["request.timeout.ms"],
-                "connect_timeout_ms": c["socket.connection.setup.timeout.ms"]}
+                "connect_timeout_ms": c["socket.connection.setup.timeout.ms"], "security": c.security}
 
     # -- connections -------------------------------------------------------------
 
@@ -165,6 +166,8 @@ class Cluster:
             for node in sorted(candidates, key=lambda n: n.next_attempt):
                 try:
                     return await self._open(node)
+                except AUTHENTICATION_ERRORS:
+                    raise  # a TLS or SASL failure: retrying does not help (the Java client's AuthenticationException)
                 except KafkaError as exc:
                     last = exc
             if self.nodes and candidates is not self._bootstrap:

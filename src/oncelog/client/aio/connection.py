@@ -6,6 +6,16 @@ Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
   connect_timeout_ms=...)``; ``await conn.connect()`` opens the socket and
   negotiates versions with ApiVersions (v3, falling back to v0 when the
   broker answers UNSUPPORTED_VERSION, as KIP-511 specifies).
+* ``security=`` (a :class:`~oncelog.client.security.Security`, from the
+  client's config): TLS through asyncio's ``ssl`` support, the host name
+  checked against the broker's certificate (the bootstrap host, then the
+  host each broker advertises in Metadata) unless
+  ``ssl.endpoint.identification.algorithm=none``; then, after ApiVersions,
+  SASL: SaslHandshake v1 and SaslAuthenticate (PLAIN, SCRAM-SHA-256/512).
+  A failed TLS handshake raises
+  :class:`~oncelog.client.errors.SslAuthenticationError`, a refused login
+  :class:`~oncelog.client.errors.SaslAuthenticationFailedError` (or
+  ``UnsupportedSaslMechanismError``), neither retriable.
 * ``conn.features``: the finalized features from ApiVersions v3+ (name ->
   max version level), e.g. ``transaction.version`` (KIP-890).
 * ``conn.conditional_produce``: whether ApiVersions v3+ advertised the supported
@@ -37,22 +47,33 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import struct
 from collections import OrderedDict
 from typing import Any
 
-from oncelog.client.errors import KafkaConnectionError, KafkaError, RequestTimeoutError, UnsupportedApiError
+from oncelog.client.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    RequestTimeoutError,
+    SaslAuthenticationFailedError,
+    SslAuthenticationError,
+    UnsupportedApiError,
+    error_for,
+)
 from oncelog.protocol.build import materialize
 from oncelog.protocol.codec import decode_response, encode_request, is_flexible, request_type
 from oncelog.protocol.conditional import feature_supported
 from oncelog.protocol.framing import FrameDecoder, FrameError
 from oncelog.protocol.headers import API_VERSIONS_KEY, skip_tagged_fields
+from oncelog.protocol.sasl import SaslError, ScramClient, plain_message
 
 __all__ = ["BrokerConnection"]
 
 _LEN = struct.Struct(">i")
 _HDR = struct.Struct(">ihhih")  # size, api key, version, correlation id, client id length
 UNSUPPORTED_VERSION = 35
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 
 
 class _Pending:
@@ -70,7 +91,8 @@ class BrokerConnection(asyncio.Protocol):
     """See the module docstring."""
 
     def __init__(self, host: str, port: int, *, node_id: int = -1, client_id: str = "oncelog-python",
-                 request_timeout_ms: int = 30000, connect_timeout_ms: int = 10000) -> None:
+                 request_timeout_ms: int = 30000, connect_timeout_ms: int = 10000, security: Any = None) -> None:
+        self.security = security
         self.host = host
         self.port = port
         self.node_id = node_id
@@ -98,14 +120,51 @@ class BrokerConnection(asyncio.Protocol):
     async def connect(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.closed_future = self._loop.create_future()
+        sec = self.security
+        ctx = sec.ssl_context if sec is not None else None
+        tls = {} if ctx is None else {"ssl": ctx, "server_hostname": self.host,
+                                      "ssl_handshake_timeout": self.connect_timeout}
         try:
-            await asyncio.wait_for(self._loop.create_connection(lambda: self, self.host, self.port),
+            await asyncio.wait_for(self._loop.create_connection(lambda: self, self.host, self.port, **tls),
                                    self.connect_timeout)
+        except ssl.SSLError as exc:  # before OSError: SSLError is one
+            self._closed = True
+            reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
+            raise SslAuthenticationError(f"TLS handshake with {self.host}:{self.port} failed: {reason}") from None
         except (OSError, asyncio.TimeoutError) as exc:
             self._closed = True
             reason = (os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else str(exc)) or "timed out"
             raise KafkaConnectionError(f"cannot connect to {self.host}:{self.port}: {reason}") from None
         await self._negotiate()
+        if sec is not None and sec.sasl:
+            await self._authenticate(sec.sasl_mechanism, sec.sasl_username, sec.sasl_password)
+
+    async def _authenticate(self, mechanism: str, username: str, password: str) -> None:
+        """SaslHandshake v1, then SaslAuthenticate round trips (KIP-152)."""
+        where = f"{self.host}:{self.port}"
+        resp = await self.request(SASL_HANDSHAKE, self.version(SASL_HANDSHAKE, (1, 1)), {"mechanism": mechanism})
+        if int(resp.error_code):
+            enabled = ", ".join(resp.mechanisms) or "none"
+            raise error_for(int(resp.error_code), f"broker {where} does not enable SASL mechanism {mechanism} "
+                                                  f"(enabled: {enabled})")
+        version = self.version(SASL_AUTHENTICATE, (0, 2))
+
+        async def step(token: bytes) -> bytes:
+            r = await self.request(SASL_AUTHENTICATE, version, {"auth_bytes": token})
+            if int(r.error_code):
+                raise error_for(int(r.error_code), f"{where}: {r.error_message or 'authentication failed'}")
+            return bytes(r.auth_bytes)
+
+        if mechanism == "PLAIN":
+            await step(plain_message(username, password))
+            return
+        scram = ScramClient(mechanism, username, password)
+        try:
+            server_first = await step(scram.first())
+            server_final = await step(scram.final(server_first))
+            scram.verify(server_final)
+        except SaslError as exc:
+            raise SaslAuthenticationFailedError(f"{where}: {exc}") from None
 
     async def _negotiate(self) -> None:
         body = {"client_software_name": "oncelog-python", "client_software_version": "0.1"}
