@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from oncelog import __version__
-from oncelog.broker.config import ConfigError, parse_listener
+from oncelog.broker.config import ConfigError, parse_listener, parse_listener_name
 
 DESCRIPTION = "oncelog: a single-node broker that speaks the Kafka protocol, and an admin CLI for it."
 LOG_LEVELS = ["debug", "info", "warning", "error", "critical"]
@@ -27,9 +27,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _listen(value: str) -> tuple[str, int]:
+def _listen(value: str) -> tuple[str, int, str | None]:
     try:
-        return parse_listener(value)
+        return (*parse_listener(value), parse_listener_name(value))
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc).replace(" for --listen", "")) from None
 
@@ -96,7 +96,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     overrides: dict[str, Any] = {}
     if args.listen:
-        overrides["host"], overrides["port"] = args.listen
+        # a NAME:// in --listen names the listener; without one the name from listeners (or PLAINTEXT) stays
+        overrides["host"], overrides["port"], overrides["listener_name"] = args.listen
     if args.data_dir:
         overrides["data_dir"] = Path(args.data_dir)
     try:
@@ -447,7 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the broker in the foreground",
                            description="Run the broker in the foreground until SIGTERM or SIGINT.")
     serve.add_argument("--listen", default=None, type=_listen, metavar="HOST:PORT",
-                       help="address to listen on (default 127.0.0.1:9092; overrides listeners)")
+                       help="address to listen on, [NAME://]HOST:PORT (default 127.0.0.1:9092; overrides listeners, "
+                            "whose listener name is kept when NAME:// is left out)")
     serve.add_argument("--data-dir", default=None, metavar="DIR",
                        help="log directory, locked while the broker runs (default ./data; overrides log.dirs)")
     serve.add_argument("--config", default=None, metavar="FILE",

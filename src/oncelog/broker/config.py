@@ -11,6 +11,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from oncelog.storage.config import BROKER_LOG_KEYS, BROKER_SYNONYM, LogConfig
 
@@ -21,7 +22,7 @@ _INT_RANGE = (-(2**31), 2**31 - 1)
 _LONG_RANGE = (-(2**63), 2**63 - 1)
 # Kafka's default listener.security.protocol.map (listener name -> security protocol)
 _DEFAULT_PROTOCOL_MAP = {p: p for p in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")}
-IMPLEMENTED_PROTOCOLS = ("PLAINTEXT",)
+IMPLEMENTED_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
 
 class ConfigError(ValueError):
@@ -32,10 +33,34 @@ class StartupError(Exception):
     """The broker cannot start (port taken, data directory locked or unusable)."""
 
 
-def parse_properties(text: str) -> dict[str, str]:
-    """Parse Java properties (``key=value`` or ``key: value``; # and ! comments)."""
-    props: dict[str, str] = {}
+def _logical_lines(text: str) -> list[str]:
+    """Java properties' logical lines: a line ending in an odd number of backslashes goes on
+    on the next line, whose leading white space is dropped (long JAAS and PEM values use it)."""
+    out: list[str] = []
+    pending: str | None = None
     for raw in text.splitlines():
+        line = raw.lstrip() if pending is not None else raw
+        if pending is None and line.strip()[:1] in ("#", "!"):
+            out.append(line)
+            continue
+        stripped = line.rstrip("\r\n")
+        trailing = len(stripped) - len(stripped.rstrip("\\"))
+        joined = (pending or "") + (stripped[:-1] if trailing % 2 else stripped)
+        if trailing % 2:
+            pending = joined
+        else:
+            out.append(joined)
+            pending = None
+    if pending is not None:
+        out.append(pending)
+    return out
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Parse Java properties (``key=value`` or ``key: value``; # and ! comments; a trailing
+    backslash continues a value on the next line)."""
+    props: dict[str, str] = {}
+    for raw in _logical_lines(text):
         line = raw.strip()
         if not line or line[0] in "#!":
             continue
@@ -50,6 +75,12 @@ def parse_properties(text: str) -> dict[str, str]:
 def _split_listener(value: str, key: str, protocols: dict[str, str] | None = None) -> tuple[str, int]:
     """One ``[NAME://]HOST:PORT`` → (host, port); ConfigError naming ``key`` otherwise,
     or if the listener's security protocol is one the broker does not implement."""
+    host, port, _name = _listener_parts(value, key, protocols)
+    return host, port
+
+
+def _listener_parts(value: str, key: str, protocols: dict[str, str] | None = None) -> tuple[str, int, str]:
+    """(host, port, listener name) of one ``[NAME://]HOST:PORT`` (name PLAINTEXT when absent)."""
     m = _LISTENER.match(value.strip())
     if not m or not 0 <= int(m.group(3)) <= 65535:
         raise ConfigError(f"invalid value {value!r} for {key}: expected [PLAINTEXT://]HOST:PORT with a port 0-65535")
@@ -65,7 +96,7 @@ def _split_listener(value: str, key: str, protocols: dict[str, str] | None = Non
             f"invalid value {value!r} for {key}: security protocol {protocol} is not implemented "
             f"(oncelog serves {', '.join(IMPLEMENTED_PROTOCOLS)} only)"
         )
-    return m.group(2) or "127.0.0.1", int(m.group(3))
+    return m.group(2) or "127.0.0.1", int(m.group(3)), name
 
 
 def parse_listener(value: str, key: str = "--listen") -> tuple[str, int]:
@@ -73,12 +104,18 @@ def parse_listener(value: str, key: str = "--listen") -> tuple[str, int]:
     return _split_listener(value.split(",")[0], key)
 
 
-def _parse_listeners(value: str, key: str, protocols: dict[str, str]) -> tuple[str, int]:
+def parse_listener_name(value: str) -> str | None:
+    """The listener name ``NAME://`` of ``--listen``'s value, None when it has none."""
+    m = _LISTENER.match(value.split(",")[0].strip())
+    return m.group(1).upper() if m and m.group(1) else None
+
+
+def _parse_listeners(value: str, key: str, protocols: dict[str, str]) -> tuple[str, int, str]:
     """A ``listeners``-style list: every entry is checked; the first is used."""
     entries = [e for e in (x.strip() for x in value.split(",")) if e]
     if not entries:
         raise ConfigError(f"invalid value {value!r} for {key}: expected a list of NAME://HOST:PORT")
-    found = [_split_listener(e, key, protocols) for e in entries]
+    found = [_listener_parts(e, key, protocols) for e in entries]
     if len(found) > 1:
         log.warning("%s: oncelog serves one listener; using %s and ignoring %s", key, entries[0], ", ".join(entries[1:]))
     return found[0]
@@ -239,6 +276,11 @@ KNOWN_KEYS = frozenset(_INTS) | frozenset(_BOOLS) | frozenset(_LOG_KEYS) | froze
 class BrokerConfig:
     host: str = "127.0.0.1"
     port: int = 9092
+    # the listener's name and security protocol (listener.security.protocol.map); TLS and SASL
+    # settings of SSL/SASL listeners (oncelog.broker.security.SecuritySettings)
+    listener_name: str = "PLAINTEXT"
+    security_protocol: str = "PLAINTEXT"
+    security: Any = None
     data_dir: Path = Path("./data")
     node_id: int = 1
     advertised_host: str | None = None
@@ -304,8 +346,10 @@ class BrokerConfig:
         """Check every property (type and range, as Kafka's ConfigDef does) and build the
         config. ConfigError names the first bad key; unknown keys are logged and ignored."""
         cfg = cls(raw=dict(props))
+        from oncelog.broker.security import is_security_key, load_security
+
         for key in props:
-            if key not in KNOWN_KEYS:
+            if key not in KNOWN_KEYS and not is_security_key(key):
                 log.warning("unknown config %r ignored (not a broker property oncelog knows)", key)
         for key in ("node.id", "broker.id"):
             if key in props:
@@ -315,9 +359,9 @@ class BrokerConfig:
         if "listener.security.protocol.map" in props:
             protocols = _protocol_map(props["listener.security.protocol.map"])
         if "listeners" in props:
-            cfg.host, cfg.port = _parse_listeners(props["listeners"], "listeners", protocols)
+            cfg.host, cfg.port, cfg.listener_name = _parse_listeners(props["listeners"], "listeners", protocols)
         if "advertised.listeners" in props:
-            cfg.advertised_host, cfg.advertised_port = _parse_listeners(
+            cfg.advertised_host, cfg.advertised_port, _name = _parse_listeners(
                 props["advertised.listeners"], "advertised.listeners", protocols)
         for key in ("log.dirs", "log.dir"):
             if key in props:
@@ -352,6 +396,13 @@ class BrokerConfig:
         for key, value in overrides.items():
             if value is not None:
                 setattr(cfg, key, value)
+        # the listener's security protocol (--listen NAME://... may have named another listener)
+        protocol = protocols.get(cfg.listener_name)
+        if protocol is None:
+            raise ConfigError(f"no security protocol for listener name {cfg.listener_name} "
+                              "(listener.security.protocol.map)")
+        cfg.security_protocol = protocol
+        cfg.security = load_security(props, cfg.listener_name, protocol) if protocol != "PLAINTEXT" else None
         return cfg
 
     @classmethod
@@ -371,8 +422,8 @@ class BrokerConfig:
         out = {
             "node.id": str(self.node_id),
             "broker.id": str(self.node_id),
-            "listeners": f"PLAINTEXT://{self.host}:{self.port}",
-            "advertised.listeners": "PLAINTEXT://%s:%d" % self.advertised,
+            "listeners": f"{self.listener_name}://{self.host}:{self.port}",
+            "advertised.listeners": f"{self.listener_name}://%s:%d" % self.advertised,
             "log.dirs": str(self.data_dir),
         }
         out.update((key, _shown(getattr(self, attr))) for key, (attr, _spec) in _INTS.items())

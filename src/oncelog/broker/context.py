@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from oncelog.protocol.headers import RequestHeader
 
@@ -26,6 +26,8 @@ class RequestContext:
     # tags the codec did not know, by entity (see protocol.codec): empty unless the
     # request carried one (conditional produce reads its tag from here)
     unknown_tags: "UnknownTags | None" = None
+    # the connection's SASL state (broker.security.SaslSession) on a SASL listener, else None
+    auth: Any = None
 
     @property
     def version(self) -> int:

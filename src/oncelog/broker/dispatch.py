@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from oncelog.broker.context import CloseConnection, RequestContext
-from oncelog.broker.handlers import HANDLERS, api_versions
+from oncelog.broker.handlers import HANDLERS, api_versions, sasl_authenticate, sasl_handshake
 from oncelog.protocol.build import materialize
 from oncelog.protocol.codec import DecodeError, decode_request, encode_response, is_flexible, response_type
 from oncelog.protocol.headers import (
@@ -30,17 +30,31 @@ __all__ = ["CloseConnection", "handle_frame"]
 
 
 async def handle_frame(
-    broker: Any, frame: bytes, peer: str = "?", applied: Callable[[], None] | None = None
+    broker: Any, frame: bytes, peer: str = "?", applied: Callable[[], None] | None = None, auth: Any = None
 ) -> list[bytes] | None:
     """Handle one request body; return the response parts, or None for no response.
 
     ``applied`` is called once the request's effects are applied (by the
     handler, through ``ctx.applied()``, before it waits for durability or a
-    long poll); the caller treats the return as applied too."""
+    long poll); the caller treats the return as applied too. ``auth`` is the
+    connection's :class:`~oncelog.broker.security.SaslSession` on a SASL
+    listener: until it is complete only ApiVersions, SaslHandshake and
+    SaslAuthenticate are served, anything else closes the connection (Kafka's
+    SaslServerAuthenticator); after a SaslHandshake v0 the frames are bare
+    SASL tokens, answered bare."""
+    if auth is not None and not auth.complete and auth.raw_tokens:
+        return sasl_authenticate.raw_token(auth, frame)
     try:
         header, pos = parse_request_header_prefix(frame)
     except HeaderError as exc:
         raise CloseConnection(f"malformed request header: {exc}") from None
+    if auth is not None and not auth.complete:
+        allowed = (API_VERSIONS_KEY, sasl_handshake.API_KEY) if auth.state == auth.HANDSHAKE \
+            else (sasl_authenticate.API_KEY,)
+        if header.api_key not in allowed:
+            known = HANDLERS.get(header.api_key)
+            raise CloseConnection(f"unexpected request {known.name if known else header.api_key} during SASL "
+                                  f"{'handshake' if auth.state == auth.HANDSHAKE else 'authentication'}")
     handler = HANDLERS.get(header.api_key)
     if handler is None:
         raise CloseConnection(f"unknown API key {header.api_key}")
@@ -61,7 +75,7 @@ async def handle_frame(
         request = decode_request(header.api_key, version, frame, pos, unknown_tags)
     except (HeaderError, DecodeError) as exc:
         raise CloseConnection(f"cannot decode {handler.name} v{version}: {exc}") from None
-    ctx = RequestContext(broker, header, peer, applied, unknown_tags or None)
+    ctx = RequestContext(broker, header, peer, applied, unknown_tags or None, auth)
     result = await handler.handle(ctx, request)
     if result is None:
         return None

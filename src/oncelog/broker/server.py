@@ -11,6 +11,14 @@ pipelined produces still share group-commit rounds. A connection that sends a
 malformed or oversize frame, or an unknown API, is closed alone and logged in
 one line; every other connection keeps being served.
 
+On an SSL or SASL_SSL listener the socket is wrapped in TLS by asyncio (the
+connection is made once the handshake succeeded; a failed handshake, such
+as a plaintext client on a TLS port, never reaches it). On a SASL listener
+each connection carries a :class:`~oncelog.broker.security.SaslSession`:
+until it is complete only ApiVersions, SaslHandshake and SaslAuthenticate are
+served (see :func:`oncelog.broker.dispatch.handle_frame`), and a refused
+login is answered and then the connection is closed.
+
 Responses that become ready in the same event-loop pass (the produces
 released by one group-commit round) are written with one ``writelines``,
 so one send for all of them instead of one per response; still in order.
@@ -30,6 +38,8 @@ from oncelog.broker.broker import Broker
 from oncelog.broker.config import BrokerConfig, StartupError
 from oncelog.broker.dispatch import CloseConnection, handle_frame
 from oncelog.broker.log_cleaner import LogCleaner, cleaner_config
+from oncelog.broker.security import SaslSession
+from oncelog.broker.security import describe as describe_security
 from oncelog.protocol.framing import FrameDecoder, FrameError, frame
 
 log = logging.getLogger("oncelog.server")
@@ -53,6 +63,11 @@ class KafkaConnection(asyncio.Protocol):
         self.writable.set()
         self._out: list[bytes | memoryview] = []  # finished responses not yet handed to the transport
         self._flush_scheduled = False
+        sec = server.broker.config.security
+        self.auth: SaslSession | None = SaslSession(sec.sasl) if sec is not None and sec.sasl is not None else None
+        # a refused SASL login: its answer is written, then the connection closed (as Kafka)
+        self._closing_task: asyncio.Task[Any] | None = None
+        self._close_after_flush = False
 
     # -- asyncio.Protocol ---------------------------------------------------
 
@@ -60,6 +75,8 @@ class KafkaConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if self.auth is not None:
+            self.auth.peer = self.peer
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -114,9 +131,15 @@ class KafkaConnection(asyncio.Protocol):
         try:
             if previous is not None and not previous.done():
                 await asyncio.shield(previous)
-            if self.closed:
+            if self.closed or self._closing_task is not None:
                 return None
-            return await handle_frame(self.broker, body, self.peer, mark_applied)
+            if self.auth is None:
+                parts = await handle_frame(self.broker, body, self.peer, mark_applied)
+            else:
+                parts = await handle_frame(self.broker, body, self.peer, mark_applied, auth=self.auth)
+            if self.auth is not None and self.auth.close_after_response:
+                self._closing_task = asyncio.current_task()
+            return parts
         except CloseConnection as exc:
             self.abort(str(exc))
             return None
@@ -137,6 +160,8 @@ class KafkaConnection(asyncio.Protocol):
             if self.closed or task.cancelled():
                 continue
             parts = task.result()
+            if task is self._closing_task:
+                self._close_after_flush = True
             if parts is not None and self.transport is not None:
                 self._out += frame(parts)
                 if not self._flush_scheduled:
@@ -152,6 +177,9 @@ class KafkaConnection(asyncio.Protocol):
         out, self._out = self._out, []
         if out and not self.closed and self.transport is not None:
             self.transport.writelines(out)
+        if self._close_after_flush and not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.close()  # after the buffered answer is written
 
     def abort(self, reason: str) -> None:
         if self.closed:
@@ -183,7 +211,11 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         if sock is None:
             sock = bind_listener(cfg.host, cfg.port)
-        self._server = await loop.create_server(lambda: KafkaConnection(self), sock=sock, backlog=1024)
+        sec = cfg.security
+        tls = {} if sec is None or sec.ssl_context is None else {"ssl": sec.ssl_context}
+        self._server = await loop.create_server(lambda: KafkaConnection(self), sock=sock, backlog=1024, **tls)
+        if sec is not None:
+            log.info("listener %s", describe_security(sec))
         self.port = sock.getsockname()[1]
         if cfg.port == 0:
             cfg.port = self.port

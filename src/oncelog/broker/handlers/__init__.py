@@ -47,6 +47,8 @@ from oncelog.broker.handlers import (
     offset_fetch,
     offset_for_leader_epoch,
     produce,
+    sasl_authenticate,
+    sasl_handshake,
     sync_group,
     txn_offset_commit,
     write_txn_markers,
@@ -112,6 +114,8 @@ HANDLERS: dict[int, Handler] = {
             list_transactions,
             offset_for_leader_epoch,
             describe_log_dirs,
+            sasl_handshake,
+            sasl_authenticate,
         ),
     )
 }

@@ -1,0 +1,341 @@
+"""TLS and SASL for the broker's listener: configuration (Kafka's names) and per-connection SASL state.
+
+Configuration (read by :mod:`oncelog.broker.config`, see docs/configuration.md):
+
+* TLS (``SSL`` and ``SASL_SSL`` listeners), PEM only: ``ssl.keystore.type=PEM``
+  with ``ssl.keystore.location`` (one PEM file holding the private key and
+  the certificate chain) or ``ssl.keystore.certificate.chain`` and
+  ``ssl.keystore.key`` inline; ``ssl.key.password`` for an encrypted key;
+  ``ssl.truststore.type=PEM`` with ``ssl.truststore.location`` or
+  ``ssl.truststore.certificates`` (the CAs client certificates are checked
+  against); ``ssl.client.auth=none|requested|required``.
+* SASL (``SASL_PLAINTEXT`` and ``SASL_SSL``): ``sasl.enabled.mechanisms``
+  (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) and the users, from Kafka's JAAS
+  syntax for PLAIN, ``listener.name.<listener>.plain.sasl.jaas.config=
+  org.apache.kafka.common.security.plain.PlainLoginModule required
+  user_alice="alice-secret";``. The SCRAM mechanisms authenticate the same
+  users: their SCRAM credentials (random salt, 4096 iterations) are derived
+  from those passwords at startup, where Kafka would read them from its
+  metadata (``kafka-configs --alter --add-config 'SCRAM-SHA-256=[...]'``).
+
+Every key may carry Kafka's listener prefix ``listener.name.<listener>.``,
+which wins over the plain key. Anything wrong is a ConfigError (one line).
+
+:class:`SaslSession` is one connection's authentication state, driven by the
+SaslHandshake and SaslAuthenticate handlers and by the dispatcher, which
+serves nothing but ApiVersions, SaslHandshake and SaslAuthenticate before
+the session is complete (Kafka's SaslServerAuthenticator).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import re
+import ssl
+import tempfile
+from dataclasses import dataclass, field
+from oncelog.protocol.sasl import SCRAM_MECHANISMS, SaslError, ScramCredential, ScramServer, parse_plain, scram_credential
+
+log = logging.getLogger("oncelog.security")
+
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+PLAIN_LOGIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
+CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+
+# the keys this module reads (each also with a listener.name.<name>. prefix)
+SSL_KEYS = (
+    "ssl.keystore.type", "ssl.keystore.location", "ssl.keystore.password", "ssl.keystore.certificate.chain",
+    "ssl.keystore.key", "ssl.key.password", "ssl.truststore.type", "ssl.truststore.location",
+    "ssl.truststore.password", "ssl.truststore.certificates", "ssl.client.auth",
+)
+SASL_KEYS = ("sasl.enabled.mechanisms",)
+_PREFIXED = re.compile(r"^listener\.name\.([^.]+)\.(.+)$")
+
+
+def is_security_key(key: str) -> bool:
+    """A key this module understands (with or without a listener prefix)."""
+    m = _PREFIXED.match(key)
+    rest = m.group(2) if m else key
+    if rest in SSL_KEYS or rest in SASL_KEYS:
+        return True
+    return bool(m) and rest.endswith(".sasl.jaas.config")
+
+
+def _config_error(message: str) -> Exception:
+    from oncelog.broker.config import ConfigError
+
+    return ConfigError(message)
+
+
+@dataclass
+class SaslSettings:
+    mechanisms: tuple[str, ...]
+    users: dict[str, str]  # PLAIN: name -> password
+    scram: dict[str, dict[str, ScramCredential]] = field(default_factory=dict)  # mechanism -> name -> credential
+
+
+@dataclass
+class SecuritySettings:
+    listener_name: str
+    protocol: str
+    ssl_context: ssl.SSLContext | None = None
+    client_auth: str = "none"
+    sasl: SaslSettings | None = None
+
+
+class _Lookup:
+    def __init__(self, props: dict[str, str], listener: str) -> None:
+        self.props = props
+        self.prefix = f"listener.name.{listener.lower()}."
+
+    def key(self, name: str) -> str:
+        return self.prefix + name if self.prefix + name in self.props else name
+
+    def get(self, name: str) -> str | None:
+        value = self.props.get(self.key(name))
+        return None if value is None or value.strip() == "" else value.strip()
+
+
+def load_security(props: dict[str, str], listener_name: str, protocol: str) -> SecuritySettings:
+    """The listener's TLS context and SASL settings from ``props``; ConfigError on anything wrong."""
+    look = _Lookup(props, listener_name)
+    out = SecuritySettings(listener_name, protocol)
+    if protocol in ("SSL", "SASL_SSL"):
+        out.ssl_context, out.client_auth = _ssl_context(look, listener_name)
+    if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        out.sasl = _sasl_settings(look, props, listener_name)
+    return out
+
+
+# -- TLS ----------------------------------------------------------------------------------------
+
+_PEM_BLOCK = re.compile(r"-----BEGIN ([A-Z0-9 ]+)-----(.*?)-----END \1-----", re.S)
+
+
+def _normalise_pem(text: str, key: str) -> str:
+    """PEM blocks rewrapped at 64 columns: a properties value joined from continued lines has lost its
+    line breaks, which Kafka's PEM reader tolerates and OpenSSL does not."""
+    blocks = _PEM_BLOCK.findall(text)
+    if not blocks:
+        raise _config_error(f"invalid value for {key}: no PEM block (-----BEGIN ...-----) found")
+    out = []
+    for label, body in blocks:
+        b64 = "".join(body.split())
+        # an encrypted traditional key carries "Proc-Type:"/"DEK-Info:" headers: keep those blocks as given
+        if ":" in body:
+            out.append(f"-----BEGIN {label}-----{body}-----END {label}-----\n")
+            continue
+        lines = [b64[i : i + 64] for i in range(0, len(b64), 64)]
+        out.append(f"-----BEGIN {label}-----\n" + "\n".join(lines) + f"\n-----END {label}-----\n")
+    return "".join(out)
+
+
+def _pem_type(look: _Lookup, name: str) -> None:
+    key = look.key(name)
+    value = look.get(name)
+    if value is None:
+        raise _config_error(f"{key} must be PEM: oncelog reads PEM key material only (Kafka's default is JKS)")
+    if value.upper() != "PEM":
+        raise _config_error(f"invalid value {value!r} for {key}: oncelog supports PEM only (JKS and PKCS12 are not "
+                            "supported)")
+
+
+def _readable(key: str, path: str) -> str:
+    if not os.path.isfile(path):
+        raise _config_error(f"invalid value {path!r} for {key}: no such file")
+    if not os.access(path, os.R_OK):
+        raise _config_error(f"invalid value {path!r} for {key}: cannot be read (permission denied)")
+    return path
+
+
+def _ssl_context(look: _Lookup, listener: str) -> tuple[ssl.SSLContext, str]:
+    location = look.get("ssl.keystore.location")
+    chain, key = look.get("ssl.keystore.certificate.chain"), look.get("ssl.keystore.key")
+    if location is None and chain is None and key is None:
+        raise _config_error(f"listener {listener} uses TLS but no key store is configured: set ssl.keystore.type=PEM "
+                            "and ssl.keystore.location (a PEM file with the private key and the certificate chain)")
+    _pem_type(look, "ssl.keystore.type")
+    if look.get("ssl.keystore.password") is not None:
+        raise _config_error(f"{look.key('ssl.keystore.password')} cannot be set with a PEM key store: set "
+                            "ssl.key.password for an encrypted private key (as Kafka)")
+    if location is not None and (chain is not None or key is not None):
+        raise _config_error("set either ssl.keystore.location or ssl.keystore.certificate.chain and ssl.keystore.key, "
+                            "not both")
+    if location is None and (chain is None or key is None):
+        missing = "ssl.keystore.key" if key is None else "ssl.keystore.certificate.chain"
+        raise _config_error(f"{missing} is required with the other inline PEM key store setting")
+    password = look.get("ssl.key.password")
+    client_auth = (look.get("ssl.client.auth") or "none").lower()
+    if client_auth not in CLIENT_AUTH:
+        raise _config_error(f"invalid value {look.get('ssl.client.auth')!r} for {look.key('ssl.client.auth')}: "
+                            "expected one of required, requested, none")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2  # Kafka's default ssl.enabled.protocols: TLSv1.2,TLSv1.3
+    try:
+        if location is not None:
+            _readable(look.key("ssl.keystore.location"), location)
+            ctx.load_cert_chain(location, None, password)
+        else:
+            with tempfile.TemporaryDirectory(prefix="oncelog-pem-") as tmp:
+                cert_path, key_path = os.path.join(tmp, "chain.pem"), os.path.join(tmp, "key.pem")
+                for path, text, name in ((cert_path, chain, "ssl.keystore.certificate.chain"),
+                                         (key_path, key, "ssl.keystore.key")):
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    with os.fdopen(fd, "w") as f:
+                        f.write(_normalise_pem(str(text), look.key(name)))
+                ctx.load_cert_chain(cert_path, key_path, password)
+    except ssl.SSLError as exc:
+        raise _config_error(f"cannot load the key store of listener {listener}: {exc.reason or exc} (a key that does "
+                            "not match the certificate, no private key in the file, or a wrong ssl.key.password?)"
+                            ) from None
+    if client_auth != "none":
+        trust_location, trust_inline = look.get("ssl.truststore.location"), look.get("ssl.truststore.certificates")
+        if trust_location is not None or trust_inline is not None:
+            _pem_type(look, "ssl.truststore.type")
+            if look.get("ssl.truststore.password") is not None:
+                raise _config_error(f"{look.key('ssl.truststore.password')} cannot be set with a PEM trust store")
+            try:
+                if trust_location is not None:
+                    ctx.load_verify_locations(cafile=_readable(look.key("ssl.truststore.location"), trust_location))
+                else:
+                    ctx.load_verify_locations(cadata=_normalise_pem(str(trust_inline),
+                                                                    look.key("ssl.truststore.certificates")))
+            except ssl.SSLError as exc:
+                raise _config_error(f"cannot load the trust store of listener {listener}: {exc.reason or exc}") from None
+        else:
+            ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)  # as a JVM's default cacerts
+        ctx.verify_mode = CLIENT_AUTH[client_auth]
+    return ctx, client_auth
+
+
+# -- SASL -----------------------------------------------------------------------------------------
+
+_JAAS = re.compile(r"^\s*(\S+)\s+(required|requisite|sufficient|optional)\b(.*?);\s*$", re.S)
+_JAAS_OPTION = re.compile(r'\s*([A-Za-z0-9_.$-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s";]+)', re.S)
+
+
+def parse_jaas(value: str, key: str) -> tuple[str, dict[str, str]]:
+    """One JAAS login module entry, ``Module flag k="v" ...;`` -> (module, options)."""
+    m = _JAAS.match(value)
+    if not m:
+        raise _config_error(f"invalid value for {key}: expected one JAAS entry 'LoginModule required key=\"value\" ...;'")
+    module, _flag, rest = m.groups()
+    options: dict[str, str] = {}
+    pos = 0
+    while pos < len(rest) and rest[pos:].strip():
+        om = _JAAS_OPTION.match(rest, pos)
+        if not om:
+            raise _config_error(f"invalid value for {key}: cannot parse JAAS options at {rest[pos:].strip()[:30]!r}")
+        name, raw = om.groups()
+        options[name] = re.sub(r"\\(.)", r"\1", raw[1:-1]) if raw.startswith('"') else raw
+        pos = om.end()
+    return module, options
+
+
+def _sasl_settings(look: _Lookup, props: dict[str, str], listener: str) -> SaslSettings:
+    raw = look.get("sasl.enabled.mechanisms")
+    if raw is None:
+        raise _config_error(f"listener {listener} uses SASL but sasl.enabled.mechanisms is not set (Kafka's default "
+                            f"GSSAPI is not supported): set it to some of {', '.join(SASL_MECHANISMS)}")
+    mechanisms = tuple(m.strip().upper() for m in raw.split(",") if m.strip())
+    bad = [m for m in mechanisms if m not in SASL_MECHANISMS]
+    if bad or not mechanisms:
+        raise _config_error(f"invalid value {raw!r} for {look.key('sasl.enabled.mechanisms')}: {', '.join(bad) or 'empty'}"
+                            f" not supported (expected some of {', '.join(SASL_MECHANISMS)})")
+    jaas_key = f"listener.name.{listener.lower()}.plain.sasl.jaas.config"
+    if jaas_key not in props:
+        raise _config_error(f"listener {listener} uses SASL but has no users: set {jaas_key}={PLAIN_LOGIN_MODULE} "
+                            'required user_NAME="PASSWORD";  (the SCRAM mechanisms use the same users)')
+    module, options = parse_jaas(props[jaas_key], jaas_key)
+    if module != PLAIN_LOGIN_MODULE:
+        raise _config_error(f"invalid value for {jaas_key}: the login module must be {PLAIN_LOGIN_MODULE}, not {module}")
+    users = {name[5:]: pw for name, pw in options.items() if name.startswith("user_") and len(name) > 5}
+    if not users:
+        raise _config_error(f"invalid value for {jaas_key}: no user_NAME=\"PASSWORD\" option, so nobody could log in")
+    settings = SaslSettings(mechanisms, users)
+    for mech in mechanisms:
+        if mech in SCRAM_MECHANISMS:
+            settings.scram[mech] = {name: scram_credential(mech, pw) for name, pw in users.items()}
+    return settings
+
+
+class SaslSession:
+    """One connection's SASL state (Kafka's SaslServerAuthenticator, without re-authentication)."""
+
+    HANDSHAKE, AUTHENTICATE, COMPLETE, FAILED = "handshake", "authenticate", "complete", "failed"
+
+    def __init__(self, settings: SaslSettings, peer: str = "?") -> None:
+        self.settings = settings
+        self.peer = peer
+        self.state = self.HANDSHAKE
+        self.mechanism: str | None = None
+        self.raw_tokens = False  # SaslHandshake v0: the tokens that follow have no Kafka header
+        self.principal: str | None = None
+        self.close_after_response = False
+        self._scram: ScramServer | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.state == self.COMPLETE
+
+    def handshake(self, mechanism: str, version: int) -> int:
+        """0, or UNSUPPORTED_SASL_MECHANISM (33) after which the connection closes."""
+        if mechanism not in self.settings.mechanisms:
+            log.warning("closing connection from %s: SASL mechanism %r is not enabled", self.peer, mechanism)
+            self.state = self.FAILED
+            self.close_after_response = True
+            return 33
+        self.mechanism = mechanism
+        self.raw_tokens = version == 0
+        self.state = self.AUTHENTICATE
+        if mechanism in SCRAM_MECHANISMS:
+            self._scram = ScramServer(mechanism)
+        return 0
+
+    def evaluate(self, token: bytes) -> bytes:
+        """The server's answer to one client token; SaslError (its message goes to the client) on failure."""
+        try:
+            if self.mechanism == "PLAIN":
+                _authzid, user, password = parse_plain(token)
+                expected = self.settings.users.get(user)
+                if expected is None or not hmac.compare_digest(expected.encode(), password.encode()):
+                    raise SaslError("Authentication failed: Invalid username or password")
+                self._done(user)
+                return b""
+            scram = self._scram
+            assert scram is not None and self.mechanism is not None
+            creds = self.settings.scram[self.mechanism]
+            if scram.username is None:
+                return scram.first(token, creds.get)
+            answer = scram.final(token)
+            self._done(scram.username)
+            return answer
+        except SaslError as exc:
+            self.state = self.FAILED
+            self.close_after_response = True
+            log.warning("authentication of %s with %s failed: %s", self.peer, self.mechanism, exc)
+            raise
+
+    def _done(self, user: str) -> None:
+        self.state = self.COMPLETE
+        self.principal = user
+        log.info("%s authenticated as User:%s with %s", self.peer, user, self.mechanism)
+
+
+def failure_message(mechanism: str | None, exc: SaslError) -> str:
+    """What Kafka tells the client: PLAIN's own message, and for SCRAM a fixed text that does not say
+    whether the user exists (SaslServerAuthenticator)."""
+    if mechanism == "PLAIN" or str(exc).startswith("Authentication failed:"):
+        return str(exc)
+    return f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
+
+
+def describe(settings: SecuritySettings) -> str:
+    parts = [f"{settings.listener_name} ({settings.protocol})"]
+    if settings.ssl_context is not None:
+        parts.append(f"ssl.client.auth={settings.client_auth}")
+    if settings.sasl is not None:
+        parts.append(f"SASL {','.join(settings.sasl.mechanisms)} for {len(settings.sasl.users)} user(s)")
+    return ", ".join(parts)
