@@ -44,6 +44,7 @@ from typing import Any, Generic, TypeVar
 from oncelog.client.aio.cluster import COORDINATOR_ERRORS, REFRESH_ERRORS, Cluster
 from oncelog.client.config import ClientConfig, parse_config
 from oncelog.client.errors import (
+    AUTHENTICATION_ERRORS,
     KafkaConnectionError,
     KafkaError,
     UnknownTopicOrPartitionError,
@@ -287,6 +288,8 @@ class Admin:
             try:
                 await self.cluster._open(node)
                 break
+            except AUTHENTICATION_ERRORS:
+                raise  # TLS or SASL refused: typed, at once
             except KafkaError as exc:
                 last = exc
         else:

@@ -1,0 +1,410 @@
+"""TLS and SASL end to end: real brokers on loopback ports with throwaway certificates, and real clients.
+
+Four brokers for the module (SSL; SASL_PLAINTEXT; SASL_SSL with client
+certificates required and its key store given inline; SSL with a certificate
+that names only ``localhost``), each started once. confluent-kafka
+(librdkafka), kafka-python and oncelog's own client produce and consume over
+them; raw-protocol checks cover what clients hide (the error code of a wrong
+password, the connection closed before authentication). The whole module
+runs in about 20 s here.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("cryptography", reason="the test extra installs cryptography")  # pyproject's test extra
+from tls_material import KEY_PASSWORD, Pki, make_pki  # noqa: E402
+
+from oncelog.client import Admin, Consumer, Producer, TopicPartition  # noqa: E402
+from oncelog.client.config import ConfigError  # noqa: E402
+from oncelog.client.errors import (  # noqa: E402
+    KafkaConnectionError,
+    SaslAuthenticationFailedError,
+    SslAuthenticationError,
+)
+from oncelog.testing import EmbeddedBroker  # noqa: E402
+from oncelog.testing.embedded import free_port  # noqa: E402
+
+USERS = {"alice": "alice-secret", "bob": "b=o,b pw"}
+JAAS = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
+        + " ".join(f'user_{name}="{pw}"' for name, pw in USERS.items()) + ";")
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+FAST = {"group.initial.rebalance.delay.ms": "0"}
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def _start(tmp: Path, name: str, config: dict[str, str], port: int = 0) -> EmbeddedBroker:
+    b = EmbeddedBroker(data_dir=tmp / name, port=port, config={**FAST, **config}, log_path=tmp / f"{name}.log")
+    b.start()
+    return b
+
+
+@pytest.fixture(scope="module")
+def brokers(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, EmbeddedBroker]]:
+    tmp = tmp_path_factory.mktemp("brokers")
+    made: dict[str, EmbeddedBroker] = {}
+    try:
+        made["ssl"] = _start(tmp, "ssl", {
+            "listeners": "SSL://127.0.0.1:0", "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(pki.broker_keystore)})
+        made["sasl"] = _start(tmp, "sasl", {
+            "listeners": "SASL_PLAINTEXT://127.0.0.1:0", "sasl.enabled.mechanisms": ",".join(MECHANISMS),
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": JAAS})
+        # key store inline, its PEM on one line (as a properties value joined by continuation lines arrives)
+        made["sasl_ssl"] = _start(tmp, "sasl_ssl", {
+            "listeners": "SASL_SSL://127.0.0.1:0", "ssl.keystore.type": "PEM",
+            "ssl.keystore.certificate.chain": " ".join(pki.broker_cert.read_text().split("\n")),
+            "ssl.keystore.key": " ".join(pki.broker_key.read_text().split("\n")),
+            "ssl.truststore.type": "PEM", "ssl.truststore.location": str(pki.ca),
+            "listener.name.sasl_ssl.ssl.client.auth": "required",
+            "sasl.enabled.mechanisms": ",".join(MECHANISMS),
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": JAAS})
+        port = free_port()
+        made["localhost"] = _start(tmp, "localhost", {
+            "listeners": "SSL://127.0.0.1:0", "advertised.listeners": f"SSL://localhost:{port}",
+            "ssl.keystore.type": "PEM", "ssl.keystore.location": str(pki.localhost_keystore)}, port=port)
+        yield made
+    finally:
+        for b in made.values():
+            b.close()
+
+
+def _conf(b: EmbeddedBroker, pki: Pki, protocol: str, mechanism: str | None = None, user: str = "alice",
+          password: str | None = None, client_cert: bool = False) -> dict[str, Any]:
+    conf: dict[str, Any] = {"bootstrap.servers": b.bootstrap, "security.protocol": protocol}
+    if "SSL" in protocol:
+        conf["ssl.ca.location"] = str(pki.ca)
+    if client_cert:
+        conf.update({"ssl.certificate.location": str(pki.client_cert),
+                     "ssl.key.location": str(pki.client_key_encrypted), "ssl.key.password": KEY_PASSWORD})
+    if mechanism:
+        conf.update({"sasl.mechanism": mechanism, "sasl.username": user,
+                     "sasl.password": USERS[user] if password is None else password})
+    return conf
+
+
+def confluent_roundtrip(conf: dict[str, Any], topic: str, n: int = 3) -> list[bytes]:
+    from confluent_kafka import Consumer as CConsumer
+    from confluent_kafka import Producer as CProducer
+    from confluent_kafka import TopicPartition as CTP
+
+    p = CProducer({**conf, "linger.ms": 0})
+    for i in range(n):
+        p.produce(topic, f"c{i}".encode())
+    assert p.flush(20) == 0, "confluent-kafka could not deliver"
+    c = CConsumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False})
+    try:
+        c.assign([CTP(topic, 0, 0)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                got.append(m.value())
+        return got
+    finally:
+        c.close()
+
+
+def oncelog_roundtrip(conf: dict[str, Any], topic: str, n: int = 3) -> list[bytes]:
+    p = Producer(conf)
+    try:
+        for i in range(n):
+            p.produce(topic, f"o{i}".encode())
+        assert p.flush(20) == 0
+    finally:
+        p.close()
+    c = Consumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(topic, 0, -2)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None:
+                got.append(m.value)
+        return got
+    finally:
+        c.close()
+
+
+# -- TLS ---------------------------------------------------------------------------------------
+
+
+def test_ssl_confluent_and_oncelog_produce_and_consume(brokers: dict[str, EmbeddedBroker], pki: Pki) -> None:
+    b = brokers["ssl"]
+    assert confluent_roundtrip(_conf(b, pki, "SSL"), "tls-c") == [b"c0", b"c1", b"c2"]
+    assert oncelog_roundtrip(_conf(b, pki, "SSL"), "tls-o") == [b"o0", b"o1", b"o2"]
+
+
+def test_plaintext_client_on_tls_port_fails_cleanly_and_broker_survives(
+        brokers: dict[str, EmbeddedBroker], pki: Pki) -> None:
+    b = brokers["ssl"]
+    # a Kafka ApiVersions request in the clear: the TLS server drops the connection without a Kafka answer
+    with socket.create_connection((b.host, b.port), timeout=5) as s:
+        s.sendall(struct.pack(">ihhih", 10 + 6, 18, 0, 1, 6) + b"oncetl")
+        data = b""
+        try:
+            while chunk := s.recv(4096):
+                data += chunk
+        except ConnectionResetError:
+            pass
+    assert struct.pack(">i", 1) not in data[:8]  # no Kafka response with our correlation id
+    # our client configured for PLAINTEXT gives up with a connection error, not a hang or a crash
+    with pytest.raises(KafkaConnectionError, match="lost"):
+        with Admin({"bootstrap.servers": b.bootstrap, "request.timeout.ms": 3000,
+                    "default.api.timeout.ms": 3000}) as admin:
+            admin.list_topics()
+    # and the broker still serves TLS clients
+    assert oncelog_roundtrip(_conf(b, pki, "SSL"), "tls-after", n=1) == [b"o0"]
+    assert b.running
+
+
+def test_untrusted_ca_is_a_typed_error(brokers: dict[str, EmbeddedBroker], pki: Pki) -> None:
+    conf = {**_conf(brokers["ssl"], pki, "SSL"), "ssl.ca.location": str(pki.other_ca)}
+    with pytest.raises(SslAuthenticationError, match="self-signed certificate in certificate chain|unable to get local issuer"):
+        with Admin(conf) as admin:
+            admin.list_topics()
+
+
+def test_hostname_verification_on_and_off(brokers: dict[str, EmbeddedBroker], pki: Pki) -> None:
+    """The localhost broker's certificate names DNS:localhost only and it advertises localhost."""
+    b = brokers["localhost"]
+    by_ip = _conf(b, pki, "SSL")  # bootstrap 127.0.0.1: not in the certificate
+    with pytest.raises(SslAuthenticationError, match="(?i)hostname|IP address mismatch|doesn't match"):
+        with Admin({**by_ip, "ssl.endpoint.identification.algorithm": "https"}) as admin:
+            admin.list_topics()
+    with Admin({**by_ip, "ssl.endpoint.identification.algorithm": "none"}) as admin:
+        admin.list_topics()
+    by_name = {**by_ip, "bootstrap.servers": f"localhost:{b.port}"}
+    assert oncelog_roundtrip(by_name, "host-o", n=1) == [b"o0"]
+    # librdkafka: the same check (its default is https since 2.0)
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka import KafkaException
+
+    with pytest.raises(KafkaException):
+        AdminClient({**by_ip}).list_topics(timeout=2)
+    md = AdminClient({**by_ip, "ssl.endpoint.identification.algorithm": "none"}).list_topics(timeout=10)
+    assert md.brokers
+    assert confluent_roundtrip(by_name, "host-c", n=1) == [b"c0"]
+
+
+# -- SASL ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_sasl_plaintext_confluent_and_oncelog(brokers: dict[str, EmbeddedBroker], pki: Pki, mechanism: str) -> None:
+    b = brokers["sasl"]
+    topic = "sasl-" + mechanism.lower()
+    # bob's password has '=' and ',' (SCRAM's saslname escaping is for names, the password goes through as is)
+    assert confluent_roundtrip(_conf(b, pki, "SASL_PLAINTEXT", mechanism, user="bob"), topic) == [b"c0", b"c1", b"c2"]
+    assert oncelog_roundtrip(_conf(b, pki, "SASL_PLAINTEXT", mechanism), topic + "-o") == [b"o0", b"o1", b"o2"]
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-512"])
+def test_sasl_ssl_with_client_certificates(brokers: dict[str, EmbeddedBroker], pki: Pki, mechanism: str) -> None:
+    b = brokers["sasl_ssl"]
+    conf = _conf(b, pki, "SASL_SSL", mechanism, client_cert=True)
+    assert confluent_roundtrip(conf, "ss-c-" + mechanism.lower()) == [b"c0", b"c1", b"c2"]
+    assert oncelog_roundtrip(conf, "ss-o-" + mechanism.lower()) == [b"o0", b"o1", b"o2"]
+    # ssl.client.auth=required: no client certificate, no connection (TLS 1.3 completes the client's side
+    # of the handshake before the server refuses, so the client sees the connection lost)
+    with pytest.raises(KafkaConnectionError, match="lost"):
+        with Admin({**_conf(b, pki, "SASL_SSL", mechanism), "request.timeout.ms": 3000,
+                    "default.api.timeout.ms": 3000}) as admin:
+            admin.list_topics()
+
+
+def test_kafka_python_over_sasl_ssl_scram(brokers: dict[str, EmbeddedBroker], pki: Pki) -> None:
+    """A second, independent SCRAM and TLS implementation."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition as KTP
+
+    b = brokers["sasl_ssl"]
+    common = dict(bootstrap_servers=b.bootstrap, security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256",
+                  sasl_plain_username="bob", sasl_plain_password=USERS["bob"], ssl_cafile=str(pki.ca),
+                  ssl_certfile=str(pki.client_cert), ssl_keyfile=str(pki.client_key_encrypted),
+                  ssl_password=KEY_PASSWORD, request_timeout_ms=10000)
+    p = KafkaProducer(**common)
+    try:
+        for i in range(3):
+            p.send("kp-scram", f"k{i}".encode()).get(timeout=15)
+    finally:
+        p.close(timeout=5)
+    c = KafkaConsumer(**common, enable_auto_commit=False, consumer_timeout_ms=8000)
+    try:
+        c.assign([KTP("kp-scram", 0)])
+        c.seek_to_beginning()
+        got = [m.value for _, m in zip(range(3), c)]
+    finally:
+        c.close()
+    assert got == [b"k0", b"k1", b"k2"]
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_wrong_password_is_a_typed_error_and_the_broker_keeps_serving(
+        brokers: dict[str, EmbeddedBroker], pki: Pki, mechanism: str) -> None:
+    b = brokers["sasl"]
+    bad = _conf(b, pki, "SASL_PLAINTEXT", mechanism, password="wrong")
+    started = time.monotonic()
+    with pytest.raises(SaslAuthenticationFailedError, match="Authentication failed"):
+        with Admin(bad) as admin:
+            admin.list_topics()
+    assert time.monotonic() - started < 10, "an authentication failure must not be retried until a timeout"
+    # confluent-kafka reports it too (an error naming the authentication failure)
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka import KafkaException
+
+    errors: list[str] = []
+    client = AdminClient({**bad, "error_cb": lambda e: errors.append(str(e))})
+    with pytest.raises(KafkaException):
+        client.list_topics(timeout=2)
+    client.poll(0.5)
+    assert any("uthentication" in e for e in errors), errors
+    # others are still served
+    with Admin(_conf(b, pki, "SASL_PLAINTEXT", mechanism)) as admin:
+        admin.list_topics()
+
+
+# -- raw protocol -----------------------------------------------------------------------------
+
+
+def _request(api_key: int, version: int, corr: int, body: bytes, flexible: bool = False) -> bytes:
+    head = struct.pack(">hhih", api_key, version, corr, 3) + b"raw" + (b"\x00" if flexible else b"")
+    return struct.pack(">i", len(head) + len(body)) + head + body
+
+
+def _string(s: str) -> bytes:
+    return struct.pack(">h", len(s)) + s.encode()
+
+
+def _recv(sock: socket.socket) -> bytes | None:
+    head = b""
+    while len(head) < 4:
+        chunk = sock.recv(4 - len(head))
+        if not chunk:
+            return None
+        head += chunk
+    (size,) = struct.unpack(">i", head)
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, socket.timeout):
+        return False
+
+
+def test_raw_sasl_protocol(brokers: dict[str, EmbeddedBroker]) -> None:
+    b = brokers["sasl"]
+    # 1. anything but ApiVersions/SaslHandshake before authentication closes the connection
+    with socket.create_connection((b.host, b.port), timeout=5) as s:
+        s.sendall(_request(3, 1, 1, struct.pack(">i", -1)))  # Metadata v1, all topics
+        assert _recv(s) is None
+    # 2. a mechanism not enabled: UNSUPPORTED_SASL_MECHANISM (33) with the enabled list, then closed
+    with socket.create_connection((b.host, b.port), timeout=5) as s:
+        s.sendall(_request(17, 1, 2, _string("GSSAPI")))
+        resp = _recv(s)
+        assert resp is not None and struct.unpack_from(">ih", resp) == (2, 33)
+        assert b"SCRAM-SHA-512" in resp
+        assert _closed(s)
+    # 3. PLAIN with a wrong password via SaslAuthenticate v1: SASL_AUTHENTICATION_FAILED (58) + message, closed
+    with socket.create_connection((b.host, b.port), timeout=5) as s:
+        s.sendall(_request(17, 1, 3, _string("PLAIN")))
+        resp = _recv(s)
+        assert resp is not None and struct.unpack_from(">ih", resp) == (3, 0)
+        token = b"\x00alice\x00nope"
+        s.sendall(_request(36, 1, 4, struct.pack(">i", len(token)) + token))
+        resp = _recv(s)
+        assert resp is not None
+        corr, code, msg_len = struct.unpack_from(">ihh", resp)
+        assert (corr, code) == (4, 58)
+        assert resp[8 : 8 + msg_len] == b"Authentication failed: Invalid username or password"
+        assert _closed(s)
+    # 4. SaslHandshake v0: bare tokens follow; then Kafka requests are served
+    with socket.create_connection((b.host, b.port), timeout=5) as s:
+        s.sendall(_request(17, 0, 5, _string("PLAIN")))
+        resp = _recv(s)
+        assert resp is not None and struct.unpack_from(">ih", resp) == (5, 0)
+        token = b"\x00alice\x00" + USERS["alice"].encode()
+        s.sendall(struct.pack(">i", len(token)) + token)
+        assert _recv(s) == b""  # PLAIN's empty answer
+        s.sendall(_request(3, 1, 6, struct.pack(">i", -1)))
+        resp = _recv(s)
+        assert resp is not None and struct.unpack_from(">i", resp) == (6,)
+        # re-authentication is not supported: ILLEGAL_SASL_STATE (34)
+        s.sendall(_request(17, 1, 7, _string("PLAIN")))
+        resp = _recv(s)
+        assert resp is not None and struct.unpack_from(">ih", resp) == (7, 34)
+
+
+# -- bad configuration --------------------------------------------------------------------------
+
+
+def test_bad_client_config_fails_at_construction(pki: Pki, tmp_path: Path) -> None:
+    base = {"bootstrap.servers": "127.0.0.1:1"}
+    with pytest.raises(ConfigError, match="security.protocol"):
+        Producer({**base, "security.protocol": "TLS"})
+    with pytest.raises(ConfigError, match="ssl.ca.location"):
+        Producer({**base, "security.protocol": "SSL", "ssl.ca.location": str(tmp_path / "missing.pem")})
+    with pytest.raises(ConfigError, match="sasl.mechanism is required"):
+        Producer({**base, "security.protocol": "SASL_SSL"})
+    with pytest.raises(ConfigError, match="GSSAPI"):
+        Consumer({**base, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "GSSAPI",
+                  "sasl.username": "u", "sasl.password": "p", "group.id": "g"})
+    with pytest.raises(ConfigError, match="ssl.key.password"):
+        Admin({**base, "security.protocol": "SSL", "ssl.ca.location": str(pki.ca),
+               "ssl.certificate.location": str(pki.client_cert), "ssl.key.location": str(pki.client_key_encrypted),
+               "ssl.key.password": "wrong"})
+    with pytest.raises(ConfigError, match="ssl.check.hostname"):
+        Producer({**base, "ssl.check.hostname": "false"})
+
+
+@pytest.mark.parametrize("props,expected", [
+    ({"listeners": "SSL://127.0.0.1:0"}, "no key store is configured"),
+    ({"listeners": "SSL://127.0.0.1:0", "ssl.keystore.location": "/nonexistent.pem"}, "ssl.keystore.type must be PEM"),
+    ({"listeners": "SSL://127.0.0.1:0", "ssl.keystore.type": "PEM", "ssl.keystore.location": "/nonexistent.pem"},
+     "no such file"),
+    ({"listeners": "SASL_PLAINTEXT://127.0.0.1:0"}, "sasl.enabled.mechanisms is not set"),
+    ({"listeners": "SASL_PLAINTEXT://127.0.0.1:0", "sasl.enabled.mechanisms": "PLAIN"}, "has no users"),
+])
+def test_bad_broker_config_is_one_line_and_exit_2(tmp_path: Path, props: dict[str, str], expected: str) -> None:
+    cfg = tmp_path / "server.properties"
+    cfg.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    proc = subprocess.run([sys.executable, "-P", "-m", "oncelog.cli", "serve", "--config", str(cfg),
+                           "--data-dir", str(tmp_path / "d")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], proc.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_plaintext_broker_answers_sasl_requests_with_illegal_sasl_state(tmp_path: Path) -> None:
+    with EmbeddedBroker(data_dir=tmp_path / "d", log_path=tmp_path / "b.log") as b:
+        with socket.create_connection((b.host, b.port), timeout=5) as s:
+            s.sendall(_request(17, 1, 9, _string("PLAIN")))
+            resp = _recv(s)
+            assert resp is not None and struct.unpack_from(">ih", resp) == (9, 34)
+
