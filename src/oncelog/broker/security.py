@@ -117,7 +117,7 @@ _PEM_BLOCK = re.compile(r"-----BEGIN ([A-Z0-9 ]+)-----(.*?)-----END \1-----", re
 def _normalise_pem(text: str, key: str) -> str:
     """PEM blocks rewrapped at 64 columns: a properties value joined from continued lines has lost its
     line breaks, which Kafka's PEM reader tolerates and OpenSSL does not."""
-    blocks = _PEM_BLOCK.findall(text)
+    blocks = _PEM_BLOCK.findall(text.replace("\\n", "\n"))  # a literal \n (Java properties' escape) too
     if not blocks:
         raise _config_error(f"invalid value for {key}: no PEM block (-----BEGIN ...-----) found")
     out = []
