@@ -358,6 +358,15 @@ def test_raw_sasl_protocol(brokers: dict[str, EmbeddedBroker]) -> None:
         s.sendall(_request(17, 1, 7, _string("PLAIN")))
         resp = _recv(s)
         assert resp is not None and struct.unpack_from(">ih", resp) == (7, 34)
+        # once authenticated, frames above sasl.server.max.receive.size are fine again
+        big = b"x" * 600_000
+        s.sendall(_request(36, 1, 8, struct.pack(">i", len(big)) + big))
+        resp = _recv(s)
+        assert resp is not None and struct.unpack_from(">ih", resp) == (8, 34)
+    # 5. before authentication a frame above sasl.server.max.receive.size (512 KiB) closes the connection at once
+    with socket.create_connection((b.host, b.port), timeout=5) as s:
+        s.sendall(struct.pack(">i", 600_000) + b"\x00" * 1000)
+        assert _closed(s)
 
 
 # -- bad configuration --------------------------------------------------------------------------

@@ -207,6 +207,7 @@ _INTS: dict[str, tuple[str, _Spec]] = {
     "num.partitions": ("num_partitions", _POS_INT),
     "default.replication.factor": ("default_replication_factor", _INT),
     "socket.request.max.bytes": ("socket_request_max_bytes", _POS_INT),
+    "sasl.server.max.receive.size": ("sasl_server_max_receive_size", _POS_INT),
     "log.flush.interval.messages": ("log_flush_interval_messages", _POS_LONG),
     "log.flush.interval.ms": ("log_flush_interval_ms", _LONG),
     "log.retention.check.interval.ms": ("log_retention_check_interval_ms", _POS_LONG),
@@ -289,6 +290,8 @@ class BrokerConfig:
     num_partitions: int = 1
     default_replication_factor: int = 1
     socket_request_max_bytes: int = 104857600
+    # largest request frame before SASL authentication completes (Kafka's default)
+    sasl_server_max_receive_size: int = 524288
     # 1 = fsync before every acknowledgement (group commit); larger values leave
     # data in the page cache and flush every log_flush_interval_ms, as Kafka does.
     log_flush_interval_messages: int = 1

@@ -65,6 +65,9 @@ class KafkaConnection(asyncio.Protocol):
         self._flush_scheduled = False
         sec = server.broker.config.security
         self.auth: SaslSession | None = SaslSession(sec.sasl) if sec is not None and sec.sasl is not None else None
+        if self.auth is not None:  # an unauthenticated peer may not make the broker buffer more (Kafka's rule)
+            self.decoder.max_frame_bytes = min(self.decoder.max_frame_bytes,
+                                               server.broker.config.sasl_server_max_receive_size)
         # a refused SASL login: its answer is written, then the connection closed (as Kafka)
         self._closing_task: asyncio.Task[Any] | None = None
         self._close_after_flush = False
@@ -102,7 +105,11 @@ class KafkaConnection(asyncio.Protocol):
         try:
             frames = self.decoder.feed(data)
         except FrameError as exc:
-            self.abort(f"bad frame: {exc}")
+            if self.auth is not None and not self.auth.complete:
+                self.abort(f"bad frame before SASL authentication: {exc} "
+                           f"(sasl.server.max.receive.size={self.decoder.max_frame_bytes})")
+            else:
+                self.abort(f"bad frame: {exc}")
             return
         loop = asyncio.get_running_loop()
         for body in frames:
@@ -137,8 +144,11 @@ class KafkaConnection(asyncio.Protocol):
                 parts = await handle_frame(self.broker, body, self.peer, mark_applied)
             else:
                 parts = await handle_frame(self.broker, body, self.peer, mark_applied, auth=self.auth)
-            if self.auth is not None and self.auth.close_after_response:
-                self._closing_task = asyncio.current_task()
+            if self.auth is not None:
+                if self.auth.close_after_response:
+                    self._closing_task = asyncio.current_task()
+                elif self.auth.complete:
+                    self.decoder.max_frame_bytes = self.broker.config.socket_request_max_bytes
             return parts
         except CloseConnection as exc:
             self.abort(str(exc))
