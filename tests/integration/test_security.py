@@ -256,6 +256,43 @@ def test_kafka_python_over_sasl_ssl_scram(brokers: dict[str, EmbeddedBroker], pk
     assert got == [b"k0", b"k1", b"k2"]
 
 
+def test_aiokafka_over_sasl_ssl_scram_sha_512(brokers: dict[str, EmbeddedBroker], pki: Pki) -> None:
+    """A third implementation, asyncio, with SCRAM-SHA-512."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition as ATP
+    from aiokafka.helpers import create_ssl_context
+
+    b = brokers["sasl_ssl"]
+
+    async def main() -> list[bytes]:
+        ctx = create_ssl_context(cafile=str(pki.ca), certfile=str(pki.client_cert),
+                                 keyfile=str(pki.client_key_encrypted), password=KEY_PASSWORD)
+        common = dict(bootstrap_servers=b.bootstrap, security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+                      sasl_plain_username="alice", sasl_plain_password=USERS["alice"], ssl_context=ctx)
+        p = AIOKafkaProducer(**common)
+        await p.start()
+        try:
+            for i in range(3):
+                await p.send_and_wait("aio-scram", f"a{i}".encode())
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer(**common, enable_auto_commit=False, auto_offset_reset="earliest")
+        await c.start()
+        try:
+            c.assign([ATP("aio-scram", 0)])
+            await c.seek_to_beginning()
+            got: list[bytes] = []
+            async with asyncio.timeout(15):
+                while len(got) < 3:
+                    got.append((await c.getone()).value)
+            return got
+        finally:
+            await c.stop()
+
+    assert asyncio.run(main()) == [b"a0", b"a1", b"a2"]
+
+
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_wrong_password_is_a_typed_error_and_the_broker_keeps_serving(
         brokers: dict[str, EmbeddedBroker], pki: Pki, mechanism: str) -> None:
