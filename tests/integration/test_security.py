@@ -12,7 +12,6 @@ runs in about 20 s here.
 from __future__ import annotations
 
 import socket
-import ssl
 import struct
 import subprocess
 import sys
