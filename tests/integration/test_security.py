@@ -23,18 +23,17 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("cryptography", reason="the test extra installs cryptography")  # pyproject's test extra
-from tls_material import KEY_PASSWORD, Pki, make_pki  # noqa: E402
+from tls_material import KEY_PASSWORD, Pki, make_pki  # cryptography: in the test extra (pyproject.toml)
 
-from oncelog.client import Admin, Consumer, Producer, TopicPartition  # noqa: E402
-from oncelog.client.config import ConfigError  # noqa: E402
-from oncelog.client.errors import (  # noqa: E402
+from oncelog.client import Admin, Consumer, Producer, TopicPartition
+from oncelog.client.config import ConfigError
+from oncelog.client.errors import (
     KafkaConnectionError,
     SaslAuthenticationFailedError,
     SslAuthenticationError,
 )
-from oncelog.testing import EmbeddedBroker  # noqa: E402
-from oncelog.testing.embedded import free_port  # noqa: E402
+from oncelog.testing import EmbeddedBroker
+from oncelog.testing.embedded import free_port
 
 USERS = {"alice": "alice-secret", "bob": "b=o,b pw"}
 JAAS = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
