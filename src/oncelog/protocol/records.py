@@ -514,9 +514,10 @@ class RecordColumns:
 def decode_columns(batch: bytes, pos: int = 0, with_headers: bool = True) -> RecordColumns:
     """Decode an uncompressed batch at ``pos`` straight into columns (no per-record objects).
 
-    The same fields and checks as :func:`iter_records`, about twice as fast:
-    one- and two-byte varints (the common case) are read inline. Used by readers that
-    hand records on in bulk (the Spark source builds Arrow arrays from these).
+    The same fields and checks as :func:`iter_records`, about twice as fast
+    (:func:`decode_section`: one- and two-byte varints, the common case, are read
+    inline). Used by readers that hand records on in bulk (the Spark source builds
+    Arrow arrays from these). ``headers`` holds a list per record (empty if none).
     """
     hdr = parse_batch_header(batch, pos)
     if hdr.compression != COMPRESSION_NONE:
@@ -527,91 +528,162 @@ def decode_columns(batch: bytes, pos: int = 0, with_headers: bool = True) -> Rec
     if end > len(batch):
         raise InvalidRecordError(CORRUPT_MESSAGE, "record batch truncated")
     buf = bytes(batch) if not isinstance(batch, bytes) else batch
-    view = memoryview(buf)[:end]
-    base_offset, base_ts = hdr.base_offset, hdr.base_timestamp
-    log_append_ts = hdr.max_timestamp if hdr.timestamp_type == TIMESTAMP_LOG_APPEND_TIME else None
     offsets: list[int] = []
     stamps: list[int] = []
     keys: list[bytes | None] = []
     values: list[bytes | None] = []
-    headers: list[list[tuple[str, bytes | None]]] | None = [] if with_headers else None
+    hcol: list[list[tuple[str, bytes | None]] | None] = []
+    decode_section(buf, pos + RECORDS_OFFSET, end, hdr, offsets, stamps, keys, values, hcol)
+    headers = [h if h is not None else [] for h in hcol] if with_headers else None
+    return RecordColumns(offsets, stamps, keys, values, headers)
+
+
+def _bad(message: str) -> InvalidRecordError:
+    return InvalidRecordError(CORRUPT_MESSAGE, message)
+
+
+def decode_section(
+    buf: bytes,
+    p: int,
+    end: int,
+    hdr: BatchHeader,
+    offsets: list[int],
+    stamps: list[int],
+    keys: list[bytes | None],
+    values: list[bytes | None],
+    headers: list[list[tuple[str, bytes | None]] | None],
+) -> None:
+    """Decode the ``hdr.records_count`` records of the uncompressed records section
+    ``buf[p:end]`` (``buf`` must be ``bytes``: values and keys are slices of it),
+    appending each record's offset, timestamp, key, value and headers to the lists;
+    a record without headers gets ``None`` in ``headers`` (no list per record: the
+    consumer's :class:`Message` makes the empty list when it is asked for).
+
+    The same fields and checks as :func:`iter_records`: a record's length must match
+    its fields exactly and the records must fill the section; raises
+    :class:`InvalidRecordError` (CORRUPT_MESSAGE) otherwise. The common shapes (one-
+    or two-byte varints, a null or short key, no headers) are read inline; anything
+    else goes through the general varint reader.
+    """
+    base_offset = hdr.base_offset
+    base_ts = hdr.base_timestamp
+    log_append = hdr.attributes & TIMESTAMP_TYPE_BIT
+    fixed_ts = hdr.max_timestamp
+    oapp = offsets.append
+    sapp = stamps.append
+    kapp = keys.append
+    vapp = values.append
+    happ = headers.append
     read_varint = _read_varint
-    p = pos + RECORDS_OFFSET
     try:
         for _ in range(hdr.records_count):
+            # length (zigzag: an odd unsigned value is negative), then skip the attributes byte
             b = buf[p]
             if b < 0x80:
-                length, p = (b >> 1) ^ -(b & 1), p + 1
-            elif buf[p + 1] < 0x80:
-                u = (b & 0x7F) | (buf[p + 1] << 7)
-                length, p = (u >> 1) ^ -(u & 1), p + 2
+                if b & 1:
+                    raise _bad("record runs past the end of the batch")
+                rec_end = p + 1 + (b >> 1)
+                p += 2
             else:
-                length, p = read_varint(view, p)
-            rec_end = p + length
-            if length < 0 or rec_end > end:
-                raise InvalidRecordError(CORRUPT_MESSAGE, "record runs past the end of the batch")
-            b = buf[p + 1]  # after the attributes byte
-            if b < 0x80:
-                ts_delta, p = (b >> 1) ^ -(b & 1), p + 2
-            else:
-                ts_delta, p = read_varint(view, p + 1)
+                c = buf[p + 1]
+                if c < 0x80:
+                    if b & 1:
+                        raise _bad("record runs past the end of the batch")
+                    rec_end = p + 2 + (((b & 0x7F) | (c << 7)) >> 1)
+                    p += 3
+                else:
+                    n, p = read_varint(buf, p)
+                    if n < 0:
+                        raise _bad("record runs past the end of the batch")
+                    rec_end = p + n
+                    p += 1
+            if rec_end > end:
+                raise _bad("record runs past the end of the batch")
+            # timestampDelta
             b = buf[p]
             if b < 0x80:
-                off_delta, p = (b >> 1) ^ -(b & 1), p + 1
-            elif buf[p + 1] < 0x80:
-                u = (b & 0x7F) | (buf[p + 1] << 7)
-                off_delta, p = (u >> 1) ^ -(u & 1), p + 2
+                ts = (b >> 1) ^ -(b & 1)
+                p += 1
             else:
-                off_delta, p = read_varint(view, p)
+                ts, p = read_varint(buf, p)
+            sapp(fixed_ts if log_append else base_ts + ts)
+            # offsetDelta
             b = buf[p]
             if b < 0x80:
-                n, p = (b >> 1) ^ -(b & 1), p + 1
-            elif buf[p + 1] < 0x80:
-                u = (b & 0x7F) | (buf[p + 1] << 7)
-                n, p = (u >> 1) ^ -(u & 1), p + 2
+                oapp(base_offset + ((b >> 1) ^ -(b & 1)))
+                p += 1
             else:
-                n, p = read_varint(view, p)
-            if n < 0:
-                key = None
+                c = buf[p + 1]
+                if c < 0x80:
+                    u = (b & 0x7F) | (c << 7)
+                    oapp(base_offset + ((u >> 1) ^ -(u & 1)))
+                    p += 2
+                else:
+                    n, p = read_varint(buf, p)
+                    oapp(base_offset + n)
+            # key: mostly null (varint -1 = 0x01) or short
+            b = buf[p]
+            if b == 1:
+                kapp(None)
+                p += 1
+            elif b < 0x80 and not b & 1:
+                p += 1
+                n = p + (b >> 1)
+                kapp(buf[p:n])
+                p = n
             else:
-                key, p = buf[p : p + n], p + n
+                n, p = read_varint(buf, p)
+                if n < 0:
+                    kapp(None)
+                else:
+                    kapp(buf[p : p + n])
+                    p += n
+            # value
             b = buf[p]
             if b < 0x80:
-                n, p = (b >> 1) ^ -(b & 1), p + 1
-            elif buf[p + 1] < 0x80:
-                u = (b & 0x7F) | (buf[p + 1] << 7)
-                n, p = (u >> 1) ^ -(u & 1), p + 2
+                if b & 1:  # a negative length: null
+                    vapp(None)
+                    p += 1
+                else:
+                    p += 1
+                    n = p + (b >> 1)
+                    vapp(buf[p:n])
+                    p = n
             else:
-                n, p = read_varint(view, p)
-            if n < 0:
-                value = None
-            else:
-                value, p = buf[p : p + n], p + n
+                c = buf[p + 1]
+                if c < 0x80 and not b & 1:
+                    p += 2
+                    n = p + (((b & 0x7F) | (c << 7)) >> 1)
+                    vapp(buf[p:n])
+                    p = n
+                else:
+                    n, p = read_varint(buf, p)
+                    if n < 0:
+                        vapp(None)
+                    else:
+                        vapp(buf[p : p + n])
+                        p += n
+            # headers: mostly none (a zero count, the record's last byte)
+            if p + 1 == rec_end and buf[p] == 0:
+                happ(None)
+                p = rec_end
+                continue
             if p >= rec_end:
-                raise InvalidRecordError(CORRUPT_MESSAGE, "record field runs past the end of the batch")
-            b = buf[p]
-            if b < 0x80:
-                n_headers, p = (b >> 1) ^ -(b & 1), p + 1
-            else:
-                n_headers, p = read_varint(view, p)
-            if n_headers:
-                hs: list[tuple[str, bytes | None]] = []
-                for _h in range(n_headers):
-                    hkey, p = _read_bytes(view, p)
-                    hval, p = _read_bytes(view, p)
-                    hs.append(((hkey or b"").decode(), hval))
-            else:
-                hs = []
+                raise _bad("record field runs past the end of the batch")
+            n, p = read_varint(buf, p)
+            if n < 0:  # as Kafka's DefaultRecord
+                raise _bad(f"invalid number of record headers {n}")
+            hs: list[tuple[str, bytes | None]] = []
+            for _h in range(n):
+                hkey, p = _read_bytes(buf, p)
+                hval, p = _read_bytes(buf, p)
+                hs.append(((hkey or b"").decode(), hval))
             if p != rec_end:
-                raise InvalidRecordError(CORRUPT_MESSAGE, "record length does not match its contents")
-            offsets.append(base_offset + off_delta)
-            stamps.append(base_ts + ts_delta if log_append_ts is None else log_append_ts)
-            keys.append(key)
-            values.append(value)
-            if headers is not None:
-                headers.append(hs)
+                raise _bad("record length does not match its contents")
+            happ(hs if n else None)
     except IndexError:
-        raise InvalidRecordError(CORRUPT_MESSAGE, "varint runs past the end of the batch") from None
+        raise _bad("varint runs past the end of the batch") from None
+    except UnicodeDecodeError:
+        raise _bad("header key is not UTF-8") from None
     if p != end:
-        raise InvalidRecordError(CORRUPT_MESSAGE, "trailing bytes after the last record")
-    return RecordColumns(offsets, stamps, keys, values, headers)
+        raise _bad("trailing bytes after the last record")
