@@ -14,7 +14,7 @@ Internal design (for the group consumer that builds on it):
   by name); CRC checks, decompression of all four codecs and the
   read_committed filter are :func:`oncelog.client.reader.fetched_batches`
   when the answer arrives, and each batch is decoded
-  (:func:`~oncelog.client.reader.batch_columns`) when its first record is
+  (:func:`~oncelog.client.reader.batch_section`) when its first record is
   handed out, so the next Fetch goes out while records are decoded.
 * ``consume`` hands out one partition's buffer until it is empty before the
   next partition's (Java's fetch buffer), so partitions drain and are
@@ -72,7 +72,7 @@ from oncelog.client.reader import (
     READ_UNCOMMITTED,
     Batch,
     ReaderError,
-    batch_columns,
+    batch_section,
     fetch_request,
     fetched_batches,
     list_offsets_request,
@@ -101,17 +101,53 @@ class TopicPartition:
     offset: int = -1001
 
 
-@dataclass(slots=True)
 class Message:
-    """One consumed record."""
+    """One consumed record: ``topic``, ``partition``, ``offset``, ``key``, ``value``,
+    ``headers`` (a list of ``(str, bytes | None)``, empty if none) and ``timestamp`` (ms).
 
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
-    timestamp: int
+    A plain ``__slots__`` class (equality by fields, like the dataclass it was). A record
+    without headers is stored with None and gets its empty list when ``headers`` is first
+    read, so the consumer does not allocate a list per record.
+    """
+
+    __slots__ = ("topic", "partition", "offset", "key", "value", "_headers", "timestamp")
+    __match_args__ = ("topic", "partition", "offset", "key", "value", "headers", "timestamp")
+
+    def __init__(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+                 headers: list[tuple[str, bytes | None]] | None, timestamp: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self.value = value
+        self._headers = headers
+        self.timestamp = timestamp
+
+    @property
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        h = self._headers
+        if h is None:
+            h = self._headers = []
+        return h
+
+    @headers.setter
+    def headers(self, value: list[tuple[str, bytes | None]]) -> None:
+        self._headers = value
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.topic, self.partition, self.offset, self.key, self.value, self.headers, self.timestamp)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
+
+    def __repr__(self) -> str:
+        return (f"Message(topic={self.topic!r}, partition={self.partition!r}, offset={self.offset!r}, "
+                f"key={self.key!r}, value={self.value!r}, headers={self.headers!r}, "
+                f"timestamp={self.timestamp!r})")
 
 
 class _Chunk:
@@ -133,7 +169,7 @@ class _Chunk:
         self.offsets: list[int] = []
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
-        self.headers: list[list[tuple[str, bytes | None]]] = []
+        self.headers: list[list[tuple[str, bytes | None]] | None] = []
         self.timestamps: list[int] = []
         self.i, self.n = 0, -1  # n: -1 until decoded
 
@@ -143,11 +179,10 @@ class _Chunk:
         b = self.batch
         if b is None:
             return
-        c = batch_columns(b, partition, self.start)
-        self.offsets, self.keys, self.values, self.timestamps = c.offsets, c.keys, c.values, c.timestamps
-        self.headers = c.headers  # type: ignore[assignment]
+        offs, stamps, keys, values, hs = batch_section(b, partition, self.start)
+        self.offsets, self.keys, self.values, self.timestamps, self.headers = offs, keys, values, stamps, hs
         self.batch = None
-        self.n = len(c.offsets)
+        self.n = len(offs)
 
 
 @dataclass
