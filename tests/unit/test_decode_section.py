@@ -17,7 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oncelog.client.aio.consumer import Message
-from oncelog.client.reader import READ_COMMITTED, READ_UNCOMMITTED, batch_section, fetched_batches, fetched_records
+from oncelog.client import reader
+from oncelog.client.aio.consumer import Consumer
+from oncelog.client.reader import (
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+    batch_section,
+    fetched_batches,
+    fetched_records,
+    group_sections,
+)
 from oncelog.protocol import compression
 from oncelog.protocol.records import (
     ATTRIBUTES_OFFSET,
@@ -28,7 +37,9 @@ from oncelog.protocol.records import (
     InvalidRecordError,
     Record,
     _encode_record,
+    HAVE_NUMPY,
     decode_section,
+    decode_spans,
     encode_control_batch,
     encode_record_batch,
     iter_records,
@@ -37,8 +48,10 @@ from oncelog.protocol.records import (
     update_crc,
 )
 
-_bytes = st.one_of(st.none(), st.binary(max_size=40), st.binary(min_size=60, max_size=70),
-                   st.binary(min_size=8190, max_size=8200))
+# lengths around the one/two/three-byte varint steps (zigzag: 64 and 8192 bytes), cheap to generate
+_bytes = st.one_of(st.none(), st.binary(max_size=40),
+                   st.tuples(st.integers(60, 70), st.binary(min_size=1, max_size=1)).map(lambda t: t[1] * t[0]),
+                   st.tuples(st.integers(8188, 8200), st.binary(min_size=1, max_size=1)).map(lambda t: t[1] * t[0]))
 _record = st.builds(Record, key=st.one_of(st.none(), st.binary(max_size=80)), value=_bytes,
                     headers=st.lists(st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=10))),
                                      max_size=3),
@@ -60,6 +73,15 @@ def section(buf: bytes, pos: int = 0) -> tuple[list, list, list, list, list]:
     cols: tuple[list, list, list, list, list] = ([], [], [], [], [])
     decode_section(buf, pos + RECORDS_OFFSET, pos + hdr.size, hdr, *cols)
     return cols
+
+
+def spans_of(blob: bytes, pos: int = 0) -> list[tuple[int, int, object]]:
+    out = []
+    while pos < len(blob):
+        hdr = parse_batch_header(blob, pos)
+        out.append((pos + RECORDS_OFFSET, pos + hdr.size, hdr))
+        pos += hdr.size
+    return out
 
 
 def reference(buf: bytes, pos: int = 0) -> tuple[list, list, list, list, list]:
@@ -179,3 +201,107 @@ def test_message_headers_made_on_read() -> None:
     with pytest.raises(TypeError):
         hash(m)
 
+
+
+needs_numpy = pytest.mark.skipif(not HAVE_NUMPY, reason="the vectorised path needs numpy")
+
+
+@needs_numpy
+@settings(max_examples=300, deadline=None)
+@given(batches=st.lists(st.lists(_record, min_size=1, max_size=10), min_size=1, max_size=4),
+       base=st.integers(0, 2**40), deltas=st.lists(st.integers(-(2**31), 2**31 - 1), min_size=10, max_size=10),
+       sequential=st.booleans(), prefix=st.binary(max_size=5))
+def test_spans_equal_sections(batches: list[list[Record]], base: int, deltas: list[int], sequential: bool,
+                              prefix: bytes) -> None:
+    """decode_spans (numpy) over several batches of one blob gives what decode_section gives batch by
+    batch; it declines (None) only for records with headers, and then decode_section is used."""
+    blob = prefix + b"".join(batch_with_deltas(rs, list(range(len(rs))) if sequential else deltas[: len(rs)],
+                                               base + 1000 * i) for i, rs in enumerate(batches))
+    spans = spans_of(blob, len(prefix))
+    want: tuple[list, list, list, list, list] = ([], [], [], [], [])
+    for start, end, hdr in spans:
+        decode_section(blob, start, end, hdr, *want)
+    got = decode_spans(blob, spans)
+    if any(r.headers for rs in batches for r in rs):
+        assert got is None
+        return
+    assert got is not None
+    offs, stamps, keys, values, counts = got
+    assert (offs, stamps, keys, values) == want[:4] and counts == [len(rs) for rs in batches]
+    assert all(type(v) is bytes for v in values if v is not None)
+
+
+@needs_numpy
+@pytest.mark.parametrize("how", ["length past end", "negative length", "value past record", "trailing bytes",
+                                 "short record", "negative header count", "truncated varint"])
+def test_spans_decline_damage(how: str) -> None:
+    """Whatever decode_section refuses, decode_spans does not decode (None: the caller's
+    decode_section then raises the precise error)."""
+    batch = encode_record_batch([Record(None, b"value-1"), Record(None, b"value-2")], base_timestamp=0)
+    p = RECORDS_OFFSET
+    first_len = batch[p] >> 1
+    bad = {"length past end": lambda: damaged(batch, p, b"\x7e"),
+           "negative length": lambda: damaged(batch, p, b"\x03"),
+           "value past record": lambda: damaged(batch, p + 5, b"\x10"),
+           "trailing bytes": lambda: batch + b"\x00",
+           "short record": lambda: damaged(batch, p, bytes([(first_len - 1) << 1])),
+           "negative header count": lambda: damaged(batch, p + first_len, b"\x01"),
+           "truncated varint": lambda: batch[:-1] + b"\x80"}[how]()
+    hdr = parse_batch_header(batch)
+    end = len(bad) if how == "trailing bytes" else hdr.size
+    with pytest.raises(InvalidRecordError):
+        decode_section(bad, p, end, hdr, [], [], [], [], [])
+    assert decode_spans(bad, [(p, end, hdr)]) is None
+
+
+@pytest.mark.parametrize("numpy", [True, False])
+@settings(max_examples=40, deadline=None)
+@given(records=st.lists(_record, min_size=1, max_size=8), codec=st.sampled_from([0, 3]), cut=st.integers(0, 12),
+       headers=st.booleans())
+def test_group_sections_equal_batch_sections(numpy: bool, records: list[Record], codec: int, cut: int,
+                                             headers: bool) -> None:
+    if numpy and not HAVE_NUMPY:
+        pytest.skip("numpy is not installed")
+    saved = reader.HAVE_NUMPY
+    reader.HAVE_NUMPY = numpy
+    try:
+        if not headers:
+            records = [Record(r.key, r.value, [], r.timestamp_delta) for r in records]
+        n = len(records)
+        blob = b"".join(compressed(codec, raw) if codec else raw for raw in (
+            encode_record_batch(records, base_offset=0), encode_record_batch(records, base_offset=n)))
+        kept, _b, _s, _n = fetched_batches(blob, 0, cut, READ_UNCOMMITTED, [])
+        if not kept:
+            return
+        got = group_sections(kept, cut)
+        want = [batch_section(b, 0, cut) for b in kept]
+        plain = not any(r.headers for r in records)
+        if numpy and plain and (codec == 0 or len(kept) == 1):  # all in one buffer
+            assert got == want  # the vectorised path is taken, and agrees
+        else:
+            assert got is None  # batch by batch instead
+    finally:
+        reader.HAVE_NUMPY = saved
+
+
+@pytest.mark.parametrize("numpy", [True, False])
+def test_consumer_hands_out_the_same_with_and_without_numpy(numpy: bool) -> None:
+    if numpy and not HAVE_NUMPY:
+        pytest.skip("numpy is not installed")
+    saved = reader.HAVE_NUMPY
+    reader.HAVE_NUMPY = numpy
+    try:
+        from types import SimpleNamespace
+        blob = b"".join(encode_record_batch([Record(None if i % 3 else b"k%d" % i, b"v" * (i * 50))
+                                             for i in range(o, o + 10)], base_offset=o) for o in range(0, 40, 10))
+        c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
+        c.assign([("t", 0, 5)])
+        st_ = c._parts[("t", 0)]
+        assert c._apply(st_, SimpleNamespace(error_code=0, records=blob, aborted_transactions=[]))
+        got = c.take_nowait(100)
+        assert got is not None
+        assert [(m.offset, m.key, m.value, m.headers) for m in got] == [
+            (i, None if i % 3 else b"k%d" % i, b"v" * (i * 50), []) for i in range(5, 40)]
+        assert st_.consumed == 40
+    finally:
+        reader.HAVE_NUMPY = saved

@@ -33,6 +33,7 @@ from oncelog.protocol.errors import code_name
 from oncelog.protocol.records import (
     COMPRESSION_NONE,
     CRC_START,
+    HAVE_NUMPY,
     MAGIC_V2,
     RECORDS_OFFSET,
     BatchHeader,
@@ -42,6 +43,7 @@ from oncelog.protocol.records import (
     RecordColumns,
     decode_columns,
     decode_section,
+    decode_spans,
     read_control_marker,
 )
 
@@ -284,6 +286,41 @@ def batch_section(batch: Batch, partition: int, position: int
             i += 1
         return offs[i:], stamps[i:], keys[i:], values[i:], hs[i:]
     return offs, stamps, keys, values, hs
+
+
+def group_sections(batches: list[Batch], position: int
+                   ) -> list[tuple[list[int], list[int], list[bytes | None], list[bytes | None],
+                                   list[list[tuple[str, bytes | None]] | None]]] | None:
+    """:func:`batch_section` for each of ``batches`` (from one :func:`fetched_batches`), decoded
+    together by :func:`~oncelog.protocol.records.decode_spans` (numpy) when they all lie in one
+    buffer (uncompressed: the Fetch blob); None when that path does not apply (no numpy,
+    compressed batches, headers, damage...): the caller then decodes batch by batch with
+    :func:`batch_section`, which gives the same records and raises the precise error."""
+    if not HAVE_NUMPY or not batches:
+        return None
+    secs = [b.section for b in batches]
+    if any(sec is None for sec in secs):
+        return None
+    buf = secs[0][0]  # type: ignore[index]
+    if not all(sec[0] is buf for sec in secs):  # type: ignore[index]
+        # decompressed bodies, each in its own buffer: joining them costs a copy of every byte,
+        # about what the numpy pass saves (measured), so they go batch by batch
+        return None
+    spans = [(sec[1], sec[2], b.header) for sec, b in zip(secs, batches)]  # type: ignore[index]
+    got = decode_spans(buf, spans)
+    if got is None:
+        return None
+    offs, stamps, keys, values, counts = got
+    out = []
+    i = 0
+    for b, k in zip(batches, counts):
+        j = i + k
+        if b.header.base_offset < position:  # cut to the position, as batch_section
+            while i < j and offs[i] < position:
+                i += 1
+        out.append((offs[i:j], stamps[i:j], keys[i:j], values[i:j], [None] * (j - i)))
+        i = j
+    return out
 
 
 def batch_columns(batch: Batch, partition: int, position: int) -> RecordColumns:

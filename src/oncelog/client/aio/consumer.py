@@ -73,6 +73,7 @@ from oncelog.client.reader import (
     Batch,
     ReaderError,
     batch_section,
+    group_sections,
     fetch_request,
     fetched_batches,
     list_offsets_request,
@@ -161,10 +162,13 @@ class _Chunk:
     the garbage collector).
     """
 
-    __slots__ = ("batch", "start", "offsets", "keys", "values", "headers", "timestamps", "i", "n")
+    __slots__ = ("batch", "start", "offsets", "keys", "values", "headers", "timestamps", "i", "n", "group")
 
-    def __init__(self, batch: Batch, start: int) -> None:
+    def __init__(self, batch: Batch, start: int, group: list[_Chunk] | None = None) -> None:
         self.batch: Batch | None = batch
+        # the chunks of the same Fetch answer (this partition's): decoded together by the first
+        # decode (numpy), or, when that path does not apply, one by one
+        self.group = group
         self.start = start  # the fetch position: records below it are not handed out
         self.offsets: list[int] = []
         self.keys: list[bytes | None] = []
@@ -176,6 +180,18 @@ class _Chunk:
     def decode(self, partition: int) -> None:
         """Decode the batch (raises ReaderError); ``n`` may be 0 (a compacted batch). Idempotent,
         and safe to run in two threads at once (``n`` is set last)."""
+        group = self.group
+        if group is not None:
+            self.group = None
+            for ch in group:
+                ch.group = None
+            todo = [ch for ch in group if ch.batch is not None]
+            cols = group_sections([ch.batch for ch in todo], self.start)  # type: ignore[misc]
+            if cols is not None:
+                for ch, (offs, stamps, keys, values, hs) in zip(todo, cols):
+                    ch.offsets, ch.keys, ch.values, ch.timestamps, ch.headers = offs, keys, values, stamps, hs
+                    ch.batch = None
+                    ch.n = len(offs)
         b = self.batch
         if b is None:
             return
@@ -987,7 +1003,9 @@ class Consumer:
         except ReaderError as exc:
             st.error = error_for(CORRUPT_MESSAGE, str(exc))
             return True
-        chunks = [_Chunk(b, pos) for b in kept if b.header.records_count > 0]
+        group: list[_Chunk] = []
+        chunks = [_Chunk(b, pos, group) for b in kept if b.header.records_count > 0]
+        group.extend(chunks)
         with self._lock:
             st.buffer.extend(chunks)
             if not chunks and not st.buffer:
