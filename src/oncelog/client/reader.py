@@ -171,8 +171,9 @@ def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True, reco
                 elif hdr.compression == COMPRESSION_NONE:
                     batch.section = (data, start + RECORDS_OFFSET, end)
                 else:
-                    body = compression.decompress(hdr.compression, memoryview(data)[start + RECORDS_OFFSET:end])
-                    batch.section = (body, 0, len(body))
+                    body = compression.decompress_buffer(hdr.compression,
+                                                         memoryview(data)[start + RECORDS_OFFSET:end])
+                    batch.section = (body, 0, len(body))  # a buffer, made bytes when decoded
             else:
                 raw = compression.decompressed_batch(data, start, end)
                 batch.records = [
@@ -275,8 +276,11 @@ def batch_section(batch: Batch, partition: int, position: int
     keys: list[bytes | None] = []
     values: list[bytes | None] = []
     hs: list[list[tuple[str, bytes | None]] | None] = []
+    buf = sec[0]
+    if type(buf) is not bytes:  # a decompressed batch in the codec's buffer: values are slices of bytes
+        buf = bytes(buf)
     try:
-        decode_section(sec[0], sec[1], sec[2], batch.header, offs, stamps, keys, values, hs)
+        decode_section(buf, sec[1], sec[2], batch.header, offs, stamps, keys, values, hs)
     except InvalidRecordError as exc:
         raise ReaderError(f"partition {partition}: batch at offset {batch.header.base_offset}: "
                           f"{exc.message}") from None
@@ -292,9 +296,8 @@ def group_sections(batches: list[Batch], position: int
                    ) -> list[tuple[list[int], list[int], list[bytes | None], list[bytes | None],
                                    list[list[tuple[str, bytes | None]] | None]]] | None:
     """:func:`batch_section` for each of ``batches`` (from one :func:`fetched_batches`), decoded
-    together by :func:`~oncelog.protocol.records.decode_spans` (numpy) when they all lie in one
-    buffer (uncompressed: the Fetch blob); None when that path does not apply (no numpy,
-    compressed batches, headers, damage...): the caller then decodes batch by batch with
+    together by :func:`~oncelog.protocol.records.decode_spans` (numpy); None when that path does
+    not apply (no numpy, headers, damage...): the caller then decodes batch by batch with
     :func:`batch_section`, which gives the same records and raises the precise error."""
     if not HAVE_NUMPY or not batches:
         return None
@@ -302,11 +305,19 @@ def group_sections(batches: list[Batch], position: int
     if any(sec is None for sec in secs):
         return None
     buf = secs[0][0]  # type: ignore[index]
-    if not all(sec[0] is buf for sec in secs):  # type: ignore[index]
-        # decompressed bodies, each in its own buffer: joining them costs a copy of every byte,
-        # about what the numpy pass saves (measured), so they go batch by batch
-        return None
-    spans = [(sec[1], sec[2], b.header) for sec, b in zip(secs, batches)]  # type: ignore[index]
+    if type(buf) is bytes and all(sec[0] is buf for sec in secs):  # type: ignore[index]
+        # uncompressed: all in the Fetch blob, decoded in place
+        spans = [(sec[1], sec[2], b.header) for sec, b in zip(secs, batches)]  # type: ignore[index]
+    else:  # decompressed bodies in the codec's buffers: joined into one bytes (the copy
+        # into bytes that batch_section would make anyway), then one numpy pass
+        spans = []
+        pos = 0
+        for sec, b in zip(secs, batches):
+            size = sec[2] - sec[1]  # type: ignore[index]
+            spans.append((pos, pos + size, b.header))
+            pos += size
+        buf = b"".join(sec[0] if sec[1] == 0 and sec[2] == len(sec[0])  # type: ignore[index]
+                       else memoryview(sec[0])[sec[1]:sec[2]] for sec in secs)  # type: ignore[index]
     got = decode_spans(buf, spans)
     if got is None:
         return None

@@ -762,22 +762,22 @@ class Consumer:
         if (self._closed or (member is not None and (member.error is not None or member._poll_expired))
                 or (self._auto_commit and time.monotonic() >= self._next_auto_commit)):
             return None
-        self._predecode()
         with self._lock:
             order = self._order
             st = self._parts.get(order[0]) if order else None
-            if st is not None and not st.paused and st.buffer:
+            if st is not None and st.buffer and not st.paused:
                 ch = st.buffer[0]
                 i = ch.i
                 if i + 1 < ch.n:  # decoded, and the chunk (so the buffer) keeps records: nothing to wake
                     ch.i = i + 1
-                    st.consumed = ch.offsets[i] + 1
-                    msg = Message(st.topic, st.partition, ch.offsets[i], ch.keys[i], ch.values[i], ch.headers[i],
+                    off = ch.offsets[i]
+                    st.consumed = off + 1
+                    msg = Message(st.topic, st.partition, off, ch.keys[i], ch.values[i], ch.headers[i],
                                   ch.timestamps[i])
                     if member is not None:
                         member._last_poll = time.monotonic()
                     return msg
-        got = self.take_nowait(1)
+        got = self.take_nowait(1)  # decodes the next chunk first, outside the lock
         return got[0] if got else None
 
     def _predecode(self) -> None:
