@@ -13,7 +13,7 @@ confluent-kafka is given a random group.id because librdkafka requires one),
 default (fetch sizes, fetch.min.bytes, check.crcs ...). A run counts records
 and value bytes until it has them all; its time and CPU are from the
 constructor to the last record (close not included). CPU is the bench
-process's user+system seconds (``os.times()``: every thread, so librdkafka's
+process's user+system seconds (``time.process_time()``: every thread, so librdkafka's
 and our loop thread's too) and the broker's (``/proc/<pid>/stat``), per MB of
 values read: robust to other load on the machine, unlike records/s.
 
@@ -74,8 +74,7 @@ class Run:
 
 
 def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
+    return time.process_time()  # user + system of every thread, in ns (os.times() counts 10 ms ticks)
 
 
 def _done(run: Run) -> None:
