@@ -13,9 +13,10 @@ Internal design (for the group consumer that builds on it):
   the partitions of that broker whose buffer is empty. Fetch v4-v12 (topics
   by name); CRC checks, decompression of all four codecs and the
   read_committed filter are :func:`oncelog.client.reader.fetched_batches`
-  when the answer arrives, and each batch is decoded
-  (:func:`~oncelog.client.reader.batch_section`) when its first record is
-  handed out, so the next Fetch goes out while records are decoded.
+  when the answer arrives, and the batches of one answer are decoded together
+  (:func:`~oncelog.client.reader.group_sections`, numpy; else batch by batch,
+  :func:`~oncelog.client.reader.batch_section`) when the first of their records
+  is handed out, so the next Fetch goes out while records are decoded.
 * ``consume`` hands out one partition's buffer until it is empty before the
   next partition's (Java's fetch buffer), so partitions drain and are
   refetched one after another. ``take_nowait`` is the same hand-out callable
