@@ -22,6 +22,7 @@ Clients:
 * ``oncelog``: ``oncelog.client.Consumer`` (blocking facade), ``consume(500, 1.0)``;
 * ``oncelog-poll``: the same, one ``poll(1.0)`` per record;
 * ``oncelog-aio``: ``oncelog.client.aio.Consumer``, ``await consume(500, 1.0)``;
+* ``oncelog-aio-nonumpy``: the same without the optional numpy decode (not in the default list);
 * ``oncelog-columns``: ``PartitionReader.iter_range(records=False)`` and
   ``decode_columns``, the path the Spark source uses (blocking, one partition
   after another, no prefetch);
@@ -137,6 +138,18 @@ def run_oncelog_aio(bootstrap: str, topic: str, n: int, iso: str, run: Run) -> N
             await c.close()
 
     asyncio.run(main())
+
+
+def run_oncelog_aio_nonumpy(bootstrap: str, topic: str, n: int, iso: str, run: Run) -> None:
+    """``oncelog-aio`` without the optional numpy decode (the pure-Python path, as without numpy)."""
+    from oncelog.client import reader
+
+    saved = reader.HAVE_NUMPY
+    reader.HAVE_NUMPY = False
+    try:
+        run_oncelog_aio(bootstrap, topic, n, iso, run)
+    finally:
+        reader.HAVE_NUMPY = saved
 
 
 def run_oncelog_columns(bootstrap: str, topic: str, n: int, iso: str, run: Run) -> None:
@@ -298,6 +311,7 @@ CLIENTS: dict[str, Callable[[str, str, int, str, Run], None]] = {
     "oncelog": run_oncelog,
     "oncelog-poll": run_oncelog_poll,
     "oncelog-aio": run_oncelog_aio,
+    "oncelog-aio-nonumpy": run_oncelog_aio_nonumpy,
     "oncelog-columns": run_oncelog_columns,
     "confluent": run_confluent,
     "confluent-poll": run_confluent_poll,
@@ -341,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--isolation", choices=["read_uncommitted", "read_committed"], default="read_uncommitted")
     ap.add_argument("--compression", choices=["none", "gzip", "snappy", "lz4", "zstd"], default="none",
                     help="the prefill producer's compression.type (compressed values are repetitive, not random)")
-    ap.add_argument("--clients", default=",".join(CLIENTS))
+    ap.add_argument("--clients", default=",".join(c for c in CLIENTS if c != "oncelog-aio-nonumpy"))
     ap.add_argument("--profile", choices=list(CLIENTS), help="run one client once under pyinstrument")
     args = ap.parse_args(argv)
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
