@@ -211,7 +211,10 @@ def _admin_command(action: Any) -> Any:
             with _admin(args) as admin:
                 return int(action(admin, args))
         except KafkaConnectionError as exc:
-            print(f"error: cannot talk to the broker at {args.bootstrap}: {exc.message}", file=sys.stderr)
+            # connected, then dropped: what a TLS or SASL listener does to a plaintext client
+            dropped = not getattr(args, "client_config", None) and not exc.message.startswith("cannot connect")
+            hint = " (a TLS or SASL listener? see --command-config)" if dropped else ""
+            print(f"error: cannot talk to the broker at {args.bootstrap}: {exc.message}{hint}", file=sys.stderr)
             return 1
         except KafkaError as exc:
             print(f"error: {exc}", file=sys.stderr)

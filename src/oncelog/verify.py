@@ -500,7 +500,13 @@ def main(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (ReaderError, KafkaError, OSError, ValueError) as exc:
+    except OSError as exc:
+        # connected, then dropped: what a TLS or SASL listener does to a plaintext client
+        dropped = not getattr(args, "client_config", None) and type(exc) is ConnectionError
+        hint = " (a TLS or SASL listener? see --command-config)" if dropped else ""
+        print(f"error: cannot talk to the broker at {args.bootstrap}: {exc.strerror or exc}{hint}", file=sys.stderr)
+        return 2
+    except (ReaderError, KafkaError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
