@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Iterable
 
 from crc32c import crc32c
@@ -382,13 +383,24 @@ def list_offsets_request(partitions: dict[str, list[tuple[int, int]]], isolation
 
 
 class PartitionReader:
-    """Reads whole partitions, from each partition's leader."""
+    """Reads whole partitions, from each partition's leader.
 
-    def __init__(self, bootstrap: str, timeout: float = 30.0, client_id: str = "oncelog-reader") -> None:
+    ``config``: client properties for the connections, in practice the TLS and
+    SASL ones (``security.protocol``, ``ssl.*``, ``sasl.*``; docs/client.md),
+    checked as a consumer's (:class:`~oncelog.client.config.ConfigError`).
+    """
+
+    def __init__(self, bootstrap: str, timeout: float = 30.0, client_id: str = "oncelog-reader",
+                 config: Mapping[str, Any] | None = None) -> None:
         self.bootstrap = bootstrap
         self.timeout = timeout
         self.client_id = client_id
-        self.conn = Connection(bootstrap, client_id=client_id, timeout=timeout)
+        self.security = None
+        if config:
+            from oncelog.client.config import parse_config
+
+            self.security = parse_config({**config, "bootstrap.servers": bootstrap}, "consumer").security
+        self.conn = Connection(bootstrap, client_id=client_id, timeout=timeout, security=self.security)
         self._nodes: dict[int, Connection] = {}
         self._addresses: dict[int, str] = {}
         self._leaders: dict[tuple[str, int], int] = {}
@@ -436,7 +448,8 @@ class PartitionReader:
         conn = self._nodes.get(node)
         if conn is None:
             address = self._addresses[node]
-            conn = self.conn if address == self.bootstrap else Connection(address, self.client_id, self.timeout)
+            conn = self.conn if address == self.bootstrap else Connection(address, self.client_id, self.timeout,
+                                                                           self.security)
             self._nodes[node] = conn
         return conn
 
