@@ -438,3 +438,37 @@ def test_close_while_other_threads_produce_leaves_no_record_unresolved(
             except Exception:  # noqa: BLE001 - failed with the producer's close: resolved
                 pass
         assert pending == 0, f"{pending} of {len(futs)} records never resolved (attempt {attempt})"
+
+
+def test_batch_does_not_hold_its_records_futures(broker: EmbeddedBroker, kit: Any) -> None:
+    """A batch filled by produce() refers to one shared completion, not to its records' futures: a
+    future its caller drops is freed at once (no garbage-collected object per record waits for the
+    broker's answer, which made the collector run every few hundred records), while a future kept,
+    its on_delivery callback and a thread waiting in result() still see that record's own metadata."""
+    import gc
+    import threading
+
+    from oncelog.client.producer import DeliveryFuture
+
+    kit.create_topic(broker.bootstrap, "dropped", 2)
+    calls: list[Any] = []
+    with Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 60_000, "batch.size": 1 << 20}) as p:
+        p.produce("dropped", b"warm", partition=1)  # metadata known: the fast path from here
+        assert p.flush(30) == 0
+        for i in range(500):
+            p.produce("dropped", b"v%d" % i, partition=0)  # futures dropped at once
+        kept = p.produce("dropped", b"kept", partition=0, on_delivery=lambda e, m: calls.append((e, m)))
+        for i in range(500):
+            p.produce("dropped", b"w%d" % i, partition=0)
+        waited: list[Any] = []
+        waiter = threading.Thread(target=lambda: waited.append(kept.result(30)))
+        waiter.start()
+        gc.collect()
+        alive = [o for o in gc.get_objects() if isinstance(o, DeliveryFuture)]
+        assert alive == [kept], f"{len(alive)} futures alive while their batch lingers"
+        assert not kept.done() and len(p) == 1001
+        assert p.flush(30) == 0
+        waiter.join(30)
+    md = kept.result(0)
+    assert (md.topic, md.partition, md.offset) == ("dropped", 0, 500)
+    assert waited == [md] and calls == [(None, md)]

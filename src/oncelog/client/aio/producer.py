@@ -173,14 +173,16 @@ def encode_produce_request(version: int, transactional_id: str | None, acks: int
 
 class _Batch:
     __slots__ = ("topic", "partition", "builder", "futures", "timestamps", "seq", "attempts", "in_flight",
-                 "created", "last_error", "in_doubt", "nbytes", "expected", "spans")
+                 "created", "last_error", "in_doubt", "nbytes", "expected", "spans", "group")
 
     def __init__(self, topic: str, partition: int, builder: BatchBuilder) -> None:
         self.topic = topic
         self.partition = partition
         self.builder = builder
-        self.futures: list[Any] = []  # one per record, or a _Span for many records of produce_batch
-        self.timestamps: list[int] = []  # one per entry of ``futures``
+        # one per record, or a _Span for many records of produce_batch, or the blocking facade's one
+        # completion (``group``) for all the records of a batch filled by its produce()
+        self.futures: list[Any] = []
+        self.timestamps: list[int] = []  # one per record (``group``) or per entry of ``futures``
         self.spans = False  # ``futures`` holds a _Span
         self.seq = -1
         self.attempts = 0
@@ -190,6 +192,7 @@ class _Batch:
         self.in_doubt = False  # sent and not answered (its fate on the broker is unknown)
         self.nbytes = 0
         self.expected = -1  # conditional produce: the offset its first record must get (-1: none)
+        self.group: Any = None  # the blocking facade's completion shared by the batch's records' futures
 
     @property
     def count(self) -> int:
@@ -431,7 +434,7 @@ class ProducerCore:
         self.buffered_bytes = 0
         self.on_complete: Callable[[int], None] | None = None  # called with bytes released (blocking facade)
         # the blocking facade's: completes a successful batch's per-record futures from one BatchResult
-        self.complete_many: Callable[[list[Any], BatchResult], None] | None = None
+        self.complete_many: Callable[[_Batch, list[Any], BatchResult], None] | None = None
         # the blocking facade's accumulator: called at the start of every sender pass with (now, flushing);
         # hands over the batches its callers' threads filled (adopt()) and returns seconds to its next linger
         self.collect: Callable[[float, bool], float] | None = None
@@ -708,7 +711,7 @@ class ProducerCore:
         topic, part = b.topic, b.partition
         futs, b.futures = b.futures, []
         if self.complete_many is not None and not b.spans:
-            self.complete_many(futs, BatchResult(topic, part, base_offset, log_append_time, b.timestamps))
+            self.complete_many(b, futs, BatchResult(topic, part, base_offset, log_append_time, b.timestamps))
         elif b.spans:
             i = 0
             for fut, ts in zip(futs, b.timestamps):
