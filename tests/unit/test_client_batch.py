@@ -41,6 +41,34 @@ def test_sticky_partitioner_moves_on_after_a_batch() -> None:
     assert s.partition("t", 4) != first
 
 
+def test_sticky_partitioner_moves_once_when_two_threads_finish_the_same_batch() -> None:
+    """The blocking producer moves the sticky partition from its callers' threads and from its loop
+    thread: two threads finishing the batch of the same partition at once must move it once (the second
+    sees it moved), not twice. A slow random source widens the window between the read and the move."""
+    import random
+    import threading
+    import time
+
+    class SlowRandom(random.Random):
+        calls = 0
+
+        def randrange(self, *args: int) -> int:  # type: ignore[override]
+            SlowRandom.calls += 1
+            time.sleep(0.05)
+            return super().randrange(*args)
+
+    s = StickyPartitioner(SlowRandom(1))
+    first = s.partition("t", 8)
+    SlowRandom.calls = 0
+    ts = [threading.Thread(target=s.next, args=("t", 8, first)) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(10)
+    assert SlowRandom.calls == 1
+    assert s.partition("t", 8) != first
+
+
 @pytest.mark.parametrize("codec", list(CODECS))
 def test_batch_round_trips_through_reader_and_validation(codec: str) -> None:
     b = BatchBuilder(1 << 20, CODECS[codec])
