@@ -159,3 +159,28 @@ def test_bulk_append_keeps_batches_within_batch_size(size: int, keyed: bool) -> 
     assert max(b.count for b in batches) == max(1, min(n, (per - 61) // (size + (7 if keyed else 0) + 10)))
     decoded = decode_batches(b"".join(b.builder.to_bytes() for b in batches))
     assert [r.value for d in decoded for r in d.records] == values
+
+
+def test_encode_sections_is_encode_records_per_batch() -> None:
+    """produce_batch encodes all the batches of a call in one pass (encode_sections): each batch's
+    records section is byte for byte what encode_records makes for that batch alone (offset deltas
+    from 0 in each batch), with or without keys, with null keys and values, over the chunks it works
+    in, and for a batch of more than 16,384 records (offset deltas past the varint table)."""
+    import random
+
+    from oncelog.client.batch import encode_sections
+
+    rng = random.Random(5)
+    for trial in range(30):
+        n = rng.choice([1, 2, 15, 300, 9000, 20000])
+        values = [None if rng.random() < 0.05 else rng.randbytes(rng.choice([0, 3, 60, 64, 200, 1024, 9000]))
+                  for _ in range(n)] if n <= 300 else [b"v%d" % i for i in range(n)]
+        keys = None if trial % 2 else [None if rng.random() < 0.3 else b"k%d" % i for i in range(n)]
+        cuts = sorted(set(rng.sample(range(1, n), min(n - 1, rng.choice([0, 1, 5, 40]))))) if n > 1 else []
+        if n == 20000:
+            cuts = [19000]  # one batch of 19,000 records
+        edges = [0, *cuts, n]
+        bounds = list(zip(edges, edges[1:]))
+        got = encode_sections(values, keys, bounds)
+        want = [encode_records(values[i:j], None if keys is None else keys[i:j]) for i, j in bounds]
+        assert got == want, (trial, n)

@@ -21,7 +21,8 @@ Internal design (for the transactions work that builds on it):
   Requests go to the socket as parts (batch header and body apart), joined
   by nobody but the transport.
 * ``produce_batch`` (:func:`produce_batch_into`) encodes a partition's values
-  in bulk (:func:`~oncelog.client.batch.encode_records`) and puts one
+  in bulk (:func:`~oncelog.client.batch.encode_sections`: every batch of the
+  call in one pass) and puts one
   ``_Span`` per batch in ``_Batch.futures`` instead of a future per record:
   the batch completes them at once, and :class:`BatchFutures` makes a
   record's future when it is asked for.
@@ -82,7 +83,7 @@ from typing import Any
 
 from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster
 from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
-from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_records, record_sizes
+from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_sections, record_sizes
 from oncelog.client.config import ClientConfig, parse_config
 from oncelog.client.config import ConfigError
 from oncelog.client.errors import (
@@ -600,29 +601,35 @@ class ProducerCore:
         if not self._outstanding:
             self._idle.clear()  # type: ignore[union-attr]
         self._outstanding += len(values)
-        i, n = 0, len(values)
+        n = len(values)
         # records per batch: at most batch.size bytes (one record alone may be larger), by an upper bound
         # of each record's size; ends[i] is the bytes of records 0..i-1
         ends = list(accumulate(record_sizes(values, keys), initial=0))
         room = self.batch_size - HEADER_SIZE
+        bounds: list[tuple[int, int]] = []
+        i = 0
         while i < n:
+            j = max(i + 1, bisect_right(ends, ends[i] + room, i + 1) - 1)
+            bounds.append((i, j))
+            i = j
+        # every batch's records section at once (the bulk encoding's fixed cost once per call)
+        sections = encode_sections(values, keys, bounds)
+        spans = isinstance(futures, BatchFutures)
+        for (i, j), section in zip(bounds, sections):
             if p.open is not None:
                 self._close_open(p)
             b = p.open = _Batch(topic, partition, BatchBuilder(self.batch_size, self.codec))
             b.expected = expected + i if expected >= 0 else -1
-            j = max(i + 1, bisect_right(ends, ends[i] + room, i + 1) - 1)
-            section = encode_records(values[i:j], None if keys is None else keys[i:j])
             b.builder.append_encoded(section, j - i, timestamp)
             b.nbytes = len(section)
             self.buffered_bytes += b.nbytes
-            if isinstance(futures, BatchFutures):
-                b.futures.append(futures._span(i, j - i))
+            if spans:
+                b.futures.append(futures._span(i, j - i))  # type: ignore[union-attr]
                 b.timestamps.append(timestamp)
                 b.spans = True
             else:
                 b.futures.extend(futures[i:j])
                 b.timestamps.extend([timestamp] * (j - i))
-            i = j
         self._close_open(p)
         self._kick()
 
