@@ -107,6 +107,27 @@ def test_bulk_encoding_equals_per_record_encoding(n: int, first: int) -> None:
     assert encode_records(values) == b"".join(encode_record(i, 0, None, v) for i, v in enumerate(values))
 
 
+@pytest.mark.parametrize("codec", list(CODECS))
+@pytest.mark.parametrize("transactional", [False, True])
+def test_builder_header_is_batch_header(codec: str, transactional: bool) -> None:
+    """BatchBuilder.header() (the producer's per-batch header, built inline) is byte for byte
+    batch_header() of the same body and fields, the transactional bit and the codec included, and
+    the whole batch passes the broker's validation (CRC)."""
+    from oncelog.client.batch import batch_header
+
+    b = BatchBuilder(1 << 20, CODECS[codec])
+    for i in range(20):
+        b.append(1_700_000_000_000 + (i * 7) % 13, None if i % 2 else b"k%d" % i, b"value-%d" % i * 9)
+    head = b.header(42, 3, 1000, transactional)
+    assert head == batch_header(b.body, codec=CODECS[codec], count=20, base_timestamp=b.base_timestamp,
+                                max_timestamp=b.max_timestamp, producer_id=42, producer_epoch=3,
+                                base_sequence=1000, transactional=transactional)
+    h = parse_batch_header(bytes(head) + b.body)
+    assert (h.producer_id, h.producer_epoch, h.base_sequence, h.is_transactional, h.records_count) == \
+        (42, 3, 1000, transactional, 20)
+    validate_produce_records(bytes(head) + b.body, 1 << 20)
+
+
 @pytest.mark.parametrize("version", [3, 7, 8, 9, 11, 12])
 @pytest.mark.parametrize("txn", [None, "tx-1"])
 def test_produce_request_encoding_matches_kio(version: int, txn: str | None) -> None:

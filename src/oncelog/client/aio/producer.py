@@ -873,19 +873,25 @@ class ProducerCore:
         flushing = self._flushing > 0 or self._closing
         if self.collect is not None:
             next_due = min(next_due, self.collect(now, flushing))
+        limit = now - self.delivery_timeout
+        linger = self.linger
         for p in list(self.partitions.values()):
-            if not p.has_data():
+            o = p.open
+            ready, unacked = p.ready, p.unacked
+            if o is None and not ready and not unacked:
                 continue
-            self._expire(p, now)
+            if (ready and ready[0].created <= limit) or (unacked and unacked[0].created <= limit) or \
+                    (o is not None and o.created <= limit):
+                self._expire(p, now)  # (it looks at each queue's head the same way)
+                o = p.open
             # transactions v1: a partition with records is added at once (AddPartitionsToTxn overlaps linger)
             adding = txn is not None and p.has_data() and txn.needs_add((p.topic, p.partition))
-            o = p.open
             if o is not None:
-                due = o.created + self.linger
+                due = o.created + linger
                 if flushing or due <= now:
                     self._close_open(p)
-                else:
-                    next_due = min(next_due, due - now)
+                elif due - now < next_due:
+                    next_due = due - now
             if p.blocked:
                 if p.inflight == 0:
                     if p.needs_bump:
