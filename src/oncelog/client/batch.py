@@ -167,9 +167,40 @@ def encode_sections(values: Sequence[bytes | None], keys: Sequence[bytes | None]
 _SECTIONS_CHUNK = 8192
 
 
+# attributes (0), timestamp delta (0), offset delta k, key length -1 (null key): the middle of a record
+# without a key whose offset delta is k < 16384, one bytes object
+_MID_NULL_KEY: list[bytes] = [b"\x00\x00" + _VARINT[k] + _NULL for k in range(16384)]
+
+
 def _sections(values: Sequence[bytes | None], keys: Sequence[bytes | None] | None,
               bounds: list[tuple[int, int]]) -> list[bytes]:
     n = len(values)
+    join = b"".join
+    if keys is None and max(j - i for i, j in bounds) <= 16384 and None not in values:
+        # records without a key: [length] [attributes, ts delta, offset delta, null key] [value length] value
+        # [0 headers]; the middle part comes from a table by offset delta
+        lens = list(map(len, values))
+        first = lens[0] if n else 0
+        if first < 16384 and lens.count(first) == n:
+            # values of one length (fixed-size payloads): the record around value k of a batch is the same
+            # in every batch, so each batch is one join over a zip (no map pass per record)
+            vh = _VARINT[first]
+            longest = max(j - i for i, j in bounds)
+            pre = [varint(len(_MID_NULL_KEY[k]) + len(vh) + first + 1) for k in range(longest)]
+            tail = repeat(b"\x00")
+            out = []
+            for i, j in bounds:
+                m = j - i
+                out.append(join(chain.from_iterable(zip(pre[:m], _MID_NULL_KEY[:m], repeat(vh, m), values[i:j],
+                                                        tail))))
+            return out
+        vheads = list(map(_VARINT.__getitem__, lens)) if max(lens, default=0) < 16384 else list(map(varint, lens))
+        mids = list(chain.from_iterable(_MID_NULL_KEY[0:j - i] for i, j in bounds))
+        body_lens = list(map(add, map(add, map(add, lens, map(len, vheads)), map(len, mids)), repeat(1, n)))
+        prefixes = list(map(_VARINT.__getitem__, body_lens)) if max(body_lens, default=0) < 16384 \
+            else list(map(varint, body_lens))
+        flat = list(chain.from_iterable(zip(prefixes, mids, vheads, values, repeat(b"\x00", n))))
+        return [join(flat[5 * i:5 * j]) for i, j in bounds]
     vheads, vbodies, vsizes = _pieces(values)
     if keys is None:
         kheads: Any = repeat(_NULL, n)
@@ -184,7 +215,6 @@ def _sections(values: Sequence[bytes | None], keys: Sequence[bytes | None] | Non
         else list(map(varint, body_lens))
     flat = list(chain.from_iterable(zip(prefixes, repeat(b"\x00\x00", n), deltas, kheads, kbodies, vheads,
                                         vbodies, repeat(b"\x00", n))))
-    join = b"".join
     return [join(flat[8 * i:8 * j]) for i, j in bounds]
 
 
