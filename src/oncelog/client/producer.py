@@ -327,6 +327,24 @@ class Producer:
         one by one; returns the seconds until the next open batch's linger deadline."""
         next_due = 1.0
         core = self._core
+        if not flushing:
+            # most passes (those an answer started) find nothing handed over and no open batch due: they
+            # end here, without the lock. The flag is cleared before _sealed and _incoming are read, and
+            # produce() fills them before it reads the flag (under its lock), so a batch sealed meanwhile
+            # is either seen here or wakes the loop thread again. (list() of the dict's values is one step
+            # under the GIL.)
+            self._scheduled = False
+            if not self._sealed and not self._incoming:
+                linger = core.linger
+                for b in list(self._open.values()):
+                    due = b.created + linger
+                    if due <= now:
+                        break
+                    if due - now < next_due:
+                        next_due = due - now
+                else:
+                    return next_due
+                next_due = 1.0
         with self._lock:
             self._scheduled = False
             if self._open:
