@@ -13,7 +13,10 @@ that move are revoked).
 Built on ``oncelog chaos`` (docs/chaos.md: ``--churn``, ``--assignor``), run
 as a user would run it, with a fixed seed: a failure is a reproducible
 scenario, not a flake. Measured: 37-80 s each on a shared 2-core machine
-(load 6-9), about 30 s each on a quiet one (copy 23-24 s, audit 4-6 s).
+(load 6-9), about 30 s each on a quiet one (copy 23-24 s, audit 4-6 s);
+2026-11-24, shared machine (load 2-3), two rounds: 40-71 s each (copy 30-65 s).
+At 2 s churn (not run here) the copy took 57-136 s: the group then rebalances
+about 80% of the time (docs/client.md, "Exactly-once: TransactSession").
 """
 
 from __future__ import annotations
