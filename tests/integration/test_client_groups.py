@@ -758,3 +758,52 @@ def test_members_survive_a_broker_kill_and_restart(broker_factory: Any) -> None:
             await stop_member(m)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])
+def test_a_member_closed_during_a_rebalance_leaves_it_at_once(gbroker: EmbeddedBroker, assignor: str) -> None:
+    """close() while the member's JoinGroup waits in a rebalance (the group waits for a killed member's
+    session to expire). The coordinator holds that JoinGroup's answer until the rebalance completes and
+    answers one connection's requests in order, so a LeaveGroup sent behind it was read only once the
+    next generation had formed, with the closed member in it: close() took the whole rebalance, and the
+    leave started another one at once (issue 12's churn run at 2 s repeated that every session timeout,
+    72 generations, none of them ever synced). Now the member leaves on a new connection: close() returns
+    at once, and the rebalance completes without it, in one generation."""
+    topic, group = fresh("leave-join"), fresh("g-leave-join")
+    create_topic(gbroker.bootstrap, topic, PARTITIONS)
+
+    async def main() -> None:
+        own = Ownership()
+        conf = member_config(gbroker.bootstrap, group, assignor)
+        a = await start_member("A", own, conf, topic)
+        b = await start_member("B", own, conf, topic)
+        c = await start_member("C", own, conf, topic)
+        await settled([a, b, c], own, topic)
+        gen = b.generation_id
+        await kill_member(c, own)  # stays in the group until its session times out (6 s)
+        d = await start_member("D", own, conf, topic)  # its join starts a rebalance that waits for C
+        node = await a.cluster.coordinator(0, group)
+
+        def a_waits_in_join_group() -> bool:
+            conn = a.cluster.nodes[node].conn
+            return a._state == "joining" and conn is not None and conn.in_flight > 0
+
+        deadline = time.monotonic() + 5
+        while not a_waits_in_join_group():
+            assert time.monotonic() < deadline, "A never sent its JoinGroup"
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)  # the coordinator has it
+        t0 = time.monotonic()
+        await stop_member(a)
+        took = time.monotonic() - t0
+        assert took < 2.0, f"close() took {took:.1f} s: its LeaveGroup waited behind its JoinGroup"
+        await settled([b, d], own, topic, timeout=SESSION_MS / 1000 + 30)
+        # one rebalance: the generation that dropped C (and never had A in it); the old code formed gen + 1
+        # with A in it and then rebalanced again for A's late LeaveGroup
+        await asyncio.sleep(1.0)
+        assert b.generation_id == d.generation_id == gen + 1, (gen, b.generation_id, d.generation_id)
+        assert not own.violations, own.violations
+        for m in (b, d):
+            await stop_member(m)
+
+    asyncio.run(main())

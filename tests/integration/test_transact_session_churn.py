@@ -13,7 +13,15 @@ that move are revoked).
 Built on ``oncelog chaos`` (docs/chaos.md: ``--churn``, ``--assignor``), run
 as a user would run it, with a fixed seed: a failure is a reproducible
 scenario, not a flake. Measured: 37-80 s each on a shared 2-core machine
-(load 6-9), about 30 s each on a quiet one (copy 23-24 s, audit 4-6 s).
+(load 6-9), about 30 s each on a quiet one (copy 23-24 s, audit 4-6 s);
+2026-11-24, shared machine (load 2-4), two rounds: 40-71 s each (copy 30-65 s).
+The steps are now 3 s apart as said: before the LeaveGroup fix (a member closed
+during a rebalance leaves at once) a leaving copier waited out the rebalance,
+which spaced the steps 4.5-5 s apart; paired runs with seed 3 copied in 20-28 s
+before and 51-56 s after, with every kill costing a rebalance of up to the
+session timeout (6 s).
+At 2 s churn (not run here) the copy took 57-136 s: the group then rebalances
+about 80% of the time (docs/client.md, "Exactly-once: TransactSession").
 """
 
 from __future__ import annotations

@@ -257,6 +257,7 @@ class GroupMember:
         if self._state == "closed":
             return
         self._closing = True
+        joining = self._state == "joining"
         for t in (self._task, self._hb_task, self._metadata_task):
             if t is not None and not t.done():
                 t.cancel()
@@ -266,6 +267,8 @@ class GroupMember:
                     await t
                 except (asyncio.CancelledError, Exception):
                     pass
+        if joining:
+            self._drop_join_connection()
         try:
             if self._assignment:
                 if self.generation_id >= 0 and not self._lost_pending:
@@ -593,6 +596,21 @@ class GroupMember:
         versions = {s.member_id: s.subscription.version for s in subs}
         return [{"member_id": mid, "assignment": encode_assignment(Assignment(
             parts, None, min(versions.get(mid, 0), 3)))} for mid, parts in sorted(result.items())]
+
+    def _drop_join_connection(self) -> None:
+        """Close the coordinator connection a cancelled JoinGroup/SyncGroup is still waiting on.
+
+        The coordinator holds a JoinGroup's answer until the rebalance completes
+        and answers one connection's requests in order, so a LeaveGroup sent
+        behind it would only be read once the next generation had formed, with
+        this member in it: the leave then starts yet another rebalance, and
+        close() waits for the whole current one. On a new connection the
+        coordinator reads the LeaveGroup at once and drops the member from the
+        rebalance in progress (no new one)."""
+        node = self.cluster._coordinators.get((GROUP_KEY, self.group_id))
+        conn = self.cluster.nodes[node].conn if node is not None and node in self.cluster.nodes else None
+        if conn is not None and not conn.closed and conn.in_flight:
+            conn.close()
 
     async def _leave(self, reason: str) -> None:
         try:
