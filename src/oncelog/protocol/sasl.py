@@ -40,8 +40,12 @@ __all__ = [
 
 # mechanism name -> hashlib name (Kafka's ScramMechanism)
 SCRAM_MECHANISMS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
-# Kafka's ScramMechanism minimum iterations (and kafka-configs' default)
+# Kafka's ScramMechanism minimum iterations (and kafka-configs' default); the Java client refuses a
+# server-first message asking for fewer
 SCRAM_MIN_ITERATIONS = 4096
+# Kafka's ScramMechanism maximum: a Kafka broker never stores a credential with more, so a server asking
+# for more is not a Kafka broker; refusing it keeps a forged i=2147483647 from freezing the client in PBKDF2
+SCRAM_MAX_ITERATIONS = 16384
 
 
 class SaslError(Exception):
@@ -190,8 +194,12 @@ class ScramClient:
             salt_bytes = base64.b64decode(salt, validate=True)
         except ValueError:
             raise SaslError("Invalid SCRAM server first message: bad salt or iteration count") from None
-        if iterations < 1:
-            raise SaslError("Invalid SCRAM server first message: bad iteration count")
+        if iterations < SCRAM_MIN_ITERATIONS:
+            raise SaslError(f"Invalid SCRAM server first message: requested iterations {iterations} is less than "
+                            f"the minimum {SCRAM_MIN_ITERATIONS} for {self.mechanism}")
+        if iterations > SCRAM_MAX_ITERATIONS:
+            raise SaslError(f"Invalid SCRAM server first message: requested iterations {iterations} is more than "
+                            f"the maximum {SCRAM_MAX_ITERATIONS} for {self.mechanism}")
         salted = salted_password(self.hash, self.password, salt_bytes, iterations)
         ckey = client_key(self.hash, salted)
         without_proof = f"c={base64.b64encode(b'n,,').decode()},r={nonce}"
