@@ -426,6 +426,29 @@ def test_bad_client_config_fails_at_construction(pki: Pki, tmp_path: Path) -> No
         Producer({**base, "ssl.check.hostname": "false"})
 
 
+def test_encrypted_key_without_password_is_one_line_not_a_prompt(pki: Pki, tmp_path: Path) -> None:
+    # without a password callback OpenSSL asks "Enter PEM pass phrase:" on the terminal, then raises a bare
+    # OSError; both sides run without a controlling terminal and with stdin closed, so a prompt cannot block
+    client = ("from oncelog.client import Producer\n"
+              "Producer({'bootstrap.servers': '127.0.0.1:1', 'security.protocol': 'SSL', "
+              f"'ssl.ca.location': {str(pki.ca)!r}, 'ssl.certificate.location': {str(pki.client_cert)!r}, "
+              f"'ssl.key.location': {str(pki.client_key_encrypted)!r}}})\n")
+    proc = subprocess.run([sys.executable, "-P", "-c", client], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, start_new_session=True)
+    assert "ConfigError" in proc.stderr and "encrypted: set ssl.key.password" in proc.stderr, proc.stderr
+    assert "pass phrase" not in proc.stderr + proc.stdout
+    keystore = tmp_path / "keystore.pem"
+    keystore.write_bytes(pki.client_key_encrypted.read_bytes() + pki.client_cert.read_bytes())
+    cfg = tmp_path / "server.properties"
+    cfg.write_text(f"listeners=SSL://127.0.0.1:0\nssl.keystore.type=PEM\nssl.keystore.location={keystore}\n")
+    proc = subprocess.run([sys.executable, "-P", "-m", "oncelog.cli", "serve", "--config", str(cfg),
+                           "--data-dir", str(tmp_path / "d")], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, start_new_session=True)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "encrypted: set ssl.key.password" in lines[0], proc.stderr
+
+
 @pytest.mark.parametrize("props,expected", [
     ({"listeners": "SSL://127.0.0.1:0"}, "no key store is configured"),
     ({"listeners": "SSL://127.0.0.1:0", "ssl.keystore.location": "/nonexistent.pem"}, "ssl.keystore.type must be PEM"),

@@ -150,6 +150,16 @@ def _readable(key: str, path: str) -> str:
     return path
 
 
+class _KeyNeedsPassword(Exception):
+    pass
+
+
+def _no_key_password() -> str:
+    """The password callback when ssl.key.password is not set: without one OpenSSL would prompt on the
+    terminal ("Enter PEM pass phrase:") for an encrypted key, then fail with a bare OSError."""
+    raise _KeyNeedsPassword
+
+
 def _ssl_context(look: _Lookup, listener: str) -> tuple[ssl.SSLContext, str]:
     location = look.get("ssl.keystore.location")
     chain, key = look.get("ssl.keystore.certificate.chain"), look.get("ssl.keystore.key")
@@ -176,7 +186,7 @@ def _ssl_context(look: _Lookup, listener: str) -> tuple[ssl.SSLContext, str]:
     try:
         if location is not None:
             _readable(look.key("ssl.keystore.location"), location)
-            ctx.load_cert_chain(location, None, password)
+            ctx.load_cert_chain(location, None, password if password is not None else _no_key_password)
         else:
             with tempfile.TemporaryDirectory(prefix="oncelog-pem-") as tmp:
                 cert_path, key_path = os.path.join(tmp, "chain.pem"), os.path.join(tmp, "key.pem")
@@ -185,9 +195,13 @@ def _ssl_context(look: _Lookup, listener: str) -> tuple[ssl.SSLContext, str]:
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                     with os.fdopen(fd, "w") as f:
                         f.write(_normalise_pem(str(text), look.key(name)))
-                ctx.load_cert_chain(cert_path, key_path, password)
-    except ssl.SSLError as exc:
-        raise _config_error(f"cannot load the key store of listener {listener}: {exc.reason or exc} (a key that does "
+                ctx.load_cert_chain(cert_path, key_path, password if password is not None else _no_key_password)
+    except _KeyNeedsPassword:
+        raise _config_error(f"cannot load the key store of listener {listener}: its private key is encrypted: set "
+                            f"{look.key('ssl.key.password')}") from None
+    except (ssl.SSLError, OSError) as exc:
+        reason = getattr(exc, "reason", None) or exc.strerror or exc
+        raise _config_error(f"cannot load the key store of listener {listener}: {reason} (a key that does "
                             "not match the certificate, no private key in the file, or a wrong ssl.key.password?)"
                             ) from None
     if client_auth != "none":
