@@ -36,7 +36,15 @@ import re
 import ssl
 import tempfile
 from dataclasses import dataclass, field
-from oncelog.protocol.sasl import SCRAM_MECHANISMS, SaslError, ScramCredential, ScramServer, parse_plain, scram_credential
+from oncelog.protocol.sasl import (
+    SCRAM_MECHANISMS,
+    SaslAuthenticationError,
+    SaslError,
+    ScramCredential,
+    ScramServer,
+    parse_plain,
+    scram_credential,
+)
 
 log = logging.getLogger("oncelog.security")
 
@@ -339,9 +347,9 @@ class SaslSession:
 
 
 def failure_message(mechanism: str | None, exc: SaslError) -> str:
-    """What Kafka tells the client: PLAIN's own message, and for SCRAM a fixed text that does not say
-    whether the user exists (SaslServerAuthenticator)."""
-    if mechanism == "PLAIN" or str(exc).startswith("Authentication failed:"):
+    """What Kafka tells the client (SaslServerAuthenticator): the message of a SaslAuthenticationError,
+    otherwise a fixed text, so that, e.g., an unknown SCRAM user and a wrong password look the same."""
+    if isinstance(exc, SaslAuthenticationError) or mechanism == "PLAIN":
         return str(exc)
     return f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
 

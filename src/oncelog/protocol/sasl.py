@@ -15,7 +15,8 @@ ignored.
   -> client-final, ``verify(server_final)``.
 * :class:`ScramServer`: ``first(client_first, lookup)`` -> server-first,
   ``final(client_final)`` -> server-final; :class:`SaslError` on anything
-  wrong (its message is safe to send to the client).
+  wrong (only a :class:`SaslAuthenticationError`'s message is meant for the
+  client; a server sends a fixed text for the others, as Kafka).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "SCRAM_MECHANISMS",
+    "SaslAuthenticationError",
     "SaslError",
     "ScramClient",
     "ScramCredential",
@@ -49,7 +51,13 @@ SCRAM_MAX_ITERATIONS = 16384
 
 
 class SaslError(Exception):
-    """Authentication failed or a SASL message is malformed; the message can go to the peer."""
+    """Authentication failed or a SASL message is malformed. A server answers the client with a fixed
+    text, not this message (which may say, e.g., that a user does not exist)."""
+
+
+class SaslAuthenticationError(SaslError):
+    """A failure whose message is meant for the client (Kafka's SaslAuthenticationException): it tells
+    nothing an unauthenticated peer should not learn."""
 
 
 # -- PLAIN --------------------------------------------------------------------------
@@ -253,13 +261,13 @@ class ScramServer:
         username = _unescape_name(attrs[0][1])
         authzid = _unescape_name(authz[2:]) if authz else ""
         if authzid and authzid != username:
-            raise SaslError("Authentication failed: Client requested an authorization id that is different "
-                            "from username")
+            raise SaslAuthenticationError("Authentication failed: Client requested an authorization id that is "
+                                          "different from username")
         # attrs[2:] are extensions (Kafka's tokenauth=true ...): ignored
         self.username = username
         self._credential = lookup(username)
         if self._credential is None:
-            # as Kafka: an unknown user is told nothing more than a wrong password would be
+            # as Kafka: logged with this text, but the client gets the same fixed text as for a wrong password
             raise SaslError("Authentication failed: Invalid user credentials")
         self._client_bare = bare
         self._gs2 = f"{cbind},{authz},"
