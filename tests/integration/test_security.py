@@ -316,6 +316,50 @@ def test_wrong_password_is_a_typed_error_and_the_broker_keeps_serving(
         admin.list_topics()
 
 
+def test_password_changed_while_connected_fails_sends_and_poll_with_the_auth_error(tmp_path: Path) -> None:
+    """A connected producer and consumer whose broker comes back with another password: the reconnect is
+    refused, which is not retried until delivery.timeout.ms: the pending records fail with the
+    authentication error and poll() raises it (KafkaConsumer.poll(), and the Java client's requests to a
+    node that failed authentication). Costs about 5 s."""
+    def jaas(password: str) -> str:
+        return f'org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="{password}";'
+
+    b = _start(tmp_path, "restarted", {"listeners": "SASL_PLAINTEXT://127.0.0.1:0",
+                                       "sasl.enabled.mechanisms": "SCRAM-SHA-256",
+                                       "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas("old")})
+    conf = {"bootstrap.servers": b.bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": "alice", "sasl.password": "old"}
+    p = Producer({**conf, "linger.ms": 0, "delivery.timeout.ms": 60000})
+    c = Consumer({**conf, "group.id": "g-restart", "enable.auto.commit": False})
+    try:
+        p.produce("t", b"before")
+        assert p.flush(20) == 0
+        c.assign([TopicPartition("t", 0, -2)])
+        deadline = time.monotonic() + 20
+        m = None
+        while m is None and time.monotonic() < deadline:
+            m = c.poll(0.5)
+        assert m is not None and m.value == b"before"
+        b.stop()
+        b.config["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = jaas("new")
+        b.start()
+        started = time.monotonic()
+        fut = p.produce("t", b"after")
+        p.flush(20)
+        with pytest.raises(SaslAuthenticationFailedError, match="Authentication failed"):
+            fut.result(0)
+        assert time.monotonic() - started < 10, "the refused login was retried until a timeout"
+        started = time.monotonic()
+        with pytest.raises(SaslAuthenticationFailedError, match="Authentication failed"):
+            while time.monotonic() - started < 15:
+                c.poll(0.5)
+        assert time.monotonic() - started < 10
+    finally:
+        p.close()
+        c.close()
+        b.close()
+
+
 # -- raw protocol -----------------------------------------------------------------------------
 
 
