@@ -11,10 +11,13 @@ runs in about 20 s here.
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import ssl
 import struct
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -222,11 +225,77 @@ def test_sasl_ssl_with_client_certificates(brokers: dict[str, EmbeddedBroker], p
     assert confluent_roundtrip(conf, "ss-c-" + mechanism.lower()) == [b"c0", b"c1", b"c2"]
     assert oncelog_roundtrip(conf, "ss-o-" + mechanism.lower()) == [b"o0", b"o1", b"o2"]
     # ssl.client.auth=required: no client certificate, no connection (TLS 1.3 completes the client's side
-    # of the handshake before the server refuses, so the client sees the connection lost)
+    # of the handshake before the server refuses; oncelog's broker, on asyncio's TLS, closes without
+    # sending its alert, so the client sees the connection lost; with the alert, as a JVM broker sends it,
+    # the client raises SslAuthenticationError: test_tls_failures_are_sorted_as_the_java_client_does)
     with pytest.raises(KafkaConnectionError, match="lost"):
         with Admin({**_conf(b, pki, "SASL_SSL", mechanism), "request.timeout.ms": 3000,
                     "default.api.timeout.ms": 3000}) as admin:
             admin.list_topics()
+
+
+def _tls_peer(pki: Pki, behaviour: str) -> tuple[int, threading.Thread]:
+    """A one-connection TLS peer in a thread, with blocking OpenSSL (which, unlike asyncio's TLS, sends
+    its alert before closing, as a JVM broker does). ``require_cert``: TLS with a client certificate
+    required; ``close_mid_handshake``: read the ClientHello and close (a broker going away)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(pki.broker_keystore))
+        ctx.load_verify_locations(cafile=str(pki.ca))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        srv.settimeout(10)
+        with srv:
+            s, _ = srv.accept()
+            with s:
+                if behaviour == "close_mid_handshake":
+                    s.recv(100)
+                    return
+                try:
+                    ctx.wrap_socket(s, server_side=True)
+                except ssl.SSLError:
+                    pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return srv.getsockname()[1], t
+
+
+def test_tls_failures_are_sorted_as_the_java_client_does(pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
+    from oncelog.client.aio.connection import BrokerConnection
+    from oncelog.client.security import Security
+
+    def conn(port: int) -> BrokerConnection:
+        return BrokerConnection("127.0.0.1", port, request_timeout_ms=5000, connect_timeout_ms=5000,
+                                security=Security("SSL", ssl.create_default_context(cafile=str(pki.ca)), True))
+
+    async def connect(port: int) -> None:
+        await conn(port).connect()
+
+    # TLS 1.3: the broker refuses the missing client certificate after the client's side of the handshake
+    # is done; its alert answers the first request: an authentication failure, not a lost connection
+    port, t = _tls_peer(pki, "require_cert")
+    with pytest.raises(SslAuthenticationError, match="CERTIFICATE_REQUIRED"):
+        asyncio.run(connect(port))
+    t.join(5)
+    # the peer closing mid-handshake is a retriable connection error, named as such
+    port, t = _tls_peer(pki, "close_mid_handshake")
+    with pytest.raises(KafkaConnectionError, match="by (the )?peer"):
+        asyncio.run(connect(port))
+    t.join(5)
+
+    # ... and so is OpenSSL's own word for it, an SSLEOFError (or a close_notify) during the handshake
+    async def eof_during_handshake(exc: ssl.SSLError) -> None:
+        async def refuse(*_args: Any, **_kwargs: Any) -> Any:
+            raise exc
+
+        monkeypatch.setattr(asyncio.get_running_loop(), "create_connection", refuse)
+        await connect(1)
+
+    for exc in (ssl.SSLEOFError(8, "EOF occurred in violation of protocol"), ssl.SSLZeroReturnError(6, "closed")):
+        with pytest.raises(KafkaConnectionError, match="closed during the TLS handshake"):
+            asyncio.run(eof_during_handshake(exc))
 
 
 def test_kafka_python_over_sasl_ssl_scram(brokers: dict[str, EmbeddedBroker], pki: Pki) -> None:
