@@ -517,6 +517,60 @@ def test_raw_sasl_protocol(brokers: dict[str, EmbeddedBroker]) -> None:
         assert _closed(s)
 
 
+def _api_versions(corr: int) -> bytes:
+    return _request(18, 0, corr, b"")
+
+
+def _plain_auth(corr: int, password: str) -> bytes:
+    token = b"\x00alice\x00" + password.encode()
+    return _request(36, 1, corr, struct.pack(">i", len(token)) + token)
+
+
+def test_unauthenticated_peer_gets_one_request_at_a_time(brokers: dict[str, EmbeddedBroker]) -> None:
+    b = brokers["sasl"]
+    # one ApiVersions before the handshake, as Kafka's SaslServerAuthenticator: a second closes the connection
+    with socket.create_connection((b.host, b.port), timeout=5) as s:
+        s.sendall(_api_versions(1) + _api_versions(2))
+        resp = _recv(s)
+        assert resp is not None and struct.unpack_from(">ih", resp) == (1, 0)
+        assert _recv(s) is None
+    # requests pipelined after a good login are checked against socket.request.max.bytes, not against the
+    # 512 KiB allowed before authentication, and every one is answered in order
+    with socket.create_connection((b.host, b.port), timeout=5) as s:
+        big = b"x" * 600_000  # a SaslAuthenticate after authentication: ILLEGAL_SASL_STATE (34)
+        s.sendall(_api_versions(1) + _request(17, 1, 2, _string("PLAIN")) + _plain_auth(3, USERS["alice"])
+                  + _request(36, 1, 4, struct.pack(">i", len(big)) + big) + _request(3, 1, 5, struct.pack(">i", -1)))
+        answers = [_recv(s) for _ in range(5)]
+        assert all(a is not None for a in answers), answers
+        assert [struct.unpack_from(">i", a)[0] for a in answers] == [1, 2, 3, 4, 5]  # type: ignore[arg-type]
+        assert struct.unpack_from(">h", answers[3], 4)[0] == 34  # type: ignore[arg-type]
+    # a wrong password with requests pipelined behind it: answered, then closed; nothing after it is served
+    with socket.create_connection((b.host, b.port), timeout=5) as s:
+        s.sendall(_request(17, 1, 1, _string("PLAIN")) + _plain_auth(2, "wrong")
+                  + _request(3, 1, 3, struct.pack(">i", -1)))
+        assert struct.unpack_from(">ih", _recv(s) or b"") == (1, 0)
+        resp = _recv(s)
+        assert resp is not None and struct.unpack_from(">ih", resp) == (2, 58)
+        assert _recv(s) is None
+
+
+def test_idle_connections_are_closed_after_connections_max_idle_ms(tmp_path: Path) -> None:
+    b = _start(tmp_path, "idle", {"listeners": "SASL_PLAINTEXT://127.0.0.1:0", "sasl.enabled.mechanisms": "PLAIN",
+                                  "listener.name.sasl_plaintext.plain.sasl.jaas.config": JAAS,
+                                  "connections.max.idle.ms": "1000"})
+    try:
+        with socket.create_connection((b.host, b.port), timeout=10) as quiet, \
+                socket.create_connection((b.host, b.port), timeout=10) as authenticated:
+            authenticated.sendall(_request(17, 1, 1, _string("PLAIN")) + _plain_auth(2, USERS["alice"]))
+            assert _recv(authenticated) is not None and _recv(authenticated) is not None
+            started = time.monotonic()
+            assert _recv(quiet) is None  # closed, never having sent a byte
+            assert 0.9 < time.monotonic() - started < 5
+            assert _recv(authenticated) is None  # Kafka's rule holds for every connection
+    finally:
+        b.close()
+
+
 # -- bad configuration --------------------------------------------------------------------------
 
 

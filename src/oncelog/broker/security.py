@@ -296,6 +296,7 @@ class SaslSession:
         self.raw_tokens = False  # SaslHandshake v0: the tokens that follow have no Kafka header
         self.principal: str | None = None
         self.close_after_response = False
+        self.api_versions_done = False  # one ApiVersions before the handshake (Kafka's SaslServerAuthenticator)
         self._scram: ScramServer | None = None
 
     @property
