@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["SASL_MECHANISMS", "Security", "build_security"]
@@ -30,7 +30,7 @@ class Security:
     check_hostname: bool = True
     sasl_mechanism: str | None = None
     sasl_username: str = ""
-    sasl_password: str = ""
+    sasl_password: str = field(default="", repr=False)  # never in a log line or a traceback
 
     @property
     def sasl(self) -> bool:
