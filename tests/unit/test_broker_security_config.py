@@ -125,3 +125,15 @@ def test_scram_unknown_user_and_wrong_password_get_the_same_answer(mechanism: st
     s.handshake(mechanism, 1)
     code, message = _authenticate_answer(s, b"n,a=admin," + ScramClient(mechanism, "alice", "x").first()[3:])
     assert code == 58 and message is not None and "authorization id" in message
+
+
+def test_plain_failures_are_explained_as_kafkas_plain_server_does() -> None:
+    # PlainSaslServer throws SaslAuthenticationException for each of these: its message reaches the client
+    cfg = BrokerConfig.from_properties(parse_properties(JAAS_FILE))
+    for token, text in ((b"alice:pw", "Invalid SASL/PLAIN response: expected 3 tokens, got 1"),
+                        (b"\x00alice\x00", "Authentication failed: password not specified"),
+                        (plain_message("alice", "wrong"), "Authentication failed: Invalid username or password"),
+                        (plain_message("mallory", "x"), "Authentication failed: Invalid username or password")):
+        s = SaslSession(cfg.security.sasl)
+        s.handshake("PLAIN", 1)
+        assert _authenticate_answer(s, token) == (58, text)

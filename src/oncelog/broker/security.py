@@ -324,7 +324,7 @@ class SaslSession:
                 _authzid, user, password = parse_plain(token)
                 expected = self.settings.users.get(user)
                 if expected is None or not hmac.compare_digest(expected.encode(), password.encode()):
-                    raise SaslError("Authentication failed: Invalid username or password")
+                    raise SaslAuthenticationError("Authentication failed: Invalid username or password")
                 self._done(user)
                 return b""
             scram = self._scram
@@ -350,7 +350,7 @@ class SaslSession:
 def failure_message(mechanism: str | None, exc: SaslError) -> str:
     """What Kafka tells the client (SaslServerAuthenticator): the message of a SaslAuthenticationError,
     otherwise a fixed text, so that, e.g., an unknown SCRAM user and a wrong password look the same."""
-    if isinstance(exc, SaslAuthenticationError) or mechanism == "PLAIN":
+    if isinstance(exc, SaslAuthenticationError):
         return str(exc)
     return f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
 

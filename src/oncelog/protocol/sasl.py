@@ -69,21 +69,23 @@ def plain_message(username: str, password: str, authzid: str = "") -> bytes:
 
 
 def parse_plain(token: bytes) -> tuple[str, str, str]:
-    """(authzid, username, password) of a PLAIN token; SaslError when malformed."""
+    """(authzid, username, password) of a PLAIN token; SaslAuthenticationError when malformed (as Kafka's
+    PlainSaslServer, whose messages, the token count included, go to the client)."""
     try:
         text = token.decode("utf-8")
     except UnicodeDecodeError:
-        raise SaslError("Authentication failed: invalid SASL/PLAIN response: not UTF-8") from None
+        raise SaslAuthenticationError("Authentication failed: invalid SASL/PLAIN response: not UTF-8") from None
     parts = text.split("\x00")
     if len(parts) != 3:
-        raise SaslError("Invalid SASL/PLAIN response: expected 3 tokens, got " + str(len(parts)))
+        raise SaslAuthenticationError("Invalid SASL/PLAIN response: expected 3 tokens, got " + str(len(parts)))
     authzid, username, password = parts
     if not username:
-        raise SaslError("Authentication failed: username not specified")
+        raise SaslAuthenticationError("Authentication failed: username not specified")
     if not password:
-        raise SaslError("Authentication failed: password not specified")
+        raise SaslAuthenticationError("Authentication failed: password not specified")
     if authzid and authzid != username:
-        raise SaslError("Authentication failed: Client requested an authorization id that is different from username")
+        raise SaslAuthenticationError("Authentication failed: Client requested an authorization id that is "
+                                      "different from username")
     return authzid, username, password
 
 
