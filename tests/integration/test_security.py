@@ -696,6 +696,23 @@ def test_encrypted_key_without_password_is_one_line_not_a_prompt(pki: Pki, tmp_p
     assert len(lines) == 1 and "encrypted: set ssl.key.password" in lines[0], proc.stderr
 
 
+def test_unprefixed_ssl_client_auth_is_for_ssl_listeners_only(pki: Pki, caplog: pytest.LogCaptureFixture) -> None:
+    from oncelog.broker.config import BrokerConfig
+
+    tls = {"ssl.keystore.type": "PEM", "ssl.keystore.location": str(pki.broker_keystore),
+           "ssl.truststore.type": "PEM", "ssl.truststore.location": str(pki.ca)}
+    sasl = {"listeners": "SASL_SSL://127.0.0.1:0", "sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": JAAS, **tls}
+    assert BrokerConfig.from_properties({"listeners": "SSL://127.0.0.1:0", **tls, "ssl.client.auth": "required"}
+                                        ).security.client_auth == "required"
+    with caplog.at_level("WARNING", logger="oncelog.security"):
+        cfg = BrokerConfig.from_properties({**sasl, "ssl.client.auth": "required"})
+    assert cfg.security.client_auth == "none"  # KIP-684: only the listener-prefixed key reaches SASL_SSL
+    assert any("listener.name.sasl_ssl.ssl.client.auth" in r.getMessage() for r in caplog.records)
+    cfg = BrokerConfig.from_properties({**sasl, "listener.name.sasl_ssl.ssl.client.auth": "requested"})
+    assert cfg.security.client_auth == "requested"
+
+
 @pytest.mark.parametrize("props,expected", [
     ({"listeners": "SSL://127.0.0.1:0"}, "no key store is configured"),
     ({"listeners": "SSL://127.0.0.1:0", "ssl.keystore.location": "/nonexistent.pem"}, "ssl.keystore.type must be PEM"),

@@ -111,7 +111,7 @@ def load_security(props: dict[str, str], listener_name: str, protocol: str) -> S
     look = _Lookup(props, listener_name)
     out = SecuritySettings(listener_name, protocol)
     if protocol in ("SSL", "SASL_SSL"):
-        out.ssl_context, out.client_auth = _ssl_context(look, listener_name)
+        out.ssl_context, out.client_auth = _ssl_context(look, listener_name, sasl=protocol == "SASL_SSL")
     if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
         out.sasl = _sasl_settings(look, props, listener_name)
     return out
@@ -168,7 +168,22 @@ def _no_key_password() -> str:
     raise _KeyNeedsPassword
 
 
-def _ssl_context(look: _Lookup, listener: str) -> tuple[ssl.SSLContext, str]:
+def _client_auth(look: _Lookup, sasl: bool) -> str:
+    """ssl.client.auth; on a SASL_SSL listener only its listener-prefixed form counts (KIP-684, as Kafka's
+    ChannelBuilders: the broker-wide key is for SSL listeners, and is ignored there with a warning)."""
+    if not sasl:
+        return (look.get("ssl.client.auth") or "none").lower()
+    prefixed = look.props.get(look.prefix + "ssl.client.auth")
+    if prefixed is None or not prefixed.strip():
+        plain = look.props.get("ssl.client.auth")
+        if plain is not None and plain.strip().lower() != "none":
+            log.warning("ssl.client.auth=%s is applied only to SSL listeners: set %sssl.client.auth to ask SASL_SSL "
+                        "clients for certificates (as Kafka, KIP-684)", plain.strip(), look.prefix)
+        return "none"
+    return prefixed.strip().lower()
+
+
+def _ssl_context(look: _Lookup, listener: str, sasl: bool = False) -> tuple[ssl.SSLContext, str]:
     location = look.get("ssl.keystore.location")
     chain, key = look.get("ssl.keystore.certificate.chain"), look.get("ssl.keystore.key")
     if location is None and chain is None and key is None:
@@ -185,7 +200,7 @@ def _ssl_context(look: _Lookup, listener: str) -> tuple[ssl.SSLContext, str]:
         missing = "ssl.keystore.key" if key is None else "ssl.keystore.certificate.chain"
         raise _config_error(f"{missing} is required with the other inline PEM key store setting")
     password = look.get("ssl.key.password")
-    client_auth = (look.get("ssl.client.auth") or "none").lower()
+    client_auth = _client_auth(look, sasl)
     if client_auth not in CLIENT_AUTH:
         raise _config_error(f"invalid value {look.get('ssl.client.auth')!r} for {look.key('ssl.client.auth')}: "
                             "expected one of required, requested, none")
