@@ -738,4 +738,12 @@ def test_plaintext_broker_answers_sasl_requests_with_illegal_sasl_state(tmp_path
             s.sendall(_request(17, 1, 9, _string("PLAIN")))
             resp = _recv(s)
             assert resp is not None and struct.unpack_from(">ih", resp) == (9, 34)
+        # a request that closes the connection (an unknown API key) pipelined behind ApiVersions: the
+        # ApiVersions answer, finished in the same event-loop pass, still goes out first
+        for _ in range(3):
+            with socket.create_connection((b.host, b.port), timeout=5) as s:
+                s.sendall(_api_versions(1) + _request(999, 0, 2, b""))
+                resp = _recv(s)
+                assert resp is not None and struct.unpack_from(">ih", resp) == (1, 0)
+                assert _recv(s) is None
 

@@ -194,6 +194,23 @@ class KafkaConnection(asyncio.Protocol):
 
     def _on_done(self, _task: asyncio.Task[Any]) -> None:
         """Write every finished response at the head of the queue, in order."""
+        self._collect_done()
+        pending = self.pending
+        if self.reading_paused and len(pending) < MAX_IN_FLIGHT // 2 and self.transport and not self.closed:
+            self.transport.resume_reading()
+            self.reading_paused = False
+        if self._one_at_a_time and not pending and not self.closed and not self._close_after_flush \
+                and self._closing_task is None and self.auth is not None:
+            if self.auth.complete:  # the requests that came after the login, under socket.request.max.bytes
+                self._one_at_a_time = False
+                if self.transport is not None:
+                    self.transport.resume_reading()
+                self.data_received(b"")
+            else:
+                self._next_unauthenticated()
+
+    def _collect_done(self) -> None:
+        """Queue the responses of the finished requests at the head of ``pending`` for the next flush."""
         pending = self.pending
         while pending and pending[0].done():
             task = pending.popleft()
@@ -208,18 +225,6 @@ class KafkaConnection(asyncio.Protocol):
                     # after the other tasks finished in this pass: one send for all their responses
                     self._flush_scheduled = True
                     asyncio.get_running_loop().call_soon(self._flush)
-        if self.reading_paused and len(pending) < MAX_IN_FLIGHT // 2 and self.transport and not self.closed:
-            self.transport.resume_reading()
-            self.reading_paused = False
-        if self._one_at_a_time and not pending and not self.closed and not self._close_after_flush \
-                and self._closing_task is None and self.auth is not None:
-            if self.auth.complete:  # the requests that came after the login, under socket.request.max.bytes
-                self._one_at_a_time = False
-                if self.transport is not None:
-                    self.transport.resume_reading()
-                self.data_received(b"")
-            else:
-                self._next_unauthenticated()
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -235,7 +240,10 @@ class KafkaConnection(asyncio.Protocol):
         if self.closed:
             return
         log.warning("closing connection from %s: %s", self.peer, reason)
-        self._flush()  # the answers to earlier requests go out first, as before
+        # the answers to earlier requests go out first, those finished in this event-loop pass included
+        # (their done callbacks have not run yet)
+        self._collect_done()
+        self._flush()
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
