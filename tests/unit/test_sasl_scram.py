@@ -101,3 +101,11 @@ def test_client_accepts_kafkas_iteration_bounds(iterations: int) -> None:
     c = ScramClient("SCRAM-SHA-256", "user", "pencil", nonce=C_NONCE)
     c.first()
     assert c.final(SERVER_FIRST.replace(b"i=4096", b"i=%d" % iterations)).startswith(b"c=biws,r=" + C_NONCE.encode())
+
+
+@pytest.mark.parametrize("salt", [b"", b"not base64!", b"W22ZaJ0SNY7soEsUEjb6gQ="])
+def test_client_refuses_an_empty_or_undecodable_salt(salt: bytes) -> None:
+    c = ScramClient("SCRAM-SHA-256", "user", "pencil", nonce=C_NONCE)
+    c.first()
+    with pytest.raises(SaslError, match="salt"):
+        c.final(SERVER_FIRST.replace(b"s=W22ZaJ0SNY7soEsUEjb6gQ==", b"s=" + salt))

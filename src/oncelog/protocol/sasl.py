@@ -204,6 +204,8 @@ class ScramClient:
             salt_bytes = base64.b64decode(salt, validate=True)
         except ValueError:
             raise SaslError("Invalid SCRAM server first message: bad salt or iteration count") from None
+        if not salt_bytes:  # a Kafka broker's salt is random bytes: an empty one is not from a broker
+            raise SaslError("Invalid SCRAM server first message: empty salt")
         if iterations < SCRAM_MIN_ITERATIONS:
             raise SaslError(f"Invalid SCRAM server first message: requested iterations {iterations} is less than "
                             f"the minimum {SCRAM_MIN_ITERATIONS} for {self.mechanism}")
