@@ -16,8 +16,10 @@ connection is made once the handshake succeeded; a failed handshake, such
 as a plaintext client on a TLS port, never reaches it). On a SASL listener
 each connection carries a :class:`~oncelog.broker.security.SaslSession`:
 until it is complete only ApiVersions, SaslHandshake and SaslAuthenticate are
-served (see :func:`oncelog.broker.dispatch.handle_frame`), and a refused
-login is answered and then the connection is closed.
+served (see :func:`oncelog.broker.dispatch.handle_frame`), one request at a
+time (reading paused while it is handled, the bytes after it not parsed), and
+a refused login is answered and then the connection is closed. A connection
+idle for ``connections.max.idle.ms`` is closed, authenticated or not.
 
 Responses that become ready in the same event-loop pass (the produces
 released by one group-commit round) are written with one ``writelines``,
