@@ -13,7 +13,7 @@ confluent-kafka is given a random group.id because librdkafka requires one),
 default (fetch sizes, fetch.min.bytes, check.crcs ...). A run counts records
 and value bytes until it has them all; its time and CPU are from the
 constructor to the last record (close not included). CPU is the bench
-process's user+system seconds (``os.times()``: every thread, so librdkafka's
+process's user+system seconds (``time.process_time()``: every thread, so librdkafka's
 and our loop thread's too) and the broker's (``/proc/<pid>/stat``), per MB of
 values read: robust to other load on the machine, unlike records/s.
 
@@ -22,6 +22,7 @@ Clients:
 * ``oncelog``: ``oncelog.client.Consumer`` (blocking facade), ``consume(500, 1.0)``;
 * ``oncelog-poll``: the same, one ``poll(1.0)`` per record;
 * ``oncelog-aio``: ``oncelog.client.aio.Consumer``, ``await consume(500, 1.0)``;
+* ``oncelog-aio-nonumpy``: the same without the optional numpy decode (not in the default list);
 * ``oncelog-columns``: ``PartitionReader.iter_range(records=False)`` and
   ``decode_columns``, the path the Spark source uses (blocking, one partition
   after another, no prefetch);
@@ -74,8 +75,7 @@ class Run:
 
 
 def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system
+    return time.process_time()  # user + system of every thread, in ns (os.times() counts 10 ms ticks)
 
 
 def _done(run: Run) -> None:
@@ -138,6 +138,18 @@ def run_oncelog_aio(bootstrap: str, topic: str, n: int, iso: str, run: Run) -> N
             await c.close()
 
     asyncio.run(main())
+
+
+def run_oncelog_aio_nonumpy(bootstrap: str, topic: str, n: int, iso: str, run: Run) -> None:
+    """``oncelog-aio`` without the optional numpy decode (the pure-Python path, as without numpy)."""
+    from oncelog.client import reader
+
+    saved = reader.HAVE_NUMPY
+    reader.HAVE_NUMPY = False
+    try:
+        run_oncelog_aio(bootstrap, topic, n, iso, run)
+    finally:
+        reader.HAVE_NUMPY = saved
 
 
 def run_oncelog_columns(bootstrap: str, topic: str, n: int, iso: str, run: Run) -> None:
@@ -299,6 +311,7 @@ CLIENTS: dict[str, Callable[[str, str, int, str, Run], None]] = {
     "oncelog": run_oncelog,
     "oncelog-poll": run_oncelog_poll,
     "oncelog-aio": run_oncelog_aio,
+    "oncelog-aio-nonumpy": run_oncelog_aio_nonumpy,
     "oncelog-columns": run_oncelog_columns,
     "confluent": run_confluent,
     "confluent-poll": run_confluent_poll,
@@ -342,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--isolation", choices=["read_uncommitted", "read_committed"], default="read_uncommitted")
     ap.add_argument("--compression", choices=["none", "gzip", "snappy", "lz4", "zstd"], default="none",
                     help="the prefill producer's compression.type (compressed values are repetitive, not random)")
-    ap.add_argument("--clients", default=",".join(CLIENTS))
+    ap.add_argument("--clients", default=",".join(c for c in CLIENTS if c != "oncelog-aio-nonumpy"))
     ap.add_argument("--profile", choices=list(CLIENTS), help="run one client once under pyinstrument")
     args = ap.parse_args(argv)
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]

@@ -154,11 +154,52 @@ def _offsets_from_json(path: str) -> dict[tuple[str, int], int]:
     return offsets
 
 
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+def _command_config(path: str) -> dict[str, Any]:
+    """``--command-config FILE``: a client properties file, as Kafka's tools take (Java properties,
+    read by the broker config's parser), with the Java client's TLS and SASL names mapped to oncelog's
+    (:mod:`oncelog.client.java_config`) and every key checked as an admin client's. Raises _UsageError."""
+    from oncelog.client.config import ConfigError as ClientConfigError
+    from oncelog.client.config import parse_config
+    from oncelog.client.java_config import from_java
+    from oncelog.broker.config import parse_properties
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise _UsageError(f"--command-config: cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise _UsageError(f"--command-config: {path} is not a UTF-8 text file") from None
+    try:
+        conf = from_java(parse_properties(text))
+        parse_config({"bootstrap.servers": DEFAULT_BOOTSTRAP, **conf}, "admin")
+    except ClientConfigError as exc:
+        raise _UsageError(f"--command-config {path}: {exc}") from None
+    return conf
+
+
+def _client_settings(args: argparse.Namespace) -> None:
+    """Set ``args.client_config`` (from --command-config) and ``args.bootstrap`` (the flag, else the file's
+    bootstrap.servers, else 127.0.0.1:9092; verify reads through one broker: the first). Raises _UsageError."""
+    conf = _command_config(args.command_config) if args.command_config else {}
+    file_bootstrap = conf.pop("bootstrap.servers", None)
+    if args.bootstrap is None and file_bootstrap:
+        args.bootstrap = str(file_bootstrap).strip()
+        if args.command == "verify":
+            args.bootstrap = args.bootstrap.split(",")[0].strip()
+    args.bootstrap = args.bootstrap or DEFAULT_BOOTSTRAP
+    args.client_config = conf
+
+
 def _admin(args: argparse.Namespace) -> Any:
-    """The admin client for ``--bootstrap`` (raises KafkaConnectionError when nothing answers there)."""
+    """The admin client for ``--bootstrap`` and ``--command-config`` (raises KafkaConnectionError when
+    nothing answers there)."""
     from oncelog.client import Admin
 
-    return Admin({"bootstrap.servers": args.bootstrap, "client.id": f"oncelog-{args.command}"})
+    return Admin({**getattr(args, "client_config", {}), "bootstrap.servers": args.bootstrap,
+                  "client.id": f"oncelog-{args.command}"})
 
 
 def _admin_command(action: Any) -> Any:
@@ -170,7 +211,10 @@ def _admin_command(action: Any) -> Any:
             with _admin(args) as admin:
                 return int(action(admin, args))
         except KafkaConnectionError as exc:
-            print(f"error: cannot talk to the broker at {args.bootstrap}: {exc.message}", file=sys.stderr)
+            # connected, then dropped: what a TLS or SASL listener does to a plaintext client
+            dropped = not getattr(args, "client_config", None) and not exc.message.startswith("cannot connect")
+            hint = " (a TLS or SASL listener? see --command-config)" if dropped else ""
+            print(f"error: cannot talk to the broker at {args.bootstrap}: {exc.message}{hint}", file=sys.stderr)
             return 1
         except KafkaError as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -458,12 +502,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="log verbosity: %(choices)s (default %(default)s)")
     serve.set_defaults(func=_serve)
 
-    bootstrap_help = "HOST:PORT of the broker (default 127.0.0.1:9092)"
+    bootstrap_help = "HOST:PORT of the broker (default: --command-config's bootstrap.servers, else 127.0.0.1:9092)"
+    command_config_help = ("client properties file, as Kafka's tools take: security.protocol, ssl.*, sasl.* "
+                           "(Java's names too: sasl.jaas.config, PEM trust and key stores; see docs/client.md)")
     topics = sub.add_parser("topics", help="create, list, describe or delete topics, delete records")
     topics.add_argument("action", choices=["create", "list", "describe", "delete", "delete-records"],
                         help="what to do")
     topics.add_argument("topic", nargs="?", help="topic name (create, describe, delete, delete-records)")
-    topics.add_argument("--bootstrap", default="127.0.0.1:9092", type=_bootstrap, help=bootstrap_help)
+    topics.add_argument("--bootstrap", default=None, type=_bootstrap, help=bootstrap_help)
+    topics.add_argument("--command-config", metavar="FILE", help=command_config_help)
     topics.add_argument("--partitions", type=int, default=-1,
                         help="create: number of partitions (default: the broker's num.partitions)")
     topics.add_argument("--replication-factor", type=int, default=-1,
@@ -481,7 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
     groups = sub.add_parser("groups", help="list, describe (members, assignment, lag), delete groups, reset offsets")
     groups.add_argument("action", choices=["list", "describe", "delete", "reset-offsets"], help="what to do")
     groups.add_argument("group", nargs="?", help="group id (describe, delete, reset-offsets)")
-    groups.add_argument("--bootstrap", default="127.0.0.1:9092", type=_bootstrap, help=bootstrap_help)
+    groups.add_argument("--bootstrap", default=None, type=_bootstrap, help=bootstrap_help)
+    groups.add_argument("--command-config", metavar="FILE", help=command_config_help)
     groups.add_argument("--topic", help="reset-offsets: the topic")
     groups.add_argument("--partitions", type=_partitions, metavar="P[,P...]",
                         help="reset-offsets: comma-separated partitions (default all)")
@@ -495,7 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     txns = sub.add_parser("txns", help="list, describe, find hanging and abort transactions (KIP-664)")
     common = _Parser(add_help=False)
-    common.add_argument("--bootstrap", default="127.0.0.1:9092", type=_bootstrap, help=bootstrap_help)
+    common.add_argument("--bootstrap", default=None, type=_bootstrap, help=bootstrap_help)
+    common.add_argument("--command-config", metavar="FILE", help=command_config_help)
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
     tsub = txns.add_subparsers(dest="action", required=True)
     t_list = tsub.add_parser("list", parents=[common], help="list transactions on every broker")
@@ -547,6 +596,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"topics list takes no topic name (got {args.topic!r})")
     if args.command == "groups" and args.action == "list" and args.group:
         parser.error(f"groups list takes no group id (got {args.group!r})")
+    if hasattr(args, "command_config"):  # the commands that connect as a client
+        try:
+            _client_settings(args)
+        except _UsageError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     stdout = sys.stdout
     sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
     try:

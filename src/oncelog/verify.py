@@ -72,7 +72,7 @@ import bisect
 import json
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -378,22 +378,26 @@ def audit(input_records: list[Rec], output_committed: list[Rec], output_uncommit
 
 # -- the IO shell -------------------------------------------------------------------------
 
-def committed_offsets(bootstrap: str, group: str, topic: str, timeout: float = 30.0) -> dict[int, int]:
+def committed_offsets(bootstrap: str, group: str, topic: str, timeout: float = 30.0,
+                      config: Mapping[str, Any] | None = None) -> dict[int, int]:
     """The group's committed offsets for ``topic`` (partition -> offset), waiting out pending transactions
-    (OffsetFetch with require_stable: UNSTABLE_OFFSET_COMMIT is retried within ``timeout``)."""
+    (OffsetFetch with require_stable: UNSTABLE_OFFSET_COMMIT is retried within ``timeout``).
+    ``config``: more client properties (TLS and SASL: ``--command-config``)."""
     from oncelog.client import Admin
 
     ms = max(int(timeout * 1000), 1)
-    with Admin({"bootstrap.servers": bootstrap, "client.id": "oncelog-verify", "request.timeout.ms": ms,
-                "default.api.timeout.ms": ms}) as admin:
+    with Admin({**(config or {}), "bootstrap.servers": bootstrap, "client.id": "oncelog-verify",
+                "request.timeout.ms": ms, "default.api.timeout.ms": ms}) as admin:
         parts = admin.partitions_of(topic)
         got = admin.list_group_offsets(group, [(topic, p) for p in parts], require_stable=True)
     return {p: off for (_t, p), off in got.items()}
 
 
 def run(bootstrap: str, input_topic: str, output_topic: str, id_spec: str = "key", group: str | None = None,
-        order: str = "partition", max_examples: int = 10, timeout: float = 30.0) -> Report:
-    """Read both topics and audit them (see the module docstring)."""
+        order: str = "partition", max_examples: int = 10, timeout: float = 30.0,
+        config: Mapping[str, Any] | None = None) -> Report:
+    """Read both topics and audit them (see the module docstring). ``config``: client properties for
+    every connection (TLS and SASL: ``security.protocol``, ``ssl.*``, ``sasl.*``; docs/client.md)."""
     from oncelog.client.reader import READ_COMMITTED, READ_UNCOMMITTED, PartitionReader
 
     get_id = id_extractor(id_spec)
@@ -403,8 +407,8 @@ def run(bootstrap: str, input_topic: str, output_topic: str, id_spec: str = "key
     def recs(records: Iterable[Any]) -> list[Rec]:
         return [Rec(r.partition, r.offset, get_id(r), r.key, r.producer_id, r.transactional) for r in records]
 
-    committed = committed_offsets(bootstrap, group, input_topic, timeout) if group else None
-    with PartitionReader(bootstrap, timeout=timeout, client_id="oncelog-verify") as reader:
+    committed = committed_offsets(bootstrap, group, input_topic, timeout, config) if group else None
+    with PartitionReader(bootstrap, timeout=timeout, client_id="oncelog-verify", config=config) as reader:
         inp = reader.read_topic(input_topic, READ_COMMITTED)
         out_c = reader.read_topic(output_topic, READ_COMMITTED)
         out_u = [reader.read_partition(output_topic, pd.partition, READ_UNCOMMITTED, start=pd.start_offset)
@@ -469,7 +473,11 @@ def print_table(report: Report, input_topic: str, output_topic: str, group: str 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bootstrap", default="127.0.0.1:9092", help="HOST:PORT of a broker of the cluster (default 127.0.0.1:9092)")
+    p.add_argument("--bootstrap", default=None, help="HOST:PORT of a broker of the cluster (default: the first of "
+                   "--command-config's bootstrap.servers, else 127.0.0.1:9092)")
+    p.add_argument("--command-config", metavar="FILE",
+                   help="client properties file, as Kafka's tools take (security.protocol, ssl.*, sasl.*; "
+                   "see docs/client.md)")
     p.add_argument("--input", required=True, metavar="TOPIC", help="the topic that was copied")
     p.add_argument("--output", required=True, metavar="TOPIC", help="the copy")
     p.add_argument("--id", default="key", metavar="SPEC", dest="id_spec",
@@ -487,12 +495,18 @@ def main(args: argparse.Namespace) -> int:
     from oncelog.client.reader import ReaderError
 
     try:
-        report = run(args.bootstrap, args.input, args.output, args.id_spec, args.group, args.order,
-                     args.examples, args.timeout)
+        report = run(args.bootstrap or "127.0.0.1:9092", args.input, args.output, args.id_spec, args.group,
+                     args.order, args.examples, args.timeout, getattr(args, "client_config", None))
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (ReaderError, KafkaError, OSError, ValueError) as exc:
+    except OSError as exc:
+        # connected, then dropped: what a TLS or SASL listener does to a plaintext client
+        dropped = not getattr(args, "client_config", None) and type(exc) is ConnectionError
+        hint = " (a TLS or SASL listener? see --command-config)" if dropped else ""
+        print(f"error: cannot talk to the broker at {args.bootstrap}: {exc.strerror or exc}{hint}", file=sys.stderr)
+        return 2
+    except (ReaderError, KafkaError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:

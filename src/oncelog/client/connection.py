@@ -2,28 +2,91 @@
 
 It sends kio request entities and decodes responses; it knows nothing of
 the broker's internals, so it works against Apache Kafka too.
+
+``security=`` (a :class:`~oncelog.client.security.Security`, e.g.
+``parse_config(conf, "consumer").security``) makes it speak TLS and/or SASL as
+the asyncio connection does: the TLS handshake (host name checked unless
+``ssl.endpoint.identification.algorithm=none``), then ApiVersions, then
+SaslHandshake v1 and SaslAuthenticate (PLAIN, SCRAM-SHA-256/512). A failed
+handshake raises :class:`~oncelog.client.errors.SslAuthenticationError`, a
+refused login the SASL error of Kafka's code (``SaslAuthenticationFailedError``,
+``UnsupportedSaslMechanismError``): KafkaErrors, not OSErrors, so a caller that
+tries the next bootstrap server on an OSError does not hide them.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 from typing import Any
 
 from oncelog.protocol.build import materialize
 from oncelog.protocol.codec import decode_response, encode_request, is_flexible, request_type
 from oncelog.protocol.headers import API_VERSIONS_KEY, skip_tagged_fields
+from oncelog.protocol.sasl import SaslError, ScramClient, plain_message
 
 _LEN = struct.Struct(">i")
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 
 
 class Connection:
-    def __init__(self, bootstrap: str, client_id: str = "oncelog-cli", timeout: float = 30.0) -> None:
+    def __init__(self, bootstrap: str, client_id: str = "oncelog-cli", timeout: float = 30.0,
+                 security: Any = None) -> None:
         host, _, port = bootstrap.rpartition(":")
-        self.sock = socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout)
+        host = host.strip("[]") or "127.0.0.1"
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        ctx = security.ssl_context if security is not None else None
+        if ctx is not None:
+            try:
+                sock = ctx.wrap_socket(sock, server_hostname=host)
+            except ssl.SSLError as exc:
+                sock.close()
+                from oncelog.client.errors import SslAuthenticationError
+
+                reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
+                raise SslAuthenticationError(f"TLS handshake with {host}:{port} failed: {reason}") from None
+            except OSError:
+                sock.close()
+                raise
+        self.sock = sock
         self.client_id = client_id
         self.correlation_id = 0
         self.versions: dict[int, tuple[int, int]] = {}
+        if security is not None and security.sasl:
+            try:
+                self._authenticate(f"{host}:{port}", security.sasl_mechanism, security.sasl_username,
+                                   security.sasl_password)
+            except BaseException:
+                self.sock.close()
+                raise
+
+    def _authenticate(self, where: str, mechanism: str, username: str, password: str) -> None:
+        """ApiVersions, SaslHandshake v1, then SaslAuthenticate round trips (KIP-152)."""
+        from oncelog.client.errors import SaslAuthenticationFailedError, error_for
+
+        resp = self.request(SASL_HANDSHAKE, self.best_version(SASL_HANDSHAKE, (1, 1)), {"mechanism": mechanism})
+        if int(resp.error_code):
+            enabled = ", ".join(resp.mechanisms) or "none"
+            raise error_for(int(resp.error_code), f"broker {where} does not enable SASL mechanism {mechanism} "
+                                                  f"(enabled: {enabled})")
+        version = self.best_version(SASL_AUTHENTICATE, (0, 2))
+
+        def step(token: bytes) -> bytes:
+            r = self.request(SASL_AUTHENTICATE, version, {"auth_bytes": token})
+            if int(r.error_code):
+                raise error_for(int(r.error_code), f"{where}: {r.error_message or 'authentication failed'}")
+            return bytes(r.auth_bytes)
+
+        if mechanism == "PLAIN":
+            step(plain_message(username, password))
+            return
+        scram = ScramClient(mechanism, username, password)
+        try:
+            server_first = step(scram.first())
+            scram.verify(step(scram.final(server_first)))
+        except SaslError as exc:
+            raise SaslAuthenticationFailedError(f"{where}: {exc}") from None
 
     def close(self) -> None:
         self.sock.close()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Iterable
 
 from crc32c import crc32c
@@ -33,13 +34,17 @@ from oncelog.protocol.errors import code_name
 from oncelog.protocol.records import (
     COMPRESSION_NONE,
     CRC_START,
+    HAVE_NUMPY,
     MAGIC_V2,
+    RECORDS_OFFSET,
     BatchHeader,
     InvalidRecordError,
     iter_batch_headers,
     iter_records,
     RecordColumns,
     decode_columns,
+    decode_section,
+    decode_spans,
     read_control_marker,
 )
 
@@ -100,6 +105,9 @@ class Batch:
     records: list[ReadRecord] = field(default_factory=list)
     marker: Marker | None = None  # control batches with a COMMIT/ABORT marker
     raw: bytes | None = None  # the uncompressed batch, when decoded with records=False
+    # with share=True instead of raw: the uncompressed records section as (buffer, start, end),
+    # the Fetch blob itself for an uncompressed batch (no copy), the decompressed body otherwise
+    section: tuple[bytes, int, int] | None = None
 
 
 @dataclass
@@ -131,11 +139,14 @@ def decompress(codec: int, data: bytes) -> bytes:
 # -- pure decoding and filtering ---------------------------------------------------------
 
 
-def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True, records: bool = True) -> list[Batch]:
+def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True, records: bool = True,
+                   share: bool = False) -> list[Batch]:
     """Decode every complete v2 batch in a Fetch ``records`` blob (a partial tail is ignored).
 
     ``records=False`` leaves data batches' ``records`` empty and keeps the
-    uncompressed batch in ``raw`` instead (for :func:`~oncelog.protocol.records.decode_columns`).
+    uncompressed batch in ``raw`` instead (for :func:`~oncelog.protocol.records.decode_columns`);
+    with ``share=True`` as well, ``section`` instead of ``raw``: the records section without
+    a copy of the batch (for :func:`~oncelog.protocol.records.decode_section`).
     """
     data = bytes(data)
     out: list[Batch] = []
@@ -156,7 +167,14 @@ def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True, reco
                 batch.marker = Marker(partition, hdr.base_offset, hdr.producer_id, hdr.producer_epoch,
                                       m.commit, m.coordinator_epoch)
             elif not records:
-                batch.raw = compression.decompressed_batch(data, start, end)
+                if not share:
+                    batch.raw = compression.decompressed_batch(data, start, end)
+                elif hdr.compression == COMPRESSION_NONE:
+                    batch.section = (data, start + RECORDS_OFFSET, end)
+                else:
+                    body = compression.decompress_buffer(hdr.compression,
+                                                         memoryview(data)[start + RECORDS_OFFSET:end])
+                    batch.section = (body, 0, len(body))  # a buffer, made bytes when decoded
             else:
                 raw = compression.decompressed_batch(data, start, end)
                 batch.records = [
@@ -236,32 +254,92 @@ def fetched_batches(data: bytes, partition: int, position: int, isolation_level:
     """The first half of :func:`fetched_columns`: CRC checks, decompression and the
     read_committed filter, without decoding the records (C work, no per-record Python).
 
-    Returns ``(kept data batches with ``raw`` set, batches decoded, skipped aborted
+    Returns ``(kept data batches with ``section`` set, batches decoded, skipped aborted
     batches, next position)``; :func:`batch_columns` decodes a kept batch. The consumer
     decodes each batch when it hands its records out, so a Fetch answer is processed at
     once and the next Fetch goes out while the records are decoded.
     """
-    return _select_batches(decode_batches(data, partition, check_crc, records=False), position, isolation_level,
-                           aborted)
+    return _select_batches(decode_batches(data, partition, check_crc, records=False, share=True), position,
+                           isolation_level, aborted)
 
 
-def batch_columns(batch: Batch, partition: int, position: int) -> RecordColumns:
-    """A batch from :func:`fetched_batches` decoded into columns, cut to the offsets at or
-    after ``position`` (may be empty: compaction can leave a batch without such records)."""
-    assert batch.raw is not None
+def batch_section(batch: Batch, partition: int, position: int
+                  ) -> tuple[list[int], list[int], list[bytes | None], list[bytes | None],
+                             list[list[tuple[str, bytes | None]] | None]]:
+    """A batch from :func:`fetched_batches` decoded by :func:`~oncelog.protocol.records.decode_section`:
+    ``(offsets, timestamps, keys, values, headers)``, a record without headers has None in
+    ``headers``; cut to the offsets at or after ``position`` (may be empty: compaction can
+    leave a batch without such records)."""
+    sec = batch.section
+    assert sec is not None
+    offs: list[int] = []
+    stamps: list[int] = []
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    hs: list[list[tuple[str, bytes | None]] | None] = []
+    buf = sec[0]
+    if type(buf) is not bytes:  # a decompressed batch in the codec's buffer: values are slices of bytes
+        buf = bytes(buf)
     try:
-        cols = decode_columns(batch.raw, 0, True)
+        decode_section(buf, sec[1], sec[2], batch.header, offs, stamps, keys, values, hs)
     except InvalidRecordError as exc:
         raise ReaderError(f"partition {partition}: batch at offset {batch.header.base_offset}: "
                           f"{exc.message}") from None
     if batch.header.base_offset < position:
         i = 0
-        offs = cols.offsets
         while i < len(offs) and offs[i] < position:
             i += 1
-        assert cols.headers is not None
-        cols = RecordColumns(offs[i:], cols.timestamps[i:], cols.keys[i:], cols.values[i:], cols.headers[i:])
-    return cols
+        return offs[i:], stamps[i:], keys[i:], values[i:], hs[i:]
+    return offs, stamps, keys, values, hs
+
+
+def group_sections(batches: list[Batch], position: int
+                   ) -> list[tuple[list[int], list[int], list[bytes | None], list[bytes | None],
+                                   list[list[tuple[str, bytes | None]] | None]]] | None:
+    """:func:`batch_section` for each of ``batches`` (from one :func:`fetched_batches`), decoded
+    together by :func:`~oncelog.protocol.records.decode_spans` (numpy); None when that path does
+    not apply (no numpy, headers, damage...): the caller then decodes batch by batch with
+    :func:`batch_section`, which gives the same records and raises the precise error."""
+    if not HAVE_NUMPY or not batches:
+        return None
+    secs = [b.section for b in batches]
+    if any(sec is None for sec in secs):
+        return None
+    buf = secs[0][0]  # type: ignore[index]
+    if type(buf) is bytes and all(sec[0] is buf for sec in secs):  # type: ignore[index]
+        # uncompressed: all in the Fetch blob, decoded in place
+        spans = [(sec[1], sec[2], b.header) for sec, b in zip(secs, batches)]  # type: ignore[index]
+    else:  # decompressed bodies in the codec's buffers: joined into one bytes (the copy
+        # into bytes that batch_section would make anyway), then one numpy pass
+        spans = []
+        pos = 0
+        for sec, b in zip(secs, batches):
+            size = sec[2] - sec[1]  # type: ignore[index]
+            spans.append((pos, pos + size, b.header))
+            pos += size
+        buf = b"".join(sec[0] if sec[1] == 0 and sec[2] == len(sec[0])  # type: ignore[index]
+                       else memoryview(sec[0])[sec[1]:sec[2]] for sec in secs)  # type: ignore[index]
+    got = decode_spans(buf, spans)
+    if got is None:
+        return None
+    offs, stamps, keys, values, counts = got
+    out = []
+    i = 0
+    for b, k in zip(batches, counts):
+        j = i + k
+        if b.header.base_offset < position:  # cut to the position, as batch_section
+            while i < j and offs[i] < position:
+                i += 1
+        out.append((offs[i:j], stamps[i:j], keys[i:j], values[i:j], [None] * (j - i)))
+        i = j
+    return out
+
+
+def batch_columns(batch: Batch, partition: int, position: int) -> RecordColumns:
+    """A batch from :func:`fetched_batches` decoded into columns, cut to the offsets at or
+    after ``position`` (may be empty: compaction can leave a batch without such records)."""
+    offs, stamps, keys, values, hs = batch_section(batch, partition, position)
+    return RecordColumns(offs, stamps, keys, values, [h if h is not None else [] for h in hs])
 
 
 def fetched_columns(data: bytes, partition: int, position: int, isolation_level: int,
@@ -305,13 +383,24 @@ def list_offsets_request(partitions: dict[str, list[tuple[int, int]]], isolation
 
 
 class PartitionReader:
-    """Reads whole partitions, from each partition's leader."""
+    """Reads whole partitions, from each partition's leader.
 
-    def __init__(self, bootstrap: str, timeout: float = 30.0, client_id: str = "oncelog-reader") -> None:
+    ``config``: client properties for the connections, in practice the TLS and
+    SASL ones (``security.protocol``, ``ssl.*``, ``sasl.*``; docs/client.md),
+    checked as a consumer's (:class:`~oncelog.client.config.ConfigError`).
+    """
+
+    def __init__(self, bootstrap: str, timeout: float = 30.0, client_id: str = "oncelog-reader",
+                 config: Mapping[str, Any] | None = None) -> None:
         self.bootstrap = bootstrap
         self.timeout = timeout
         self.client_id = client_id
-        self.conn = Connection(bootstrap, client_id=client_id, timeout=timeout)
+        self.security = None
+        if config:
+            from oncelog.client.config import parse_config
+
+            self.security = parse_config({**config, "bootstrap.servers": bootstrap}, "consumer").security
+        self.conn = Connection(bootstrap, client_id=client_id, timeout=timeout, security=self.security)
         self._nodes: dict[int, Connection] = {}
         self._addresses: dict[int, str] = {}
         self._leaders: dict[tuple[str, int], int] = {}
@@ -359,7 +448,8 @@ class PartitionReader:
         conn = self._nodes.get(node)
         if conn is None:
             address = self._addresses[node]
-            conn = self.conn if address == self.bootstrap else Connection(address, self.client_id, self.timeout)
+            conn = self.conn if address == self.bootstrap else Connection(address, self.client_id, self.timeout,
+                                                                           self.security)
             self._nodes[node] = conn
         return conn
 

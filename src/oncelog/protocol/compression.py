@@ -95,6 +95,28 @@ def decompress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
         raise InvalidRecordError(CORRUPT_MESSAGE, f"cannot decompress codec {codec} data: {exc}") from None
 
 
+def decompress_buffer(codec: int, data: bytes | bytearray | memoryview) -> Any:
+    """:func:`decompress` without the final copy into ``bytes``: a buffer (cramjam's, or
+    ``bytes``) for a caller that copies it anyway (the consumer joins a Fetch answer's
+    decompressed batches into one ``bytes``)."""
+    if codec == COMPRESSION_LZ4:
+        try:
+            return codec_library().lz4.decompress(data)
+        except InvalidRecordError:
+            raise
+        except Exception as exc:
+            raise InvalidRecordError(CORRUPT_MESSAGE, f"cannot decompress codec {codec} data: {exc}") from None
+    if codec == COMPRESSION_ZSTD or codec == COMPRESSION_GZIP:
+        try:
+            cj = codec_library()
+            return (cj.zstd if codec == COMPRESSION_ZSTD else cj.gzip).decompress(data)
+        except InvalidRecordError:
+            raise
+        except Exception as exc:
+            raise InvalidRecordError(CORRUPT_MESSAGE, f"cannot decompress codec {codec} data: {exc}") from None
+    return decompress(codec, data)
+
+
 def decompressed_batch(buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = None) -> bytes:
     """The batch at ``buf[start:end]`` with its records decompressed and its codec bits
     cleared, ready for :func:`~oncelog.protocol.records.iter_records` (its CRC no longer

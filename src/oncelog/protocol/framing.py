@@ -22,16 +22,42 @@ class FrameDecoder:
     ``max_frame_bytes`` mirrors Kafka's ``socket.request.max.bytes``: a frame
     that announces a larger size raises :class:`FrameError` before any of its
     body is buffered, so an oversize request cannot exhaust memory.
+
+    A large frame (a Fetch answer of megabytes arrives in many reads) is kept as
+    the list of the pieces read and joined once when complete: growing one buffer
+    and slicing the frame out of it copied every byte three times into fresh memory.
     """
 
-    __slots__ = ("_buf", "max_frame_bytes")
+    __slots__ = ("_buf", "max_frame_bytes", "_parts", "_need")
+
+    BIG = 64 * 1024  # frames at least this large are collected as pieces
 
     def __init__(self, max_frame_bytes: int = 100 * 1024 * 1024) -> None:
         self._buf = bytearray()
         self.max_frame_bytes = max_frame_bytes
+        self._parts: list[bytes | memoryview] = []  # the body so far of a large frame
+        self._need = 0  # bytes the large frame still lacks (0: not collecting one)
 
     def feed(self, data: bytes) -> list[bytes]:
         """Add ``data``; return every frame it completes (bodies only)."""
+        need = self._need
+        if need:
+            n = len(data)
+            if n < need:
+                self._parts.append(data if isinstance(data, bytes) else bytes(data))
+                self._need = need - n
+                return []
+            view = memoryview(data)
+            self._parts.append(view[:need])
+            frames = [b"".join(self._parts)]
+            self._parts = []
+            self._need = 0
+            if n > need:
+                frames += self._feed_buffer(view[need:])
+            return frames
+        return self._feed_buffer(data)
+
+    def _feed_buffer(self, data: bytes | memoryview) -> list[bytes]:
         buf = self._buf
         buf += data
         frames: list[bytes] = []
@@ -46,8 +72,12 @@ class FrameDecoder:
                     f"frame of {size} bytes exceeds socket.request.max.bytes={self.max_frame_bytes}"
                 )
             if end - pos - 4 < size:
+                if size >= self.BIG:  # collect the rest as pieces
+                    self._parts = [bytes(memoryview(buf)[pos + 4 :])]
+                    self._need = size - (end - pos - 4)
+                    pos = end
                 break
-            frames.append(bytes(buf[pos + 4 : pos + 4 + size]))
+            frames.append(bytes(memoryview(buf)[pos + 4 : pos + 4 + size]))
             pos += 4 + size
         if pos:
             del buf[:pos]
@@ -77,7 +107,7 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes held that do not yet form a whole frame."""
-        return len(self._buf)
+        return len(self._buf) + (sum(map(len, self._parts)) if self._need else 0)
 
 
 def frame(payload_parts: list[bytes | memoryview]) -> list[bytes | memoryview]:

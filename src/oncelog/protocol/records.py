@@ -23,6 +23,7 @@ import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from crc32c import crc32c
 
@@ -514,9 +515,10 @@ class RecordColumns:
 def decode_columns(batch: bytes, pos: int = 0, with_headers: bool = True) -> RecordColumns:
     """Decode an uncompressed batch at ``pos`` straight into columns (no per-record objects).
 
-    The same fields and checks as :func:`iter_records`, about twice as fast:
-    one- and two-byte varints (the common case) are read inline. Used by readers that
-    hand records on in bulk (the Spark source builds Arrow arrays from these).
+    The same fields and checks as :func:`iter_records`, about twice as fast
+    (:func:`decode_section`: one- and two-byte varints, the common case, are read
+    inline). Used by readers that hand records on in bulk (the Spark source builds
+    Arrow arrays from these). ``headers`` holds a list per record (empty if none).
     """
     hdr = parse_batch_header(batch, pos)
     if hdr.compression != COMPRESSION_NONE:
@@ -527,91 +529,308 @@ def decode_columns(batch: bytes, pos: int = 0, with_headers: bool = True) -> Rec
     if end > len(batch):
         raise InvalidRecordError(CORRUPT_MESSAGE, "record batch truncated")
     buf = bytes(batch) if not isinstance(batch, bytes) else batch
-    view = memoryview(buf)[:end]
-    base_offset, base_ts = hdr.base_offset, hdr.base_timestamp
-    log_append_ts = hdr.max_timestamp if hdr.timestamp_type == TIMESTAMP_LOG_APPEND_TIME else None
     offsets: list[int] = []
     stamps: list[int] = []
     keys: list[bytes | None] = []
     values: list[bytes | None] = []
-    headers: list[list[tuple[str, bytes | None]]] | None = [] if with_headers else None
+    hcol: list[list[tuple[str, bytes | None]] | None] = []
+    decode_section(buf, pos + RECORDS_OFFSET, end, hdr, offsets, stamps, keys, values, hcol)
+    headers = [h if h is not None else [] for h in hcol] if with_headers else None
+    return RecordColumns(offsets, stamps, keys, values, headers)
+
+
+def _bad(message: str) -> InvalidRecordError:
+    return InvalidRecordError(CORRUPT_MESSAGE, message)
+
+
+def decode_section(
+    buf: bytes,
+    p: int,
+    end: int,
+    hdr: BatchHeader,
+    offsets: list[int],
+    stamps: list[int],
+    keys: list[bytes | None],
+    values: list[bytes | None],
+    headers: list[list[tuple[str, bytes | None]] | None],
+) -> None:
+    """Decode the ``hdr.records_count`` records of the uncompressed records section
+    ``buf[p:end]`` (``buf`` must be ``bytes``: values and keys are slices of it),
+    appending each record's offset, timestamp, key, value and headers to the lists;
+    a record without headers gets ``None`` in ``headers`` (no list per record: the
+    consumer's :class:`Message` makes the empty list when it is asked for).
+
+    The same fields and checks as :func:`iter_records`: a record's length must match
+    its fields exactly and the records must fill the section; raises
+    :class:`InvalidRecordError` (CORRUPT_MESSAGE) otherwise. The common shapes (one-
+    or two-byte varints, a null or short key, no headers) are read inline; anything
+    else goes through the general varint reader.
+    """
+    base_offset = hdr.base_offset
+    base_ts = hdr.base_timestamp
+    log_append = hdr.attributes & TIMESTAMP_TYPE_BIT
+    fixed_ts = hdr.max_timestamp
+    oapp = offsets.append
+    sapp = stamps.append
+    kapp = keys.append
+    vapp = values.append
+    happ = headers.append
     read_varint = _read_varint
-    p = pos + RECORDS_OFFSET
     try:
         for _ in range(hdr.records_count):
+            # length (zigzag: an odd unsigned value is negative), then skip the attributes byte
             b = buf[p]
             if b < 0x80:
-                length, p = (b >> 1) ^ -(b & 1), p + 1
-            elif buf[p + 1] < 0x80:
-                u = (b & 0x7F) | (buf[p + 1] << 7)
-                length, p = (u >> 1) ^ -(u & 1), p + 2
+                if b & 1:
+                    raise _bad("record runs past the end of the batch")
+                rec_end = p + 1 + (b >> 1)
+                p += 2
             else:
-                length, p = read_varint(view, p)
-            rec_end = p + length
-            if length < 0 or rec_end > end:
-                raise InvalidRecordError(CORRUPT_MESSAGE, "record runs past the end of the batch")
-            b = buf[p + 1]  # after the attributes byte
-            if b < 0x80:
-                ts_delta, p = (b >> 1) ^ -(b & 1), p + 2
-            else:
-                ts_delta, p = read_varint(view, p + 1)
+                c = buf[p + 1]
+                if c < 0x80:
+                    if b & 1:
+                        raise _bad("record runs past the end of the batch")
+                    rec_end = p + 2 + (((b & 0x7F) | (c << 7)) >> 1)
+                    p += 3
+                else:
+                    n, p = read_varint(buf, p)
+                    if n < 0:
+                        raise _bad("record runs past the end of the batch")
+                    rec_end = p + n
+                    p += 1
+            if rec_end > end:
+                raise _bad("record runs past the end of the batch")
+            # timestampDelta
             b = buf[p]
             if b < 0x80:
-                off_delta, p = (b >> 1) ^ -(b & 1), p + 1
-            elif buf[p + 1] < 0x80:
-                u = (b & 0x7F) | (buf[p + 1] << 7)
-                off_delta, p = (u >> 1) ^ -(u & 1), p + 2
+                ts = (b >> 1) ^ -(b & 1)
+                p += 1
             else:
-                off_delta, p = read_varint(view, p)
+                ts, p = read_varint(buf, p)
+            sapp(fixed_ts if log_append else base_ts + ts)
+            # offsetDelta
             b = buf[p]
             if b < 0x80:
-                n, p = (b >> 1) ^ -(b & 1), p + 1
-            elif buf[p + 1] < 0x80:
-                u = (b & 0x7F) | (buf[p + 1] << 7)
-                n, p = (u >> 1) ^ -(u & 1), p + 2
+                oapp(base_offset + ((b >> 1) ^ -(b & 1)))
+                p += 1
             else:
-                n, p = read_varint(view, p)
-            if n < 0:
-                key = None
+                c = buf[p + 1]
+                if c < 0x80:
+                    u = (b & 0x7F) | (c << 7)
+                    oapp(base_offset + ((u >> 1) ^ -(u & 1)))
+                    p += 2
+                else:
+                    n, p = read_varint(buf, p)
+                    oapp(base_offset + n)
+            # key: mostly null (varint -1 = 0x01) or short
+            b = buf[p]
+            if b == 1:
+                kapp(None)
+                p += 1
+            elif b < 0x80 and not b & 1:
+                p += 1
+                n = p + (b >> 1)
+                kapp(buf[p:n])
+                p = n
             else:
-                key, p = buf[p : p + n], p + n
+                n, p = read_varint(buf, p)
+                if n < 0:
+                    kapp(None)
+                else:
+                    kapp(buf[p : p + n])
+                    p += n
+            # value
             b = buf[p]
             if b < 0x80:
-                n, p = (b >> 1) ^ -(b & 1), p + 1
-            elif buf[p + 1] < 0x80:
-                u = (b & 0x7F) | (buf[p + 1] << 7)
-                n, p = (u >> 1) ^ -(u & 1), p + 2
+                if b & 1:  # a negative length: null
+                    vapp(None)
+                    p += 1
+                else:
+                    p += 1
+                    n = p + (b >> 1)
+                    vapp(buf[p:n])
+                    p = n
             else:
-                n, p = read_varint(view, p)
-            if n < 0:
-                value = None
-            else:
-                value, p = buf[p : p + n], p + n
+                c = buf[p + 1]
+                if c < 0x80 and not b & 1:
+                    p += 2
+                    n = p + (((b & 0x7F) | (c << 7)) >> 1)
+                    vapp(buf[p:n])
+                    p = n
+                else:
+                    n, p = read_varint(buf, p)
+                    if n < 0:
+                        vapp(None)
+                    else:
+                        vapp(buf[p : p + n])
+                        p += n
+            # headers: mostly none (a zero count, the record's last byte)
+            if p + 1 == rec_end and buf[p] == 0:
+                happ(None)
+                p = rec_end
+                continue
             if p >= rec_end:
-                raise InvalidRecordError(CORRUPT_MESSAGE, "record field runs past the end of the batch")
-            b = buf[p]
-            if b < 0x80:
-                n_headers, p = (b >> 1) ^ -(b & 1), p + 1
-            else:
-                n_headers, p = read_varint(view, p)
-            if n_headers:
-                hs: list[tuple[str, bytes | None]] = []
-                for _h in range(n_headers):
-                    hkey, p = _read_bytes(view, p)
-                    hval, p = _read_bytes(view, p)
-                    hs.append(((hkey or b"").decode(), hval))
-            else:
-                hs = []
+                raise _bad("record field runs past the end of the batch")
+            n, p = read_varint(buf, p)
+            if n < 0:  # as Kafka's DefaultRecord
+                raise _bad(f"invalid number of record headers {n}")
+            hs: list[tuple[str, bytes | None]] = []
+            for _h in range(n):
+                hkey, p = _read_bytes(buf, p)
+                hval, p = _read_bytes(buf, p)
+                hs.append(((hkey or b"").decode(), hval))
             if p != rec_end:
-                raise InvalidRecordError(CORRUPT_MESSAGE, "record length does not match its contents")
-            offsets.append(base_offset + off_delta)
-            stamps.append(base_ts + ts_delta if log_append_ts is None else log_append_ts)
-            keys.append(key)
-            values.append(value)
-            if headers is not None:
-                headers.append(hs)
+                raise _bad("record length does not match its contents")
+            happ(hs if n else None)
     except IndexError:
-        raise InvalidRecordError(CORRUPT_MESSAGE, "varint runs past the end of the batch") from None
+        raise _bad("varint runs past the end of the batch") from None
+    except UnicodeDecodeError:
+        raise _bad("header key is not UTF-8") from None
     if p != end:
-        raise InvalidRecordError(CORRUPT_MESSAGE, "trailing bytes after the last record")
-    return RecordColumns(offsets, stamps, keys, values, headers)
+        raise _bad("trailing bytes after the last record")
+
+
+# --- the vectorised decoder (numpy, optional) ------------------------------------------
+
+try:  # an optional fast path: without numpy, callers decode batch by batch with decode_section
+    import numpy as _np
+except ImportError:  # pragma: no cover - exercised by the tests with HAVE_NUMPY patched off
+    _np = None  # type: ignore[assignment]
+
+HAVE_NUMPY = _np is not None
+
+
+def _np_varints(arr: Any, pos: Any) -> tuple[Any, Any]:
+    """The zigzag varints at byte positions ``pos`` (an int64 array) of ``arr`` (uint8):
+    ``(values as int64, positions after them)``; IndexError past the end; ValueError for
+    a varint longer than 10 bytes."""
+    np = _np
+    b = arr[pos]
+    c0 = b >> 7
+    if not c0.any():  # all one byte: the common case
+        v = b.astype(np.int64)
+        return (v >> 1) ^ -(v & 1), pos + 1
+    c0 = c0.astype(np.int64)
+    b1 = arr[pos + c0]  # the second byte where there is one (else the first again: never past the end)
+    if not ((b1 >> 7) & c0).any():  # at most two bytes: no per-byte loop
+        u = (b & 0x7F).astype(np.int64) | ((b1 & 0x7F).astype(np.int64) << 7) * c0
+        return (u >> 1) ^ -(u & 1), pos + 1 + c0
+    u = (b & 0x7F).astype(np.uint64)
+    width = np.ones(len(pos), np.int64)
+    active = np.flatnonzero(b & 0x80)
+    shift = 7
+    while len(active):
+        if shift > 56:  # more than 63 bits: left to the exact Python reader
+            raise ValueError("varint too long for the vectorised path")
+        nb = arr[pos[active] + width[active]]
+        u[active] |= (nb & 0x7F).astype(np.uint64) << np.uint64(shift)
+        width[active] += 1
+        active = active[(nb & 0x80) != 0]
+        shift += 7
+    v = ((u >> np.uint64(1)) ^ (np.uint64(0) - (u & np.uint64(1)))).view(np.int64)
+    return v, pos + width
+
+
+def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]]
+                 ) -> tuple[list[int], list[int], list[bytes | None], list[bytes | None], list[int]] | None:
+    """The records of several uncompressed records sections ``buf[start:end]`` (``spans``:
+    ``(start, end, header)``, e.g. every batch of one Fetch answer) decoded at once, with
+    numpy for the fields: ``(offsets, timestamps, keys, values, records per span)``.
+
+    One Python loop finds the record boundaries; numpy reads every record's varints in
+    bulk; keys and values are slices of ``buf``. Returns None when this path does not
+    apply: numpy is not installed, a record has headers, a length takes more than three
+    bytes, or anything does not add up (a damaged batch): the caller then decodes the
+    batches one by one with :func:`decode_section`, which gives the same results and
+    raises the precise error. Never returns a result :func:`decode_section` would refuse.
+    """
+    np = _np
+    if np is None:
+        return None
+    starts: list[int] = []  # where each record (its length varint) begins
+    sapp = starts.append
+    counts: list[int] = []
+    last: list[int] = []  # where each span's records end
+    try:
+        for p, end, hdr in spans:
+            counts.append(hdr.records_count)
+            for _ in range(hdr.records_count):  # the only per-record Python: hop from length to length
+                sapp(p)
+                b = buf[p]
+                if b < 0x80:
+                    p += 1 + (b >> 1)
+                elif buf[p + 1] < 0x80:
+                    p += 2 + (((b & 0x7F) | (buf[p + 1] << 7)) >> 1)
+                elif buf[p + 2] < 0x80:
+                    p += 3 + (((b & 0x7F) | ((buf[p + 1] & 0x7F) << 7) | (buf[p + 2] << 14)) >> 1)
+                else:
+                    return None
+            if p != end:
+                return None
+            last.append(end)
+    except IndexError:
+        return None
+    n = len(starts)
+    if n == 0:
+        return [], [], [], [], counts
+    arr = np.frombuffer(buf, np.uint8)
+    rs = np.array(starts, np.int64)
+    cnt = np.array(counts, np.int64)
+    try:
+        length, a = _np_varints(arr, rs)
+        e = a + length
+        # each record ends where the next begins, and the last of a span at the span's end
+        nxt = np.empty(n, np.int64)
+        nxt[:-1] = rs[1:]
+        nxt[np.cumsum(cnt)[cnt > 0] - 1] = [x for x, c in zip(last, counts) if c]
+        if (length < 0).any() or not np.array_equal(e, nxt):
+            return None
+        ts, p = _np_varints(arr, a + 1)  # after the attributes byte
+        off, p = _np_varints(arr, p)
+        klen, p = _np_varints(arr, p)
+        kstart = p
+        p = p + np.maximum(klen, 0)
+        vlen, p = _np_varints(arr, p)
+        vstart = p
+        p = p + np.maximum(vlen, 0)
+        # no headers: the count (a zero byte) is each record's last byte
+        if not (np.array_equal(p, e - 1) and not arr[p].any()):
+            return None
+    except (IndexError, ValueError):
+        return None
+    # int64 arithmetic below must not wrap: anything this large goes the exact Python way
+    lim = 1 << 61
+    if (ts.min() < -lim or ts.max() > lim or off.min() < -lim or off.max() > lim
+            or any(not -lim < h.base_offset < lim or not -lim < h.base_timestamp < lim for _s, _e, h in spans)):
+        return None
+    if len(spans) == 1:
+        hdr = spans[0][2]
+        offsets = (off + hdr.base_offset).tolist()
+        if hdr.attributes & TIMESTAMP_TYPE_BIT:
+            stamps = [hdr.max_timestamp] * n
+        else:
+            stamps = (ts + hdr.base_timestamp).tolist()
+    else:
+        bases = np.array([h.base_offset for _s, _e, h in spans], np.int64)
+        offsets = (off + np.repeat(bases, cnt)).tolist()
+        fixed = np.array([h.max_timestamp if h.attributes & TIMESTAMP_TYPE_BIT else -1 for _s, _e, h in spans],
+                         np.int64)
+        base_ts = np.array([h.base_timestamp for _s, _e, h in spans], np.int64)
+        if (fixed < 0).all():
+            stamps = (ts + np.repeat(base_ts, cnt)).tolist()
+        else:
+            fx = np.repeat(fixed, cnt)
+            stamps = np.where(fx >= 0, fx, ts + np.repeat(base_ts, cnt)).tolist()
+    get = buf.__getitem__
+    vs = vstart.tolist()
+    values: list[bytes | None] = list(map(get, map(slice, vs, (vstart + np.maximum(vlen, 0)).tolist())))
+    for i in np.flatnonzero(vlen < 0).tolist():
+        values[i] = None
+    knull = klen < 0
+    if knull.all():
+        keys: list[bytes | None] = [None] * n
+    else:
+        keys = list(map(get, map(slice, kstart.tolist(), (kstart + np.maximum(klen, 0)).tolist())))
+        for i in np.flatnonzero(knull).tolist():
+            keys[i] = None
+    return offsets, stamps, keys, values, counts

@@ -34,11 +34,12 @@ UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
 def connect(opts: SourceOptions) -> PartitionReader:
-    """A reader connected to the first bootstrap server that answers (tried in the given order)."""
+    """A reader connected to the first bootstrap server that answers (tried in the given order), with the
+    options' TLS and SASL settings (a failed TLS handshake or login is raised at once, not tried elsewhere)."""
     servers = opts.bootstrap.split(",")
     for i, server in enumerate(servers):
         try:
-            return PartitionReader(server, timeout=30.0, client_id=opts.client_id)
+            return PartitionReader(server, timeout=30.0, client_id=opts.client_id, config=opts.client_config)
         except OSError:
             if i == len(servers) - 1:
                 raise

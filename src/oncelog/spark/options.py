@@ -140,6 +140,27 @@ class SourceOptions:
     poll_timeout_s: float = 120.0
     fetch_max_bytes: int = 4 << 20
     client_id: str = "oncelog-spark"
+    # TLS and SASL client properties from the kafka.* options, mapped to oncelog's client names
+    # (:func:`client_security`); every connection of the source (driver and executors) uses them
+    security: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # holds the SASL password
+
+    @property
+    def client_config(self) -> dict[str, str]:
+        return dict(self.security)
+
+
+def client_security(kafka_options: Mapping[str, str], bootstrap: str) -> dict[str, str]:
+    """The TLS and SASL settings among a Spark job's ``kafka.*`` options (given without the prefix), as
+    oncelog client properties: ``security.protocol``, ``ssl.*`` and ``sasl.*``, with the Java client's
+    ``sasl.jaas.config`` and PEM trust and key stores mapped (:mod:`oncelog.client.java_config`),
+    checked as the client checks them (files readable, a supported mechanism, credentials given).
+    Raises ValueError (the client's ConfigError) with the client's message."""
+    from oncelog.client.config import parse_config
+    from oncelog.client.java_config import from_java, is_security_key
+
+    conf = from_java({k: v for k, v in kafka_options.items() if is_security_key(k)})
+    parse_config({**conf, "bootstrap.servers": bootstrap}, "consumer")
+    return conf
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -293,6 +314,11 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
         raise SourceOptionError(
             f"Invalid value '{params['startingoffsetsbytimestampstrategy']}' for option "
             "'startingOffsetsByTimestampStrategy': expected error or latest")
+    try:
+        security = client_security({k[len("kafka."):]: v for k, v in params.items() if k.startswith("kafka.")},
+                                   bootstrap)
+    except ValueError as exc:
+        raise SourceOptionError(f"Invalid Kafka option: {exc}") from None
     poll_ms = _int(params, "kafkaconsumer.polltimeoutms", "kafkaConsumer.pollTimeoutMs")
     fetch_max = _int(params, "kafka.max.partition.fetch.bytes", "kafka.max.partition.fetch.bytes")
     return SourceOptions(
@@ -314,6 +340,7 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
         poll_timeout_s=(poll_ms if poll_ms is not None else 120_000) / 1000.0,
         fetch_max_bytes=fetch_max if fetch_max and fetch_max > 0 else 4 << 20,
         client_id=params.get("kafka.client.id", "oncelog-spark"),
+        security=tuple(sorted(security.items())),
     )
 
 

@@ -29,7 +29,7 @@ import signal
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
@@ -37,6 +37,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from oncelog.client.admin import Admin
 from oncelog.client.aio.transactions import PreparedTxnState
 from oncelog.client.errors import InvalidTxnStateError, KafkaError, TopicAlreadyExistsError
+from oncelog.client.java_config import from_java
 from oncelog.client.producer import Producer
 from oncelog.client.reader import EARLIEST, LATEST, READ_UNCOMMITTED, PartitionReader, ReaderError
 
@@ -66,11 +67,18 @@ class SinkOptions:
     bootstrap: str
     topic: str | None
     guarantee: str
-    producer: dict[str, Any]
+    producer: dict[str, Any] = field(repr=False)  # may hold sasl.password
     txn_prefix: str
     decision_topic: str
     crash: str = ""  # test-only crash point (option "_testCrashAt"; else the env var)
     checkpoint: str = ""  # the query's checkpointLocation option ("" when Spark did not pass one)
+    # the TLS and SASL properties of ``producer``: the driver's admin client, decision-log reader and
+    # writer use them too (the password is in here: not in the repr)
+    security: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    def client_conf(self, bootstrap: str) -> dict[str, Any]:
+        """A client configuration: ``bootstrap`` and the TLS and SASL settings."""
+        return {**self.security, "bootstrap.servers": bootstrap}
 
 
 def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptions:
@@ -90,11 +98,20 @@ def parse_sink_options(options: Mapping[str, str], streaming: bool) -> SinkOptio
             if name in _RESERVED:
                 raise SinkOptionError(f"Kafka option '{name}' is not supported as the sink sets it itself")
             producer[name] = v
+    from oncelog.spark.options import client_security
+
+    try:
+        # sasl.jaas.config and PEM trust/key stores become oncelog's names; the rest passes unchanged
+        producer = from_java(producer)
+        security = client_security(producer, bootstrap)
+    except ValueError as exc:
+        raise SinkOptionError(f"Invalid Kafka option: {exc}") from None
     topic = lower.get("topic")
     return SinkOptions(bootstrap=bootstrap, topic=topic.strip() if topic else None, guarantee=guarantee,
                        producer=producer, txn_prefix=lower.get("transactionalidprefix", DEFAULT_TXN_PREFIX),
                        decision_topic=lower.get("decisiontopic", DEFAULT_DECISION_TOPIC),
-                       crash=lower.get("_testcrashat", ""), checkpoint=lower.get("checkpointlocation", ""))
+                       crash=lower.get("_testcrashat", ""), checkpoint=lower.get("checkpointlocation", ""),
+                       security=security)
 
 
 # -- test-only crash points --------------------------------------------------------------------
@@ -215,7 +232,7 @@ class DecisionLog:
     def ensure_topic(self) -> None:
         if (self._bootstrap, self.opts.decision_topic) in _TOPICS_MADE:
             return
-        with Admin(self._bootstrap) as admin:
+        with Admin(self.opts.client_conf(self._bootstrap)) as admin:
             try:
                 admin.create_topic(self.opts.decision_topic, 1, -1, DECISION_TOPIC_CONFIG)
             except TopicAlreadyExistsError:
@@ -230,7 +247,7 @@ class DecisionLog:
         key = (self._bootstrap, self.opts.decision_topic)
         with _INDEX_LOCK:
             idx = _INDEXES.get(key) or _Index()
-            with PartitionReader(self._bootstrap) as r:
+            with PartitionReader(self._bootstrap, config=self.opts.security) as r:
                 start = r.list_offset(self.opts.decision_topic, 0, EARLIEST)
                 end = r.list_offset(self.opts.decision_topic, 0, LATEST)
                 if idx.next_offset > end or idx.next_offset < start:
@@ -261,7 +278,7 @@ class DecisionLog:
         self.ensure_topic()
         value = json.dumps({"query": query, "batch": batch, "txns": txns, "checkpoint": self.opts.checkpoint},
                            sort_keys=True).encode()
-        conf = {"bootstrap.servers": self.opts.bootstrap, "acks": "all", "enable.idempotence": True}
+        conf = {**self.opts.client_conf(self.opts.bootstrap), "acks": "all", "enable.idempotence": True}
         p = Producer(conf)
         try:
             fut = p.produce(self.opts.decision_topic, value, key=query.encode(), partition=0)
@@ -344,7 +361,7 @@ def sweep(opts: SinkOptions, query: str, latest: Decision | None, skip: set[str]
     """Find the transactional ids of ``query`` the coordinator still has open (ListTransactions,
     filtered by prefix: ids from an earlier partition count, orphans) and settle each one."""
     prefix = f"{opts.txn_prefix}-{query}-"
-    with Admin(opts.bootstrap.split(",")[0]) as admin:
+    with Admin(opts.client_conf(opts.bootstrap.split(",")[0])) as admin:
         listed = admin.list_transactions(states=["Ongoing"])
     out = {}
     for t in sorted({r.transactional_id for r in listed}):

@@ -13,9 +13,10 @@ Internal design (for the group consumer that builds on it):
   the partitions of that broker whose buffer is empty. Fetch v4-v12 (topics
   by name); CRC checks, decompression of all four codecs and the
   read_committed filter are :func:`oncelog.client.reader.fetched_batches`
-  when the answer arrives, and each batch is decoded
-  (:func:`~oncelog.client.reader.batch_columns`) when its first record is
-  handed out, so the next Fetch goes out while records are decoded.
+  when the answer arrives, and the batches of one answer are decoded together
+  (:func:`~oncelog.client.reader.group_sections`, numpy; else batch by batch,
+  :func:`~oncelog.client.reader.batch_section`) when the first of their records
+  is handed out, so the next Fetch goes out while records are decoded.
 * ``consume`` hands out one partition's buffer until it is empty before the
   next partition's (Java's fetch buffer), so partitions drain and are
   refetched one after another. ``take_nowait`` is the same hand-out callable
@@ -72,7 +73,8 @@ from oncelog.client.reader import (
     READ_UNCOMMITTED,
     Batch,
     ReaderError,
-    batch_columns,
+    batch_section,
+    group_sections,
     fetch_request,
     fetched_batches,
     list_offsets_request,
@@ -101,17 +103,53 @@ class TopicPartition:
     offset: int = -1001
 
 
-@dataclass(slots=True)
 class Message:
-    """One consumed record."""
+    """One consumed record: ``topic``, ``partition``, ``offset``, ``key``, ``value``,
+    ``headers`` (a list of ``(str, bytes | None)``, empty if none) and ``timestamp`` (ms).
 
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
-    timestamp: int
+    A plain ``__slots__`` class (equality by fields, like the dataclass it was). A record
+    without headers is stored with None and gets its empty list when ``headers`` is first
+    read, so the consumer does not allocate a list per record.
+    """
+
+    __slots__ = ("topic", "partition", "offset", "key", "value", "_headers", "timestamp")
+    __match_args__ = ("topic", "partition", "offset", "key", "value", "headers", "timestamp")
+
+    def __init__(self, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+                 headers: list[tuple[str, bytes | None]] | None, timestamp: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self.value = value
+        self._headers = headers
+        self.timestamp = timestamp
+
+    @property
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        h = self._headers
+        if h is None:
+            h = self._headers = []
+        return h
+
+    @headers.setter
+    def headers(self, value: list[tuple[str, bytes | None]]) -> None:
+        self._headers = value
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.topic, self.partition, self.offset, self.key, self.value, self.headers, self.timestamp)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
+
+    def __repr__(self) -> str:
+        return (f"Message(topic={self.topic!r}, partition={self.partition!r}, offset={self.offset!r}, "
+                f"key={self.key!r}, value={self.value!r}, headers={self.headers!r}, "
+                f"timestamp={self.timestamp!r})")
 
 
 class _Chunk:
@@ -125,29 +163,43 @@ class _Chunk:
     the garbage collector).
     """
 
-    __slots__ = ("batch", "start", "offsets", "keys", "values", "headers", "timestamps", "i", "n")
+    __slots__ = ("batch", "start", "offsets", "keys", "values", "headers", "timestamps", "i", "n", "group")
 
-    def __init__(self, batch: Batch, start: int) -> None:
+    def __init__(self, batch: Batch, start: int, group: list[_Chunk] | None = None) -> None:
         self.batch: Batch | None = batch
+        # the chunks of the same Fetch answer (this partition's): decoded together by the first
+        # decode (numpy), or, when that path does not apply, one by one
+        self.group = group
         self.start = start  # the fetch position: records below it are not handed out
         self.offsets: list[int] = []
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
-        self.headers: list[list[tuple[str, bytes | None]]] = []
+        self.headers: list[list[tuple[str, bytes | None]] | None] = []
         self.timestamps: list[int] = []
         self.i, self.n = 0, -1  # n: -1 until decoded
 
     def decode(self, partition: int) -> None:
         """Decode the batch (raises ReaderError); ``n`` may be 0 (a compacted batch). Idempotent,
         and safe to run in two threads at once (``n`` is set last)."""
+        group = self.group
+        if group is not None:
+            self.group = None
+            for ch in group:
+                ch.group = None
+            todo = [ch for ch in group if ch.batch is not None]
+            cols = group_sections([ch.batch for ch in todo], self.start)  # type: ignore[misc]
+            if cols is not None:
+                for ch, (offs, stamps, keys, values, hs) in zip(todo, cols):
+                    ch.offsets, ch.keys, ch.values, ch.timestamps, ch.headers = offs, keys, values, stamps, hs
+                    ch.batch = None
+                    ch.n = len(offs)
         b = self.batch
         if b is None:
             return
-        c = batch_columns(b, partition, self.start)
-        self.offsets, self.keys, self.values, self.timestamps = c.offsets, c.keys, c.values, c.timestamps
-        self.headers = c.headers  # type: ignore[assignment]
+        offs, stamps, keys, values, hs = batch_section(b, partition, self.start)
+        self.offsets, self.keys, self.values, self.timestamps, self.headers = offs, keys, values, stamps, hs
         self.batch = None
-        self.n = len(c.offsets)
+        self.n = len(offs)
 
 
 @dataclass
@@ -715,22 +767,22 @@ class Consumer:
         if (self._closed or (member is not None and (member.error is not None or member._poll_expired))
                 or (self._auto_commit and time.monotonic() >= self._next_auto_commit)):
             return None
-        self._predecode()
         with self._lock:
             order = self._order
             st = self._parts.get(order[0]) if order else None
-            if st is not None and not st.paused and st.buffer:
+            if st is not None and st.buffer and not st.paused:
                 ch = st.buffer[0]
                 i = ch.i
                 if i + 1 < ch.n:  # decoded, and the chunk (so the buffer) keeps records: nothing to wake
                     ch.i = i + 1
-                    st.consumed = ch.offsets[i] + 1
-                    msg = Message(st.topic, st.partition, ch.offsets[i], ch.keys[i], ch.values[i], ch.headers[i],
+                    off = ch.offsets[i]
+                    st.consumed = off + 1
+                    msg = Message(st.topic, st.partition, off, ch.keys[i], ch.values[i], ch.headers[i],
                                   ch.timestamps[i])
                     if member is not None:
                         member._last_poll = time.monotonic()
                     return msg
-        got = self.take_nowait(1)
+        got = self.take_nowait(1)  # decodes the next chunk first, outside the lock
         return got[0] if got else None
 
     def _predecode(self) -> None:
@@ -956,7 +1008,9 @@ class Consumer:
         except ReaderError as exc:
             st.error = error_for(CORRUPT_MESSAGE, str(exc))
             return True
-        chunks = [_Chunk(b, pos) for b in kept if b.header.records_count > 0]
+        group: list[_Chunk] = []
+        chunks = [_Chunk(b, pos, group) for b in kept if b.header.records_count > 0]
+        group.extend(chunks)
         with self._lock:
             st.buffer.extend(chunks)
             if not chunks and not st.buffer:

@@ -1,0 +1,103 @@
+"""``--command-config FILE`` (Kafka's tools' client properties file) on every CLI command that connects
+as a client: read with the broker config's Java-properties parser, Java names mapped, every key checked;
+a bad file is one line on stderr and exit 2 before anything connects. No broker here."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from oncelog.cli import _client_settings, _command_config, main
+
+COMMANDS = [
+    ["topics", "list"],
+    ["topics", "describe", "t"],
+    ["groups", "list"],
+    ["groups", "describe", "g"],
+    ["txns", "list"],
+    ["txns", "find-hanging"],
+    ["verify", "--input", "a", "--output", "b"],
+]
+# nothing listens here: a command that got past the file check would fail with exit 1, not 2
+NOWHERE = ["--bootstrap", "127.0.0.1:9"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_missing_file_is_exit_2_on_every_client_command(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                        command: list[str]) -> None:
+    code, err = run(capsys, *command, *NOWHERE, "--command-config", str(tmp_path / "nope.properties"))
+    assert code == 2
+    assert err.strip().splitlines() == [f"error: --command-config: cannot read {tmp_path / 'nope.properties'}: "
+                                        "No such file or directory"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("sasl.mechanismz=PLAIN\n", "unknown configuration property 'sasl.mechanismz' (did you mean sasl.mechanism?)"),
+    ("security.protocol=TLS\n", "security.protocol: invalid value 'TLS'"),
+    ("security.protocol=SASL_PLAINTEXT\n", "sasl.mechanism is required with security.protocol=SASL_PLAINTEXT"),
+    ("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\nsasl.username=a\nsasl.password=b\n",
+     "sasl.mechanism: 'GSSAPI' is not supported"),
+    ("security.protocol=SSL\nssl.truststore.location=/etc/kafka/truststore.jks\nssl.truststore.password=changeit\n",
+     "a JKS trust store is not supported by oncelog's client"),
+    ("security.protocol=SSL\nssl.ca.location=/no/such/ca.pem\n", "ssl.ca.location: '/no/such/ca.pem' is not a file"),
+    ("sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required \\\n"
+     '    username="alice";\n', "sasl.jaas.config: password not given"),
+    ("request.timeout.ms=soon\n", "request.timeout.ms: invalid value 'soon'"),
+    ("bootstrap.servers=localhost\n", "bootstrap.servers: 'localhost' is not host:port"),
+])
+@pytest.mark.parametrize("command", [COMMANDS[0], COMMANDS[2], COMMANDS[4], COMMANDS[6]], ids=lambda c: c[0])
+def test_bad_keys_and_values_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                     command: list[str], text: str, message: str) -> None:
+    f = tmp_path / "client.properties"
+    f.write_text(text)
+    code, err = run(capsys, *command, *NOWHERE, "--command-config", str(f))
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --command-config {f}: "), err
+    assert message in lines[0]
+
+
+def test_kafka_tools_client_properties_are_mapped(tmp_path: Path, pem_ca: Path) -> None:
+    """A Java client.properties as Kafka's docs write it (JAAS on continuation lines, a PEM trust store)."""
+    ca = pem_ca
+    f = tmp_path / "client.properties"
+    f.write_text(f"""# Kafka tools' --command-config
+security.protocol=SASL_SSL
+sasl.mechanism=SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \\
+    username="alice" \\
+    password="alice-secret";
+ssl.truststore.type=PEM
+ssl.truststore.location={ca}
+ssl.endpoint.identification.algorithm=
+""")
+    assert _command_config(str(f)) == {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice",
+        "sasl.password": "alice-secret", "ssl.ca.location": str(ca), "ssl.endpoint.identification.algorithm": ""}
+
+
+@pytest.mark.parametrize("command, flag, expected", [
+    ("topics", None, "h1:1,h2:2"),  # the file's list, for the admin client
+    ("verify", None, "h1:1"),  # verify reads through one broker: the first
+    ("topics", "h3:3", "h3:3"),  # the flag wins, as in Kafka's tools
+    ("groups", None, "h1:1,h2:2"),
+])
+def test_bootstrap_from_the_file_unless_the_flag_is_given(tmp_path: Path, command: str, flag: str | None,
+                                                          expected: str) -> None:
+    f = tmp_path / "c.properties"
+    f.write_text("bootstrap.servers=h1:1,h2:2\nclient.id=me\n")
+    args = argparse.Namespace(command=command, bootstrap=flag, command_config=str(f))
+    _client_settings(args)
+    assert (args.bootstrap, args.client_config) == (expected, {"client.id": "me"})
+    args = argparse.Namespace(command=command, bootstrap=None, command_config=None)
+    _client_settings(args)
+    assert (args.bootstrap, args.client_config) == ("127.0.0.1:9092", {})
