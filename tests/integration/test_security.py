@@ -6,7 +6,7 @@ that names only ``localhost``), each started once. confluent-kafka
 (librdkafka), kafka-python and oncelog's own client produce and consume over
 them; raw-protocol checks cover what clients hide (the error code of a wrong
 password, the connection closed before authentication). The whole module
-runs in about 20 s here.
+runs in about 30 s here.
 """
 
 from __future__ import annotations
@@ -253,10 +253,19 @@ def _tls_peer(pki: Pki, behaviour: str) -> tuple[int, threading.Thread]:
                 if behaviour == "close_mid_handshake":
                     s.recv(100)
                     return
-                try:
-                    ctx.wrap_socket(s, server_side=True)
-                except ssl.SSLError:
-                    pass
+                # a second descriptor keeps the connection open after the failed TLS socket closes its own:
+                # read until the client hangs up, so that closing with its request unread does not reset
+                # the connection before the client has read the alert
+                with s.dup() as raw:
+                    try:
+                        ctx.wrap_socket(s, server_side=True)
+                    except OSError:  # the handshake failed, the alert is sent
+                        raw.settimeout(5)
+                        try:
+                            while raw.recv(65536):
+                                pass
+                        except OSError:
+                            pass
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
@@ -297,6 +306,32 @@ def test_tls_failures_are_sorted_as_the_java_client_does(pki: Pki, monkeypatch: 
     for exc in (ssl.SSLEOFError(8, "EOF occurred in violation of protocol"), ssl.SSLZeroReturnError(6, "closed")):
         with pytest.raises(KafkaConnectionError, match="closed during the TLS handshake"):
             asyncio.run(eof_during_handshake(exc))
+
+    # the blocking connection (CLI, verify): a broker closing mid-handshake stays an OSError (its callers try
+    # the next bootstrap server on one), a certificate that does not verify is SslAuthenticationError
+    from oncelog.client.connection import Connection
+
+    security = Security("SSL", ssl.create_default_context(cafile=str(pki.ca)), True)
+    port, t = _tls_peer(pki, "close_mid_handshake")
+    with pytest.raises(OSError):
+        Connection(f"127.0.0.1:{port}", timeout=5, security=security)
+    t.join(5)
+
+    class EofContext:  # OpenSSL's own word for it, as a TLS peer that closes mid-handshake can produce
+        def wrap_socket(self, *_args: Any, **_kwargs: Any) -> Any:
+            exc = ssl.SSLEOFError(8, "EOF occurred in violation of protocol")
+            exc.reason = "UNEXPECTED_EOF_WHILE_READING"  # as OpenSSL 3 names it
+            raise exc
+
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        with pytest.raises(ssl.SSLEOFError):
+            Connection(f"127.0.0.1:{srv.getsockname()[1]}", timeout=5,
+                       security=Security("SSL", EofContext(), True))  # type: ignore[arg-type]
+    port, t = _tls_peer(pki, "require_cert")
+    with pytest.raises(SslAuthenticationError, match="certificate"):
+        Connection(f"127.0.0.1:{port}", timeout=5,
+                   security=Security("SSL", ssl.create_default_context(cafile=str(pki.other_ca)), True))
+    t.join(5)
 
 
 def test_kafka_python_over_sasl_ssl_scram(brokers: dict[str, EmbeddedBroker], pki: Pki) -> None:
