@@ -6,7 +6,8 @@ round runs each client once, in the same order (A B C D E, A B C D E, ...),
 each into a fresh 8-partition topic: ``--records`` records of ``--size``
 bytes, round-robin over the partitions, ``acks=all``, ``linger.ms=5``, no
 compression, idempotent (the default of oncelog and kafka-python; set for
-confluent-kafka and aiokafka, whose default is off). Every other setting
+confluent-kafka and aiokafka, whose default is off; ``confluent-default``
+runs confluent-kafka at its own default, not idempotent). Every other setting
 is the client's default (``batch.size``: 16384 for oncelog, kafka-python and
 aiokafka, 1,000,000 for confluent-kafka; ``--same-batch-size N`` sets it for
 all of them). Wall time from the first produce to flush() returning with
@@ -16,7 +17,9 @@ broker process during the run, per MB of record values. Clients:
 
 * ``oncelog``: ``oncelog.client.Producer``, one ``produce()`` per record;
 * ``oncelog-batch``: ``Producer.produce_batch`` with 8 lists (one a partition);
-* ``confluent``: confluent-kafka ``Producer`` (librdkafka, C);
+* ``confluent``: confluent-kafka ``Producer`` (librdkafka, C), idempotent;
+* ``confluent-default``: the same at librdkafka's own default, ``enable.idempotence=false``
+  (no sequence numbers, up to 1,000,000 requests in flight per connection);
 * ``kafkapython``: kafka-python ``KafkaProducer``;
 * ``aiokafka``: aiokafka ``AIOKafkaProducer`` (``await send()`` per record,
   on a fresh asyncio loop).
@@ -75,13 +78,15 @@ def run_oncelog_batch(bootstrap: str, topic: str, n: int, payload: bytes) -> Non
         p.close()
 
 
-def run_confluent(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
+def run_confluent(bootstrap: str, topic: str, n: int, payload: bytes, idempotent: bool = True) -> None:
     from confluent_kafka import Producer
 
     # librdkafka's enable.idempotence defaults to false (unlike Java's, ours and kafka-python's):
-    # set it, so that every client runs with at most 5 requests in flight and sequence numbers
-    conf: dict[str, object] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all",
-                               "enable.idempotence": True}
+    # ``confluent`` sets it, so that every client runs with at most 5 requests in flight and sequence
+    # numbers; ``confluent-default`` leaves librdkafka's default
+    conf: dict[str, object] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"}
+    if idempotent:
+        conf["enable.idempotence"] = True
     if OTHER_BATCH_SIZE:
         conf["batch.size"] = OTHER_BATCH_SIZE
     p = Producer(conf)
@@ -98,6 +103,10 @@ def run_confluent(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
         if i % 1000 == 0:
             p.poll(0)
     assert p.flush(120) == 0 and not errors
+
+
+def run_confluent_default(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
+    run_confluent(bootstrap, topic, n, payload, idempotent=False)
 
 
 def run_kafkapython(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
@@ -142,6 +151,7 @@ CLIENTS: dict[str, Callable[[str, str, int, bytes], None]] = {
     "oncelog": run_oncelog,
     "oncelog-batch": run_oncelog_batch,
     "confluent": run_confluent,
+    "confluent-default": run_confluent_default,
     "kafkapython": run_kafkapython,
     "aiokafka": run_aiokafka,
 }
@@ -201,26 +211,29 @@ def main(argv: list[str] | None = None) -> int:
             for c in clients:
                 runs[c].append(one(c, rnd))
                 r, cc, bc = runs[c][-1]
-                print(f"round {rnd} {c}: {r:,.0f} records/s, client {cc:.3f} CPU s/MB, broker {bc:.3f} CPU s/MB",
+                print(f"round {rnd} {c}: {r:,.0f} records/s, client {cc:.4f} CPU s/MB "
+                      f"({cc * args.size:.2f} us/record), broker {bc:.4f} CPU s/MB ({bc * args.size:.2f} us/record)",
                       file=sys.stderr)
     meta = run_metadata()
-    print(f"Produce {args.records:,} x {args.size} B records, 8 partitions, acks=all, linger.ms=5, idempotent, "
+    print(f"Produce {args.records:,} x {args.size} B records, 8 partitions, acks=all, linger.ms=5, idempotent "
+          f"(confluent-default: not), "
           f"{args.rounds} rounds paired ({' '.join(clients)}); oncelog config {ONCELOG_CONFIG}; batch.size of the "
           f"others: {OTHER_BATCH_SIZE or 'their defaults'}; python {meta['python']}, {meta['cpu_count']} CPUs "
           f"(shared), oncelog {meta['oncelog_git']}, librdkafka {meta['librdkafka']}\n`{meta['command']}`\n")
-    refs = [r for r in ("confluent", "kafkapython", "aiokafka") if r in runs]
+    refs = [r for r in ("confluent", "confluent-default", "kafkapython", "aiokafka") if r in runs]
 
     def ratio(c: str, ref: str) -> str:  # the median of the per-round ratios (pairs run back to back)
         return f"{statistics.median(a[0] / b[0] for a, b in zip(runs[c], runs[ref])):.2f}x"
 
     print("| client | median records/s | runs | " + " | ".join(f"vs {r}" for r in refs)
-          + " | client CPU s/MB | broker CPU s/MB |")
-    print("|---|---:|---|" + "---:|" * len(refs) + "---:|---:|")
+          + " | client CPU s/MB | broker CPU s/MB | client CPU us/record |")
+    print("|---|---:|---|" + "---:|" * len(refs) + "---:|---:|---:|")
     for c, rs in runs.items():
         med = statistics.median(r[0] for r in rs)
         print(f"| {c} | {med:,.0f} | {', '.join(f'{r[0]:,.0f}' for r in rs)} | "
               + " | ".join(ratio(c, r) for r in refs)
-              + f" | {statistics.median(r[1] for r in rs):.4f} | {statistics.median(r[2] for r in rs):.4f} |")
+              + f" | {statistics.median(r[1] for r in rs):.4f} | {statistics.median(r[2] for r in rs):.4f} "
+              f"| {statistics.median(r[1] for r in rs) * args.size:.2f} |")
     return 0
 
 

@@ -438,3 +438,75 @@ def test_close_while_other_threads_produce_leaves_no_record_unresolved(
             except Exception:  # noqa: BLE001 - failed with the producer's close: resolved
                 pass
         assert pending == 0, f"{pending} of {len(futs)} records never resolved (attempt {attempt})"
+
+
+def test_batch_does_not_hold_its_records_futures(broker: EmbeddedBroker, kit: Any) -> None:
+    """A batch filled by produce() refers to one shared completion, not to its records' futures: a
+    future its caller drops is freed at once (no garbage-collected object per record waits for the
+    broker's answer, which made the collector run every few hundred records), while a future kept,
+    its on_delivery callback and a thread waiting in result() still see that record's own metadata."""
+    import gc
+    import threading
+
+    from oncelog.client.producer import DeliveryFuture
+
+    kit.create_topic(broker.bootstrap, "dropped", 2)
+    calls: list[Any] = []
+    with Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 60_000, "batch.size": 1 << 20}) as p:
+        p.produce("dropped", b"warm", partition=1)  # metadata known: the fast path from here
+        assert p.flush(30) == 0
+        gc.collect()
+        before = sum(isinstance(o, DeliveryFuture) for o in gc.get_objects())  # other tests' futures
+        for i in range(500):
+            p.produce("dropped", b"v%d" % i, partition=0)  # futures dropped at once
+        kept = p.produce("dropped", b"kept", partition=0, on_delivery=lambda e, m: calls.append((e, m)))
+        for i in range(500):
+            p.produce("dropped", b"w%d" % i, partition=0)
+        waited: list[Any] = []
+        waiter = threading.Thread(target=lambda: waited.append(kept.result(30)))
+        waiter.start()
+        gc.collect()
+        alive = sum(isinstance(o, DeliveryFuture) for o in gc.get_objects()) - before
+        assert alive == 1, f"{alive} futures alive while their batch lingers (1 kept)"
+        assert not kept.done() and len(p) == 1001
+        assert p.flush(30) == 0
+        waiter.join(30)
+    md = kept.result(0)
+    assert (md.topic, md.partition, md.offset) == ("dropped", 0, 500)
+    assert waited == [md] and calls == [(None, md)]
+
+
+def test_full_batches_go_out_without_linger_while_answers_drive_the_sender(broker: EmbeddedBroker, kit: Any) -> None:
+    """Most sender passes (those an answer starts) look for batches sealed by callers' threads without
+    taking the producer's lock: a batch filled while such a pass runs must still wake the loop thread
+    and go out at once, not wait for linger.ms (60 s here). Three threads fill 3-record batches of
+    their own partitions while earlier batches' answers keep arriving; every record but those of the
+    last, still open batches is delivered without flush(), in well under linger.ms."""
+    import threading
+    import time
+
+    kit.create_topic(broker.bootstrap, "no-linger", 3)
+    futs: dict[int, list[Any]] = {}
+    with Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 60_000, "batch.size": 2048}) as p:
+        p.produce("no-linger", b"warm", partition=0)
+        assert p.flush(30) == 0
+
+        def run(t: int) -> None:
+            out = futs[t] = []
+            for i in range(150):  # 500 B values: 3 records a 2048 B batch, closed by the 4th
+                out.append(p.produce("no-linger", b"%d" % t * 500, partition=t))
+                if i % 3 == 2:
+                    time.sleep(0.002)
+
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=run, args=(t,)) for t in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        for t, fs in futs.items():  # a batch is closed when the next record does not fit: all but the last
+            first = 1 if t == 0 else 0
+            assert [f.result(20).offset for f in fs[:-3]] == list(range(first, first + 147))
+        assert time.monotonic() - t0 < 25
+        assert not any(f.done() for fs in futs.values() for f in fs[-3:])  # the open batches linger
+        assert p.flush(30) == 0

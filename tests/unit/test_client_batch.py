@@ -41,6 +41,34 @@ def test_sticky_partitioner_moves_on_after_a_batch() -> None:
     assert s.partition("t", 4) != first
 
 
+def test_sticky_partitioner_moves_once_when_two_threads_finish_the_same_batch() -> None:
+    """The blocking producer moves the sticky partition from its callers' threads and from its loop
+    thread: two threads finishing the batch of the same partition at once must move it once (the second
+    sees it moved), not twice. A slow random source widens the window between the read and the move."""
+    import random
+    import threading
+    import time
+
+    class SlowRandom(random.Random):
+        calls = 0
+
+        def randrange(self, *args: int) -> int:  # type: ignore[override]
+            SlowRandom.calls += 1
+            time.sleep(0.05)
+            return super().randrange(*args)
+
+    s = StickyPartitioner(SlowRandom(1))
+    first = s.partition("t", 8)
+    SlowRandom.calls = 0
+    ts = [threading.Thread(target=s.next, args=("t", 8, first)) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(10)
+    assert SlowRandom.calls == 1
+    assert s.partition("t", 8) != first
+
+
 @pytest.mark.parametrize("codec", list(CODECS))
 def test_batch_round_trips_through_reader_and_validation(codec: str) -> None:
     b = BatchBuilder(1 << 20, CODECS[codec])
@@ -77,6 +105,27 @@ def test_bulk_encoding_equals_per_record_encoding(n: int, first: int) -> None:
     one_by_one = b"".join(encode_record(first + i, 0, k, v) for i, (k, v) in enumerate(zip(keys, values)))
     assert bulk == one_by_one
     assert encode_records(values) == b"".join(encode_record(i, 0, None, v) for i, v in enumerate(values))
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+@pytest.mark.parametrize("transactional", [False, True])
+def test_builder_header_is_batch_header(codec: str, transactional: bool) -> None:
+    """BatchBuilder.header() (the producer's per-batch header, built inline) is byte for byte
+    batch_header() of the same body and fields, the transactional bit and the codec included, and
+    the whole batch passes the broker's validation (CRC)."""
+    from oncelog.client.batch import batch_header
+
+    b = BatchBuilder(1 << 20, CODECS[codec])
+    for i in range(20):
+        b.append(1_700_000_000_000 + (i * 7) % 13, None if i % 2 else b"k%d" % i, b"value-%d" % i * 9)
+    head = b.header(42, 3, 1000, transactional)
+    assert head == batch_header(b.body, codec=CODECS[codec], count=20, base_timestamp=b.base_timestamp,
+                                max_timestamp=b.max_timestamp, producer_id=42, producer_epoch=3,
+                                base_sequence=1000, transactional=transactional)
+    h = parse_batch_header(bytes(head) + b.body)
+    assert (h.producer_id, h.producer_epoch, h.base_sequence, h.is_transactional, h.records_count) == \
+        (42, 3, 1000, transactional, 20)
+    validate_produce_records(bytes(head) + b.body, 1 << 20)
 
 
 @pytest.mark.parametrize("version", [3, 7, 8, 9, 11, 12])
@@ -131,3 +180,28 @@ def test_bulk_append_keeps_batches_within_batch_size(size: int, keyed: bool) -> 
     assert max(b.count for b in batches) == max(1, min(n, (per - 61) // (size + (7 if keyed else 0) + 10)))
     decoded = decode_batches(b"".join(b.builder.to_bytes() for b in batches))
     assert [r.value for d in decoded for r in d.records] == values
+
+
+def test_encode_sections_is_encode_records_per_batch() -> None:
+    """produce_batch encodes all the batches of a call in one pass (encode_sections): each batch's
+    records section is byte for byte what encode_records makes for that batch alone (offset deltas
+    from 0 in each batch), with or without keys, with null keys and values, over the chunks it works
+    in, and for a batch of more than 16,384 records (offset deltas past the varint table)."""
+    import random
+
+    from oncelog.client.batch import encode_sections
+
+    rng = random.Random(5)
+    for trial in range(30):
+        n = rng.choice([1, 2, 15, 300, 9000, 20000])
+        values = [None if rng.random() < 0.05 else rng.randbytes(rng.choice([0, 3, 60, 64, 200, 1024, 9000]))
+                  for _ in range(n)] if n <= 300 else [b"v%d" % i for i in range(n)]
+        keys = None if trial % 2 else [None if rng.random() < 0.3 else b"k%d" % i for i in range(n)]
+        cuts = sorted(set(rng.sample(range(1, n), min(n - 1, rng.choice([0, 1, 5, 40]))))) if n > 1 else []
+        if n == 20000:
+            cuts = [19000]  # one batch of 19,000 records
+        edges = [0, *cuts, n]
+        bounds = list(zip(edges, edges[1:]))
+        got = encode_sections(values, keys, bounds)
+        want = [encode_records(values[i:j], None if keys is None else keys[i:j]) for i, j in bounds]
+        assert got == want, (trial, n)

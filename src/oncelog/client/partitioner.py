@@ -8,12 +8,17 @@ same partition with Java, librdkafka (confluent-kafka with
 
 Records without a key stick to one partition until that partition's batch
 is sent or full, then move to another (KIP-480's sticky partitioner); the
-producer calls :meth:`StickyPartitioner.next` when that happens.
+producer calls :meth:`StickyPartitioner.next` when that happens. The blocking
+producer calls it from its callers' threads (under its own lock) and from its
+loop thread (not under that lock), so the partitioner makes each of its
+read-then-move steps atomic with a lock of its own; the common read (the
+topic's current partition) takes no lock.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 
 __all__ = ["StickyPartitioner", "murmur2", "partition_for_key"]
 
@@ -65,20 +70,28 @@ class StickyPartitioner:
     def __init__(self, rng: random.Random | None = None) -> None:
         self._current: dict[str, int] = {}
         self._rng = rng or random.Random()
+        self._lock = threading.Lock()
 
     def partition(self, topic: str, partitions: int) -> int:
         p = self._current.get(topic)
-        if p is None or p >= partitions:
-            p = self._rng.randrange(partitions)
-            self._current[topic] = p
-        return p
+        if p is not None and p < partitions:
+            return p
+        with self._lock:
+            p = self._current.get(topic)
+            if p is None or p >= partitions:
+                p = self._rng.randrange(partitions)
+                self._current[topic] = p
+            return p
 
     def next(self, topic: str, partitions: int, previous: int) -> None:
-        """The batch of ``previous`` is done: pick another partition (a different one if there are several)."""
-        if self._current.get(topic) != previous:
-            return
-        if partitions <= 1:
-            self._current[topic] = 0
-            return
-        p = self._rng.randrange(partitions - 1)
-        self._current[topic] = p if p < previous else p + 1
+        """The batch of ``previous`` is done: pick another partition (a different one if there are several).
+
+        Two threads finishing the same batch at once move it once: the second sees it moved."""
+        with self._lock:
+            if self._current.get(topic) != previous:
+                return
+            if partitions <= 1:
+                self._current[topic] = 0
+                return
+            p = self._rng.randrange(partitions - 1)
+            self._current[topic] = p if p < previous else p + 1

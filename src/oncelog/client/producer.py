@@ -47,87 +47,123 @@ _lock = threading.Lock()
 _RECORD_MAX_OVERHEAD = HEADER_SIZE + RECORD_OVERHEAD_MAX
 
 
+class _Done:
+    """The completion state of futures that complete together: the records of one batch filled by
+    ``produce()`` share one (a batch is delivered or failed as a whole), any other future has its own.
+
+    The batch refers to it and not to its records' futures, so a future its caller drops is freed at
+    once (no garbage-collected object per record outlives ``produce()`` for fire-and-forget callers).
+    ``res``: a :class:`BatchResult` (record ``i``'s metadata is made from it when asked for) or a
+    :class:`RecordMetadata`; ``exc``: the error; ``event``: made by the first thread that waits;
+    ``cbs``: the futures with an ``on_delivery`` callback, in record order, handed to ``sink`` (the
+    producer's queue for :meth:`Producer.poll`) on completion."""
+
+    __slots__ = ("fin", "res", "exc", "event", "cbs", "sink")
+
+    def __init__(self, sink: "deque[DeliveryFuture] | None" = None) -> None:
+        self.fin = False
+        self.res: BatchResult | RecordMetadata | None = None
+        self.exc: BaseException | None = None
+        self.event: threading.Event | None = None
+        self.cbs: list[DeliveryFuture] | None = None
+        self.sink = sink
+
+    def done(self) -> bool:
+        return self.fin
+
+    def set_result(self, res: "BatchResult | RecordMetadata") -> None:
+        self.res = res
+        self.finish()
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.exc = exc
+        self.finish()
+
+    def finish(self) -> None:
+        # no lock: fin is set before event is read, and a waiter re-checks fin after creating
+        # its event, so one of the two always sees the other
+        self.fin = True
+        ev = self.event
+        if ev is not None:
+            ev.set()
+        if self.cbs is not None and self.sink is not None:
+            self.sink.extend(self.cbs)
+
+
 class DeliveryFuture:
     """The outcome of one produced record: ``result(timeout)`` -> :class:`RecordMetadata`, or raises its error."""
 
-    __slots__ = ("_done", "_result", "_exc", "_event", "_owner", "_on_delivery", "_res", "_i")
+    __slots__ = ("_g", "_i", "_on_delivery")
 
     def __init__(self, owner: "Producer | None" = None,
-                 on_delivery: Callable[[KafkaError | None, RecordMetadata | None], None] | None = None) -> None:
-        self._done = False
-        self._result: RecordMetadata | None = None
-        self._exc: BaseException | None = None
-        self._event: threading.Event | None = None
-        self._owner = owner
+                 on_delivery: Callable[[KafkaError | None, RecordMetadata | None], None] | None = None,
+                 group: _Done | None = None, index: int = 0) -> None:
+        if group is None:
+            group = _Done(owner._delivered if owner is not None else None)
+        self._g = group  # shared with the other records of its batch when produce() placed it in one
+        self._i = index  # its index in the batch
         self._on_delivery = on_delivery
-        self._res: BatchResult | None = None  # set with _i by _complete_many: the metadata, made when asked
-        self._i = 0
+        if on_delivery is not None:
+            if group.cbs is None:
+                group.cbs = [self]
+            else:
+                group.cbs.append(self)
 
     def done(self) -> bool:
-        return self._done
+        return self._g.fin
 
     def set_result(self, value: RecordMetadata) -> None:
-        self._result = value
-        self._finish()
+        self._g.set_result(value)
 
     def set_exception(self, exc: BaseException) -> None:
-        self._exc = exc
-        self._finish()
-
-    def _finish(self) -> None:
-        # no lock: _done is set before _event is read, and a waiter re-checks _done after creating
-        # its event, so one of the two always sees the other
-        self._done = True
-        ev = self._event
-        if ev is not None:
-            ev.set()
-        if self._on_delivery is not None and self._owner is not None:
-            self._owner._delivered.append(self)
+        self._g.set_exception(exc)
 
     def _wait(self, timeout: float | None) -> None:
-        if self._done:
+        g = self._g
+        if g.fin:
             return
         with _lock:
-            if self._event is None:
-                self._event = threading.Event()
-            ev = self._event
-        if not self._done and not ev.wait(timeout):
+            if g.event is None:
+                g.event = threading.Event()
+            ev = g.event
+        if not g.fin and not ev.wait(timeout):
             raise TimeoutError("record not delivered yet")
 
     def _metadata(self) -> RecordMetadata | None:
-        if self._result is None and self._res is not None:
-            self._result = self._res.metadata(self._i)
-        return self._result
+        res = self._g.res
+        if type(res) is BatchResult:
+            return res.metadata(self._i)
+        return res  # type: ignore[return-value]
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
         self._wait(timeout)
-        if self._exc is not None:
-            raise self._exc
+        if self._g.exc is not None:
+            raise self._g.exc
         md = self._metadata()
         assert md is not None
         return md
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         self._wait(timeout)
-        return self._exc
+        return self._g.exc
 
 
-def _complete_many(futs: list[Any], res: BatchResult, delivered: deque[DeliveryFuture]) -> None:
+def _complete_many(b: _Batch, futs: list[Any], res: BatchResult) -> None:
     """A successful batch: its records' futures done at once (their metadata is made when asked for).
 
-    The same steps as :meth:`DeliveryFuture._finish`, in the same order (``_done``
-    before ``_event`` is read), without a call and a RecordMetadata per record."""
+    A batch filled by ``produce()`` completes its one shared :class:`_Done`; the futures of records
+    placed by the loop thread (each with its own) learn their index in the batch."""
+    g = b.group
+    if g is not None:  # futs is [g]
+        if not g.fin:
+            g.set_result(res)
+        return
     i = 0
     for fut in futs:
-        if not fut._done:
-            fut._res = res
+        g = fut._g
+        if not g.fin:
             fut._i = i
-            fut._done = True
-            ev = fut._event
-            if ev is not None:
-                ev.set()
-            if fut._on_delivery is not None and fut._owner is not None:
-                delivered.append(fut)
+            g.set_result(res)
         i += 1
 
 
@@ -157,8 +193,7 @@ class Producer:
         self._delivered: deque[DeliveryFuture] = deque()
         self._closed = False
         self._buffer_memory = self.config["buffer.memory"]
-        delivered = self._delivered
-        self._core.complete_many = lambda futs, res: _complete_many(futs, res, delivered)
+        self._core.complete_many = _complete_many
         try:
             self._lt.run(self._core.start(), self.config["max.block.ms"] / 1000 + 5)
         except BaseException:
@@ -189,9 +224,9 @@ class Producer:
         ``k`` or not be written (conditional produce, docs/conditional-publish.md);
         a refusal fails it with :class:`~oncelog.client.errors.OffsetMismatch`.
         """
-        core = self._core
         if self._closed:
             raise ClientClosedError("producer is closed")
+        core = self._core
         if core._fatal is not None or core._closing or not self._fast:
             core.check_open()
         if expected_offset is not None:
@@ -202,11 +237,10 @@ class Producer:
             key = _to_bytes(key, "key")
         if core.buffered_bytes + self._staged_bytes > self._buffer_memory:
             self._wait_for_space()
-        fut = DeliveryFuture(self, on_delivery) if on_delivery is not None else DeliveryFuture()
         if timestamp is None:
             timestamp = int(_time() * 1000)
-        fast = self._fast and expected_offset is None
-        if fast:
+        if expected_offset is None and self._fast:
+            fast = True
             info = core.cluster.topics.get(topic)
             if (info is None or not info.leaders) and topic not in core._waiting:
                 # as Java's send(): wait up to max.block.ms for the topic's metadata (once per topic), so
@@ -214,6 +248,7 @@ class Producer:
                 try:
                     info = self._lt.run(core.cluster.wait_topic(topic, core.max_block), core.max_block + 5)
                 except KafkaError as exc:
+                    fut = DeliveryFuture(self, on_delivery)
                     fut.set_exception(exc)
                     return fut
                 except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
@@ -221,8 +256,13 @@ class Producer:
                         raise ClientClosedError("producer is closed") from None
                     info = None  # the loop thread's own wait decides (the slow path below)
                 except Exception as exc:  # pragma: no cover - defensive, as the loop thread's topic wait
+                    fut = DeliveryFuture(self, on_delivery)
                     fut.set_exception(KafkaError(str(exc)))
                     return fut
+        else:
+            fast = False
+            info = None
+        nbytes = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
         with self._lock:
             if self._closed:  # checked again under the lock close() sets it with: nothing is left behind
                 raise ClientClosedError("producer is closed")
@@ -230,26 +270,27 @@ class Producer:
             # (Java's RecordAccumulator); the loop thread hears of a batch when it is full or new, and takes
             # it at its next pass. Anything unusual (topic not known yet, conditional, transactional, a
             # record for the loop thread to fail) goes the slow way, in order behind the batches open here.
-            if fast and not self._incoming and info is not None and info.leaders and topic not in core._waiting:
+            if fast and info is not None and not self._incoming and info.leaders and topic not in core._waiting:
                 n = len(info.leaders)
                 if partition is None or partition < 0:
                     partition = core.sticky.partition(topic, n) if key is None else partition_for_key(key, n)
-                nbytes = (len(value) if value else 0) + (len(key) if key else 0)
                 if partition < n and nbytes <= self._max_record:
-                    tp = (topic, partition)
-                    b = self._open.get(tp)
+                    b = self._open.get((topic, partition))
                     if b is None or not b.builder.append(timestamp, key, value, headers):
                         if b is not None:
                             self._seal(b, n)
                         b = _Batch(topic, partition, BatchBuilder(self._batch_size, self._codec))
+                        b.group = _Done(self._delivered)
+                        b.futures.append(b.group)  # the batch's records complete through it (not one by one)
                         b.builder.append(timestamp, key, value, headers)
-                        self._open[tp] = b
+                        self._open[(topic, partition)] = b
                         if not self._scheduled:  # the loop thread learns the new batch's linger deadline
                             self._scheduled = True
                             self._wake()
-                    b.nbytes += nbytes
-                    b.futures.append(fut)
+                    # the record's future shares its batch's completion; the batch does not hold it
+                    fut = DeliveryFuture(self, on_delivery, b.group, b.builder.count - 1)
                     b.timestamps.append(timestamp)
+                    b.nbytes += nbytes
                     self._staged_bytes += nbytes
                     self._staged += 1
                     if b.builder.size >= self._batch_size:
@@ -260,6 +301,7 @@ class Producer:
                     return fut
             if self._open:
                 self._seal_all()  # records placed on the loop thread come after those batches
+            fut = DeliveryFuture(self, on_delivery)
             self._incoming.append((topic, value, key, partition, headers, timestamp, fut,
                                    -1 if expected_offset is None else expected_offset))
             schedule = not self._scheduled
@@ -285,6 +327,24 @@ class Producer:
         one by one; returns the seconds until the next open batch's linger deadline."""
         next_due = 1.0
         core = self._core
+        if not flushing:
+            # most passes (those an answer started) find nothing handed over and no open batch due: they
+            # end here, without the lock. The flag is cleared before _sealed and _incoming are read, and
+            # produce() fills them before it reads the flag (under its lock), so a batch sealed meanwhile
+            # is either seen here or wakes the loop thread again. (list() of the dict's values is one step
+            # under the GIL.)
+            self._scheduled = False
+            if not self._sealed and not self._incoming:
+                linger = core.linger
+                for b in list(self._open.values()):
+                    due = b.created + linger
+                    if due <= now:
+                        break
+                    if due - now < next_due:
+                        next_due = due - now
+                else:
+                    return next_due
+                next_due = 1.0
         with self._lock:
             self._scheduled = False
             if self._open:
@@ -357,8 +417,9 @@ class Producer:
                 fut = self._delivered.popleft()
                 cb = fut._on_delivery
                 if cb is not None:
-                    cb(fut._exc if isinstance(fut._exc, KafkaError) or fut._exc is None else KafkaError(str(fut._exc)),
-                       fut._metadata())
+                    exc = fut._g.exc
+                    cb(exc if isinstance(exc, KafkaError) or exc is None else KafkaError(str(exc)),
+                       fut._metadata() if exc is None else None)
                 served += 1
             if served or time.monotonic() >= deadline:
                 return served

@@ -21,7 +21,8 @@ Internal design (for the transactions work that builds on it):
   Requests go to the socket as parts (batch header and body apart), joined
   by nobody but the transport.
 * ``produce_batch`` (:func:`produce_batch_into`) encodes a partition's values
-  in bulk (:func:`~oncelog.client.batch.encode_records`) and puts one
+  in bulk (:func:`~oncelog.client.batch.encode_sections`: every batch of the
+  call in one pass) and puts one
   ``_Span`` per batch in ``_Batch.futures`` instead of a future per record:
   the batch completes them at once, and :class:`BatchFutures` makes a
   record's future when it is asked for.
@@ -82,7 +83,7 @@ from typing import Any
 
 from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster
 from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
-from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_records, record_sizes
+from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_sections, record_sizes
 from oncelog.client.config import ClientConfig, parse_config
 from oncelog.client.config import ConfigError
 from oncelog.client.errors import (
@@ -173,14 +174,16 @@ def encode_produce_request(version: int, transactional_id: str | None, acks: int
 
 class _Batch:
     __slots__ = ("topic", "partition", "builder", "futures", "timestamps", "seq", "attempts", "in_flight",
-                 "created", "last_error", "in_doubt", "nbytes", "expected", "spans")
+                 "created", "last_error", "in_doubt", "nbytes", "expected", "spans", "group")
 
     def __init__(self, topic: str, partition: int, builder: BatchBuilder) -> None:
         self.topic = topic
         self.partition = partition
         self.builder = builder
-        self.futures: list[Any] = []  # one per record, or a _Span for many records of produce_batch
-        self.timestamps: list[int] = []  # one per entry of ``futures``
+        # one per record, or a _Span for many records of produce_batch, or the blocking facade's one
+        # completion (``group``) for all the records of a batch filled by its produce()
+        self.futures: list[Any] = []
+        self.timestamps: list[int] = []  # one per record (``group``) or per entry of ``futures``
         self.spans = False  # ``futures`` holds a _Span
         self.seq = -1
         self.attempts = 0
@@ -190,6 +193,7 @@ class _Batch:
         self.in_doubt = False  # sent and not answered (its fate on the broker is unknown)
         self.nbytes = 0
         self.expected = -1  # conditional produce: the offset its first record must get (-1: none)
+        self.group: Any = None  # the blocking facade's completion shared by the batch's records' futures
 
     @property
     def count(self) -> int:
@@ -431,7 +435,7 @@ class ProducerCore:
         self.buffered_bytes = 0
         self.on_complete: Callable[[int], None] | None = None  # called with bytes released (blocking facade)
         # the blocking facade's: completes a successful batch's per-record futures from one BatchResult
-        self.complete_many: Callable[[list[Any], BatchResult], None] | None = None
+        self.complete_many: Callable[[_Batch, list[Any], BatchResult], None] | None = None
         # the blocking facade's accumulator: called at the start of every sender pass with (now, flushing);
         # hands over the batches its callers' threads filled (adopt()) and returns seconds to its next linger
         self.collect: Callable[[float, bool], float] | None = None
@@ -597,29 +601,35 @@ class ProducerCore:
         if not self._outstanding:
             self._idle.clear()  # type: ignore[union-attr]
         self._outstanding += len(values)
-        i, n = 0, len(values)
+        n = len(values)
         # records per batch: at most batch.size bytes (one record alone may be larger), by an upper bound
         # of each record's size; ends[i] is the bytes of records 0..i-1
         ends = list(accumulate(record_sizes(values, keys), initial=0))
         room = self.batch_size - HEADER_SIZE
+        bounds: list[tuple[int, int]] = []
+        i = 0
         while i < n:
+            j = max(i + 1, bisect_right(ends, ends[i] + room, i + 1) - 1)
+            bounds.append((i, j))
+            i = j
+        # every batch's records section at once (the bulk encoding's fixed cost once per call)
+        sections = encode_sections(values, keys, bounds)
+        spans = isinstance(futures, BatchFutures)
+        for (i, j), section in zip(bounds, sections):
             if p.open is not None:
                 self._close_open(p)
             b = p.open = _Batch(topic, partition, BatchBuilder(self.batch_size, self.codec))
             b.expected = expected + i if expected >= 0 else -1
-            j = max(i + 1, bisect_right(ends, ends[i] + room, i + 1) - 1)
-            section = encode_records(values[i:j], None if keys is None else keys[i:j])
             b.builder.append_encoded(section, j - i, timestamp)
             b.nbytes = len(section)
             self.buffered_bytes += b.nbytes
-            if isinstance(futures, BatchFutures):
-                b.futures.append(futures._span(i, j - i))
+            if spans:
+                b.futures.append(futures._span(i, j - i))  # type: ignore[union-attr]
                 b.timestamps.append(timestamp)
                 b.spans = True
             else:
                 b.futures.extend(futures[i:j])
                 b.timestamps.extend([timestamp] * (j - i))
-            i = j
         self._close_open(p)
         self._kick()
 
@@ -708,7 +718,7 @@ class ProducerCore:
         topic, part = b.topic, b.partition
         futs, b.futures = b.futures, []
         if self.complete_many is not None and not b.spans:
-            self.complete_many(futs, BatchResult(topic, part, base_offset, log_append_time, b.timestamps))
+            self.complete_many(b, futs, BatchResult(topic, part, base_offset, log_append_time, b.timestamps))
         elif b.spans:
             i = 0
             for fut, ts in zip(futs, b.timestamps):
@@ -863,19 +873,25 @@ class ProducerCore:
         flushing = self._flushing > 0 or self._closing
         if self.collect is not None:
             next_due = min(next_due, self.collect(now, flushing))
+        limit = now - self.delivery_timeout
+        linger = self.linger
         for p in list(self.partitions.values()):
-            if not p.has_data():
+            o = p.open
+            ready, unacked = p.ready, p.unacked
+            if o is None and not ready and not unacked:
                 continue
-            self._expire(p, now)
+            if (ready and ready[0].created <= limit) or (unacked and unacked[0].created <= limit) or \
+                    (o is not None and o.created <= limit):
+                self._expire(p, now)  # (it looks at each queue's head the same way)
+                o = p.open
             # transactions v1: a partition with records is added at once (AddPartitionsToTxn overlaps linger)
             adding = txn is not None and p.has_data() and txn.needs_add((p.topic, p.partition))
-            o = p.open
             if o is not None:
-                due = o.created + self.linger
+                due = o.created + linger
                 if flushing or due <= now:
                     self._close_open(p)
-                else:
-                    next_due = min(next_due, due - now)
+                elif due - now < next_due:
+                    next_due = due - now
             if p.blocked:
                 if p.inflight == 0:
                     if p.needs_bump:
