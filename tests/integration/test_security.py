@@ -6,15 +6,19 @@ that names only ``localhost``), each started once. confluent-kafka
 (librdkafka), kafka-python and oncelog's own client produce and consume over
 them; raw-protocol checks cover what clients hide (the error code of a wrong
 password, the connection closed before authentication). The whole module
-runs in about 20 s here.
+runs in about 30 s here.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import socket
+import ssl
 import struct
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -222,11 +226,112 @@ def test_sasl_ssl_with_client_certificates(brokers: dict[str, EmbeddedBroker], p
     assert confluent_roundtrip(conf, "ss-c-" + mechanism.lower()) == [b"c0", b"c1", b"c2"]
     assert oncelog_roundtrip(conf, "ss-o-" + mechanism.lower()) == [b"o0", b"o1", b"o2"]
     # ssl.client.auth=required: no client certificate, no connection (TLS 1.3 completes the client's side
-    # of the handshake before the server refuses, so the client sees the connection lost)
+    # of the handshake before the server refuses; oncelog's broker, on asyncio's TLS, closes without
+    # sending its alert, so the client sees the connection lost; with the alert, as a JVM broker sends it,
+    # the client raises SslAuthenticationError: test_tls_failures_are_sorted_as_the_java_client_does)
     with pytest.raises(KafkaConnectionError, match="lost"):
         with Admin({**_conf(b, pki, "SASL_SSL", mechanism), "request.timeout.ms": 3000,
                     "default.api.timeout.ms": 3000}) as admin:
             admin.list_topics()
+
+
+def _tls_peer(pki: Pki, behaviour: str) -> tuple[int, threading.Thread]:
+    """A one-connection TLS peer in a thread, with blocking OpenSSL (which, unlike asyncio's TLS, sends
+    its alert before closing, as a JVM broker does). ``require_cert``: TLS with a client certificate
+    required; ``close_mid_handshake``: read the ClientHello and close (a broker going away)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(pki.broker_keystore))
+        ctx.load_verify_locations(cafile=str(pki.ca))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        srv.settimeout(10)
+        with srv:
+            s, _ = srv.accept()
+            with s:
+                if behaviour == "close_mid_handshake":
+                    s.recv(100)
+                    return
+                # a second descriptor keeps the connection open after the failed TLS socket closes its own:
+                # read until the client hangs up, so that closing with its request unread does not reset
+                # the connection before the client has read the alert
+                with s.dup() as raw:
+                    try:
+                        ctx.wrap_socket(s, server_side=True)
+                    except OSError:  # the handshake failed, the alert is sent
+                        raw.settimeout(5)
+                        try:
+                            while raw.recv(65536):
+                                pass
+                        except OSError:
+                            pass
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return srv.getsockname()[1], t
+
+
+def test_tls_failures_are_sorted_as_the_java_client_does(pki: Pki, monkeypatch: pytest.MonkeyPatch) -> None:
+    from oncelog.client.aio.connection import BrokerConnection
+    from oncelog.client.security import Security
+
+    def conn(port: int) -> BrokerConnection:
+        return BrokerConnection("127.0.0.1", port, request_timeout_ms=5000, connect_timeout_ms=5000,
+                                security=Security("SSL", ssl.create_default_context(cafile=str(pki.ca)), True))
+
+    async def connect(port: int) -> None:
+        await conn(port).connect()
+
+    # TLS 1.3: the broker refuses the missing client certificate after the client's side of the handshake
+    # is done; its alert answers the first request: an authentication failure, not a lost connection
+    port, t = _tls_peer(pki, "require_cert")
+    with pytest.raises(SslAuthenticationError, match="CERTIFICATE_REQUIRED"):
+        asyncio.run(connect(port))
+    t.join(5)
+    # the peer closing mid-handshake is a retriable connection error, named as such
+    port, t = _tls_peer(pki, "close_mid_handshake")
+    with pytest.raises(KafkaConnectionError, match="by (the )?peer"):
+        asyncio.run(connect(port))
+    t.join(5)
+
+    # ... and so is OpenSSL's own word for it, an SSLEOFError (or a close_notify) during the handshake
+    async def eof_during_handshake(exc: ssl.SSLError) -> None:
+        async def refuse(*_args: Any, **_kwargs: Any) -> Any:
+            raise exc
+
+        monkeypatch.setattr(asyncio.get_running_loop(), "create_connection", refuse)
+        await connect(1)
+
+    for exc in (ssl.SSLEOFError(8, "EOF occurred in violation of protocol"), ssl.SSLZeroReturnError(6, "closed")):
+        with pytest.raises(KafkaConnectionError, match="closed during the TLS handshake"):
+            asyncio.run(eof_during_handshake(exc))
+
+    # the blocking connection (CLI, verify): a broker closing mid-handshake stays an OSError (its callers try
+    # the next bootstrap server on one), a certificate that does not verify is SslAuthenticationError
+    from oncelog.client.connection import Connection
+
+    security = Security("SSL", ssl.create_default_context(cafile=str(pki.ca)), True)
+    port, t = _tls_peer(pki, "close_mid_handshake")
+    with pytest.raises(OSError):
+        Connection(f"127.0.0.1:{port}", timeout=5, security=security)
+    t.join(5)
+
+    class EofContext:  # OpenSSL's own word for it, as a TLS peer that closes mid-handshake can produce
+        def wrap_socket(self, *_args: Any, **_kwargs: Any) -> Any:
+            exc = ssl.SSLEOFError(8, "EOF occurred in violation of protocol")
+            exc.reason = "UNEXPECTED_EOF_WHILE_READING"  # as OpenSSL 3 names it
+            raise exc
+
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        with pytest.raises(ssl.SSLEOFError):
+            Connection(f"127.0.0.1:{srv.getsockname()[1]}", timeout=5,
+                       security=Security("SSL", EofContext(), True))  # type: ignore[arg-type]
+    port, t = _tls_peer(pki, "require_cert")
+    with pytest.raises(SslAuthenticationError, match="certificate"):
+        Connection(f"127.0.0.1:{port}", timeout=5,
+                   security=Security("SSL", ssl.create_default_context(cafile=str(pki.other_ca)), True))
+    t.join(5)
 
 
 def test_kafka_python_over_sasl_ssl_scram(brokers: dict[str, EmbeddedBroker], pki: Pki) -> None:
@@ -305,15 +410,66 @@ def test_wrong_password_is_a_typed_error_and_the_broker_keeps_serving(
     from confluent_kafka.admin import AdminClient
     from confluent_kafka import KafkaException
 
-    errors: list[str] = []
-    client = AdminClient({**bad, "error_cb": lambda e: errors.append(str(e))})
-    with pytest.raises(KafkaException):
+    from confluent_kafka import KafkaError as CKafkaError
+
+    errors: list[Any] = []
+    client = AdminClient({**bad, "error_cb": errors.append})
+    with pytest.raises(KafkaException) as failed:
         client.list_topics(timeout=2)
+    # librdkafka retries the login until the timeout, then names the broker connection as the cause (a broker
+    # that never answered would give _TIMED_OUT)
+    assert failed.value.args[0].code() == CKafkaError._TRANSPORT, failed.value
     client.poll(0.5)
-    assert any("uthentication" in e for e in errors), errors
+    # librdkafka's error callback gets its authentication error, carrying the broker's message
+    assert any(e.code() == CKafkaError._AUTHENTICATION and "Authentication failed" in e.str() for e in errors), \
+        [str(e) for e in errors]
     # others are still served
     with Admin(_conf(b, pki, "SASL_PLAINTEXT", mechanism)) as admin:
         admin.list_topics()
+
+
+def test_password_changed_while_connected_fails_sends_and_poll_with_the_auth_error(tmp_path: Path) -> None:
+    """A connected producer and consumer whose broker comes back with another password: the reconnect is
+    refused, which is not retried until delivery.timeout.ms: the pending records fail with the
+    authentication error and poll() raises it (KafkaConsumer.poll(), and the Java client's requests to a
+    node that failed authentication). Costs about 5 s."""
+    def jaas(password: str) -> str:
+        return f'org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="{password}";'
+
+    b = _start(tmp_path, "restarted", {"listeners": "SASL_PLAINTEXT://127.0.0.1:0",
+                                       "sasl.enabled.mechanisms": "SCRAM-SHA-256",
+                                       "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas("old")})
+    conf = {"bootstrap.servers": b.bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": "alice", "sasl.password": "old"}
+    p = Producer({**conf, "linger.ms": 0, "delivery.timeout.ms": 60000})
+    c = Consumer({**conf, "group.id": "g-restart", "enable.auto.commit": False})
+    try:
+        p.produce("t", b"before")
+        assert p.flush(20) == 0
+        c.assign([TopicPartition("t", 0, -2)])
+        deadline = time.monotonic() + 20
+        m = None
+        while m is None and time.monotonic() < deadline:
+            m = c.poll(0.5)
+        assert m is not None and m.value == b"before"
+        b.stop()
+        b.config["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = jaas("new")
+        b.start()
+        started = time.monotonic()
+        fut = p.produce("t", b"after")
+        p.flush(20)
+        with pytest.raises(SaslAuthenticationFailedError, match="Authentication failed"):
+            fut.result(0)
+        assert time.monotonic() - started < 10, "the refused login was retried until a timeout"
+        started = time.monotonic()
+        with pytest.raises(SaslAuthenticationFailedError, match="Authentication failed"):
+            while time.monotonic() - started < 15:
+                c.poll(0.5)
+        assert time.monotonic() - started < 10
+    finally:
+        p.close()
+        c.close()
+        b.close()
 
 
 # -- raw protocol -----------------------------------------------------------------------------
@@ -404,6 +560,132 @@ def test_raw_sasl_protocol(brokers: dict[str, EmbeddedBroker]) -> None:
         assert _closed(s)
 
 
+async def _scram_through_tampering_proxy(broker: EmbeddedBroker, tamper: Any) -> None:
+    """oncelog's BrokerConnection logs in with SCRAM-SHA-256 through a man in the middle that passes
+    everything on but rewrites the broker's SCRAM tokens with ``tamper(token) -> token``."""
+    import dataclasses
+
+    from oncelog.client.aio.connection import BrokerConnection
+    from oncelog.client.security import Security
+    from oncelog.protocol.codec import decode_response, encode_response, is_flexible
+    from oncelog.protocol.framing import FrameDecoder, frame
+    from oncelog.protocol.headers import parse_request_header_prefix, response_header, skip_tagged_fields
+
+    async def relay(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection(broker.host, broker.port)
+        asked: dict[int, tuple[int, int]] = {}  # correlation id -> (api key, version)
+
+        async def upstream() -> None:
+            dec = FrameDecoder()
+            while data := await client_r.read(65536):
+                for body in dec.feed(data):
+                    head, _ = parse_request_header_prefix(body)
+                    asked[head.correlation_id] = (head.api_key, head.api_version)
+                    up_w.writelines(frame([body]))
+
+        async def downstream() -> None:
+            dec = FrameDecoder()
+            while data := await up_r.read(65536):
+                for body in dec.feed(data):
+                    (corr,) = struct.unpack_from(">i", body)
+                    api_key, version = asked.pop(corr)
+                    if api_key == 36:
+                        flexible = is_flexible(36, version)
+                        resp = decode_response(36, version, body, skip_tagged_fields(body, 4) if flexible else 4)
+                        if resp.auth_bytes:
+                            resp = dataclasses.replace(resp, auth_bytes=tamper(bytes(resp.auth_bytes)))
+                        body = response_header(corr, flexible) + encode_response(resp)
+                    client_w.writelines(frame([body]))
+
+        try:
+            await asyncio.gather(upstream(), downstream())
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            up_w.close()
+            client_w.close()
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    conn = BrokerConnection("127.0.0.1", port, request_timeout_ms=5000, security=Security(
+        "SASL_PLAINTEXT", None, True, "SCRAM-SHA-256", "alice", USERS["alice"]))
+    try:
+        await conn.connect()
+    finally:
+        conn.close()
+        server.close()
+
+
+@pytest.mark.parametrize("tamper,message", [
+    (lambda t: t, None),  # passed on untouched: the login succeeds
+    (lambda t: t.replace(b"r=", b"r=X", 1) if t.startswith(b"r=") else t, "does not extend ours"),
+    (lambda t: t.replace(b",i=4096", b",i=1") if t.startswith(b"r=") else t, "iterations 1 is less than"),
+    (lambda t: b"v=" + base64.b64encode(b"\x00" * 32) if t.startswith(b"v=") else t, "server signature"),
+    (lambda t: b"e=other-error" if t.startswith(b"v=") else t, "SCRAM server error"),
+], ids=["untouched", "nonce", "iterations", "signature", "server-error"])
+def test_client_checks_the_brokers_scram_messages(brokers: dict[str, EmbeddedBroker], tamper: Any,
+                                                  message: str | None) -> None:
+    if message is None:
+        asyncio.run(_scram_through_tampering_proxy(brokers["sasl"], tamper))
+        return
+    with pytest.raises(SaslAuthenticationFailedError, match=message):
+        asyncio.run(_scram_through_tampering_proxy(brokers["sasl"], tamper))
+
+
+def _api_versions(corr: int) -> bytes:
+    return _request(18, 0, corr, b"")
+
+
+def _plain_auth(corr: int, password: str) -> bytes:
+    token = b"\x00alice\x00" + password.encode()
+    return _request(36, 1, corr, struct.pack(">i", len(token)) + token)
+
+
+def test_unauthenticated_peer_gets_one_request_at_a_time(brokers: dict[str, EmbeddedBroker]) -> None:
+    b = brokers["sasl"]
+    # one ApiVersions before the handshake, as Kafka's SaslServerAuthenticator: a second closes the connection
+    with socket.create_connection((b.host, b.port), timeout=5) as s:
+        s.sendall(_api_versions(1) + _api_versions(2))
+        resp = _recv(s)
+        assert resp is not None and struct.unpack_from(">ih", resp) == (1, 0)
+        assert _recv(s) is None
+    # requests pipelined after a good login are checked against socket.request.max.bytes, not against the
+    # 512 KiB allowed before authentication, and every one is answered in order
+    with socket.create_connection((b.host, b.port), timeout=5) as s:
+        big = b"x" * 600_000  # a SaslAuthenticate after authentication: ILLEGAL_SASL_STATE (34)
+        s.sendall(_api_versions(1) + _request(17, 1, 2, _string("PLAIN")) + _plain_auth(3, USERS["alice"])
+                  + _request(36, 1, 4, struct.pack(">i", len(big)) + big) + _request(3, 1, 5, struct.pack(">i", -1)))
+        answers = [_recv(s) for _ in range(5)]
+        assert all(a is not None for a in answers), answers
+        assert [struct.unpack_from(">i", a)[0] for a in answers] == [1, 2, 3, 4, 5]  # type: ignore[arg-type]
+        assert struct.unpack_from(">h", answers[3], 4)[0] == 34  # type: ignore[arg-type]
+    # a wrong password with requests pipelined behind it: answered, then closed; nothing after it is served
+    with socket.create_connection((b.host, b.port), timeout=5) as s:
+        s.sendall(_request(17, 1, 1, _string("PLAIN")) + _plain_auth(2, "wrong")
+                  + _request(3, 1, 3, struct.pack(">i", -1)))
+        assert struct.unpack_from(">ih", _recv(s) or b"") == (1, 0)
+        resp = _recv(s)
+        assert resp is not None and struct.unpack_from(">ih", resp) == (2, 58)
+        assert _recv(s) is None
+
+
+def test_idle_connections_are_closed_after_connections_max_idle_ms(tmp_path: Path) -> None:
+    b = _start(tmp_path, "idle", {"listeners": "SASL_PLAINTEXT://127.0.0.1:0", "sasl.enabled.mechanisms": "PLAIN",
+                                  "listener.name.sasl_plaintext.plain.sasl.jaas.config": JAAS,
+                                  "connections.max.idle.ms": "1000"})
+    try:
+        with socket.create_connection((b.host, b.port), timeout=10) as quiet, \
+                socket.create_connection((b.host, b.port), timeout=10) as authenticated:
+            authenticated.sendall(_request(17, 1, 1, _string("PLAIN")) + _plain_auth(2, USERS["alice"]))
+            assert _recv(authenticated) is not None and _recv(authenticated) is not None
+            started = time.monotonic()
+            assert _recv(quiet) is None  # closed, never having sent a byte
+            assert 0.9 < time.monotonic() - started < 5
+            assert _recv(authenticated) is None  # Kafka's rule holds for every connection
+    finally:
+        b.close()
+
+
 # -- bad configuration --------------------------------------------------------------------------
 
 
@@ -424,6 +706,46 @@ def test_bad_client_config_fails_at_construction(pki: Pki, tmp_path: Path) -> No
                "ssl.key.password": "wrong"})
     with pytest.raises(ConfigError, match="ssl.check.hostname"):
         Producer({**base, "ssl.check.hostname": "false"})
+
+
+def test_encrypted_key_without_password_is_one_line_not_a_prompt(pki: Pki, tmp_path: Path) -> None:
+    # without a password callback OpenSSL asks "Enter PEM pass phrase:" on the terminal, then raises a bare
+    # OSError; both sides run without a controlling terminal and with stdin closed, so a prompt cannot block
+    client = ("from oncelog.client import Producer\n"
+              "Producer({'bootstrap.servers': '127.0.0.1:1', 'security.protocol': 'SSL', "
+              f"'ssl.ca.location': {str(pki.ca)!r}, 'ssl.certificate.location': {str(pki.client_cert)!r}, "
+              f"'ssl.key.location': {str(pki.client_key_encrypted)!r}}})\n")
+    proc = subprocess.run([sys.executable, "-P", "-c", client], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, start_new_session=True)
+    assert "ConfigError" in proc.stderr and "encrypted: set ssl.key.password" in proc.stderr, proc.stderr
+    assert "pass phrase" not in proc.stderr + proc.stdout
+    keystore = tmp_path / "keystore.pem"
+    keystore.write_bytes(pki.client_key_encrypted.read_bytes() + pki.client_cert.read_bytes())
+    cfg = tmp_path / "server.properties"
+    cfg.write_text(f"listeners=SSL://127.0.0.1:0\nssl.keystore.type=PEM\nssl.keystore.location={keystore}\n")
+    proc = subprocess.run([sys.executable, "-P", "-m", "oncelog.cli", "serve", "--config", str(cfg),
+                           "--data-dir", str(tmp_path / "d")], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, start_new_session=True)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "encrypted: set ssl.key.password" in lines[0], proc.stderr
+
+
+def test_unprefixed_ssl_client_auth_is_for_ssl_listeners_only(pki: Pki, caplog: pytest.LogCaptureFixture) -> None:
+    from oncelog.broker.config import BrokerConfig
+
+    tls = {"ssl.keystore.type": "PEM", "ssl.keystore.location": str(pki.broker_keystore),
+           "ssl.truststore.type": "PEM", "ssl.truststore.location": str(pki.ca)}
+    sasl = {"listeners": "SASL_SSL://127.0.0.1:0", "sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": JAAS, **tls}
+    assert BrokerConfig.from_properties({"listeners": "SSL://127.0.0.1:0", **tls, "ssl.client.auth": "required"}
+                                        ).security.client_auth == "required"
+    with caplog.at_level("WARNING", logger="oncelog.security"):
+        cfg = BrokerConfig.from_properties({**sasl, "ssl.client.auth": "required"})
+    assert cfg.security.client_auth == "none"  # KIP-684: only the listener-prefixed key reaches SASL_SSL
+    assert any("listener.name.sasl_ssl.ssl.client.auth" in r.getMessage() for r in caplog.records)
+    cfg = BrokerConfig.from_properties({**sasl, "listener.name.sasl_ssl.ssl.client.auth": "requested"})
+    assert cfg.security.client_auth == "requested"
 
 
 @pytest.mark.parametrize("props,expected", [
@@ -451,4 +773,12 @@ def test_plaintext_broker_answers_sasl_requests_with_illegal_sasl_state(tmp_path
             s.sendall(_request(17, 1, 9, _string("PLAIN")))
             resp = _recv(s)
             assert resp is not None and struct.unpack_from(">ih", resp) == (9, 34)
+        # a request that closes the connection (an unknown API key) pipelined behind ApiVersions: the
+        # ApiVersions answer, finished in the same event-loop pass, still goes out first
+        for _ in range(3):
+            with socket.create_connection((b.host, b.port), timeout=5) as s:
+                s.sendall(_api_versions(1) + _request(999, 0, 2, b""))
+                resp = _recv(s)
+                assert resp is not None and struct.unpack_from(">ih", resp) == (1, 0)
+                assert _recv(s) is None
 

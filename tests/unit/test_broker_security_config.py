@@ -92,3 +92,48 @@ def test_listen_override_keeps_the_listener_name_unless_it_names_one() -> None:
 def test_parse_jaas_options() -> None:
     module, options = parse_jaas('M required a="x y" b=plain c="q\\"d";', "k")
     assert module == "M" and options == {"a": "x y", "b": "plain", "c": 'q"d'}
+
+
+def _authenticate_answer(session: SaslSession, token: bytes) -> tuple[int, str | None]:
+    import asyncio
+    from types import SimpleNamespace
+
+    from oncelog.broker.handlers import sasl_authenticate
+
+    resp = asyncio.run(sasl_authenticate.handle(SimpleNamespace(auth=session),  # type: ignore[arg-type]
+                                                SimpleNamespace(auth_bytes=token)))
+    return resp["error_code"], resp["error_message"]
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256"])  # the JAAS_FILE listener enables this one
+def test_scram_unknown_user_and_wrong_password_get_the_same_answer(mechanism: str) -> None:
+    cfg = BrokerConfig.from_properties(parse_properties(JAAS_FILE))
+    # unknown user: refused at the client-first message
+    s = SaslSession(cfg.security.sasl)
+    s.handshake(mechanism, 1)
+    unknown = _authenticate_answer(s, ScramClient(mechanism, "mallory", "x").first())
+    # known user, wrong password: refused at the client-final message
+    s = SaslSession(cfg.security.sasl)
+    s.handshake(mechanism, 1)
+    c = ScramClient(mechanism, "alice", "wrong")
+    wrong = _authenticate_answer(s, c.final(s.evaluate(c.first())))
+    expected = (58, f"Authentication failed during authentication due to invalid credentials with SASL mechanism "
+                    f"{mechanism}")
+    assert unknown == wrong == expected
+    # the authorization id mismatch is the one SCRAM failure Kafka explains to the client
+    s = SaslSession(cfg.security.sasl)
+    s.handshake(mechanism, 1)
+    code, message = _authenticate_answer(s, b"n,a=admin," + ScramClient(mechanism, "alice", "x").first()[3:])
+    assert code == 58 and message is not None and "authorization id" in message
+
+
+def test_plain_failures_are_explained_as_kafkas_plain_server_does() -> None:
+    # PlainSaslServer throws SaslAuthenticationException for each of these: its message reaches the client
+    cfg = BrokerConfig.from_properties(parse_properties(JAAS_FILE))
+    for token, text in ((b"alice:pw", "Invalid SASL/PLAIN response: expected 3 tokens, got 1"),
+                        (b"\x00alice\x00", "Authentication failed: password not specified"),
+                        (plain_message("alice", "wrong"), "Authentication failed: Invalid username or password"),
+                        (plain_message("mallory", "x"), "Authentication failed: Invalid username or password")):
+        s = SaslSession(cfg.security.sasl)
+        s.handshake("PLAIN", 1)
+        assert _authenticate_answer(s, token) == (58, text)

@@ -76,3 +76,13 @@ def test_errors_carry_name_code_and_retriable() -> None:
     assert errors.error_for(9999).name == "UNKNOWN_ERROR_9999"
     assert issubclass(errors.KafkaConnectionError, errors.NetworkExceptionError)
     assert errors.KafkaConnectionError().retriable
+
+
+def test_secrets_are_not_in_reprs() -> None:
+    cfg = parse_config({"bootstrap.servers": "127.0.0.1:9092", "security.protocol": "SASL_PLAINTEXT",
+                        "sasl.mechanism": "PLAIN", "sasl.username": "alice", "sasl.password": "s3cret-sasl",
+                        "ssl.key.password": "s3cret-key"}, "producer")
+    for text in (repr(cfg), repr(cfg.security), str(cfg.security)):
+        assert "s3cret" not in text, text
+    assert "alice" in repr(cfg) and "sasl.password" in repr(cfg)  # the keys are still shown
+    assert cfg["sasl.password"] == "s3cret-sasl" and cfg.security.sasl_password == "s3cret-sasl"

@@ -83,3 +83,29 @@ def test_plain() -> None:
         parse_plain(b"\x00alice\x00")
     with pytest.raises(SaslError):
         parse_plain(b"alice:pw")
+
+
+@pytest.mark.parametrize("iterations", [1, 4095, 16385, 2147483647])
+def test_client_refuses_iteration_counts_outside_kafkas_bounds(iterations: int) -> None:
+    # i=1 would make an offline guess of the password from the proof cheap; i=2**31-1 would run
+    # PBKDF2 for hours on the client's event loop (a man in the middle can send either)
+    c = ScramClient("SCRAM-SHA-256", "user", "pencil", nonce=C_NONCE)
+    c.first()
+    first = SERVER_FIRST.replace(b"i=4096", b"i=%d" % iterations)
+    with pytest.raises(SaslError, match="iterations"):
+        c.final(first)
+
+
+@pytest.mark.parametrize("iterations", [4096, 16384])
+def test_client_accepts_kafkas_iteration_bounds(iterations: int) -> None:
+    c = ScramClient("SCRAM-SHA-256", "user", "pencil", nonce=C_NONCE)
+    c.first()
+    assert c.final(SERVER_FIRST.replace(b"i=4096", b"i=%d" % iterations)).startswith(b"c=biws,r=" + C_NONCE.encode())
+
+
+@pytest.mark.parametrize("salt", [b"", b"not base64!", b"W22ZaJ0SNY7soEsUEjb6gQ="])
+def test_client_refuses_an_empty_or_undecodable_salt(salt: bytes) -> None:
+    c = ScramClient("SCRAM-SHA-256", "user", "pencil", nonce=C_NONCE)
+    c.first()
+    with pytest.raises(SaslError, match="salt"):
+        c.final(SERVER_FIRST.replace(b"s=W22ZaJ0SNY7soEsUEjb6gQ==", b"s=" + salt))

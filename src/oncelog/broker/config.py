@@ -208,6 +208,7 @@ _INTS: dict[str, tuple[str, _Spec]] = {
     "default.replication.factor": ("default_replication_factor", _INT),
     "socket.request.max.bytes": ("socket_request_max_bytes", _POS_INT),
     "sasl.server.max.receive.size": ("sasl_server_max_receive_size", _POS_INT),
+    "connections.max.idle.ms": ("connections_max_idle_ms", _LONG),
     "log.flush.interval.messages": ("log_flush_interval_messages", _POS_LONG),
     "log.flush.interval.ms": ("log_flush_interval_ms", _LONG),
     "log.retention.check.interval.ms": ("log_retention_check_interval_ms", _POS_LONG),
@@ -292,6 +293,9 @@ class BrokerConfig:
     socket_request_max_bytes: int = 104857600
     # largest request frame before SASL authentication completes (Kafka's default)
     sasl_server_max_receive_size: int = 524288
+    # a connection that reads and writes nothing for this long is closed, authenticated or not (Kafka's
+    # Selector idle expiry; negative: never)
+    connections_max_idle_ms: int = 600000
     # 1 = fsync before every acknowledgement (group commit); larger values leave
     # data in the page cache and flush every log_flush_interval_ms, as Kafka does.
     log_flush_interval_messages: int = 1

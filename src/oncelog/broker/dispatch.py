@@ -55,6 +55,8 @@ async def handle_frame(
             known = HANDLERS.get(header.api_key)
             raise CloseConnection(f"unexpected request {known.name if known else header.api_key} during SASL "
                                   f"{'handshake' if auth.state == auth.HANDSHAKE else 'authentication'}")
+        if header.api_key == API_VERSIONS_KEY and auth.api_versions_done:
+            raise CloseConnection("a second ApiVersions request before SASL authentication (Kafka allows one)")
     handler = HANDLERS.get(header.api_key)
     if handler is None:
         raise CloseConnection(f"unknown API key {header.api_key}")
@@ -77,6 +79,8 @@ async def handle_frame(
         raise CloseConnection(f"cannot decode {handler.name} v{version}: {exc}") from None
     ctx = RequestContext(broker, header, peer, applied, unknown_tags or None, auth)
     result = await handler.handle(ctx, request)
+    if auth is not None and header.api_key == API_VERSIONS_KEY and not auth.complete:
+        auth.api_versions_done = True  # answered: the next request must be SaslHandshake
     if result is None:
         return None
     if isinstance(result, dict):

@@ -36,7 +36,15 @@ import re
 import ssl
 import tempfile
 from dataclasses import dataclass, field
-from oncelog.protocol.sasl import SCRAM_MECHANISMS, SaslError, ScramCredential, ScramServer, parse_plain, scram_credential
+from oncelog.protocol.sasl import (
+    SCRAM_MECHANISMS,
+    SaslAuthenticationError,
+    SaslError,
+    ScramCredential,
+    ScramServer,
+    parse_plain,
+    scram_credential,
+)
 
 log = logging.getLogger("oncelog.security")
 
@@ -103,7 +111,7 @@ def load_security(props: dict[str, str], listener_name: str, protocol: str) -> S
     look = _Lookup(props, listener_name)
     out = SecuritySettings(listener_name, protocol)
     if protocol in ("SSL", "SASL_SSL"):
-        out.ssl_context, out.client_auth = _ssl_context(look, listener_name)
+        out.ssl_context, out.client_auth = _ssl_context(look, listener_name, sasl=protocol == "SASL_SSL")
     if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
         out.sasl = _sasl_settings(look, props, listener_name)
     return out
@@ -150,7 +158,32 @@ def _readable(key: str, path: str) -> str:
     return path
 
 
-def _ssl_context(look: _Lookup, listener: str) -> tuple[ssl.SSLContext, str]:
+class _KeyNeedsPassword(Exception):
+    pass
+
+
+def _no_key_password() -> str:
+    """The password callback when ssl.key.password is not set: without one OpenSSL would prompt on the
+    terminal ("Enter PEM pass phrase:") for an encrypted key, then fail with a bare OSError."""
+    raise _KeyNeedsPassword
+
+
+def _client_auth(look: _Lookup, sasl: bool) -> str:
+    """ssl.client.auth; on a SASL_SSL listener only its listener-prefixed form counts (KIP-684, as Kafka's
+    ChannelBuilders: the broker-wide key is for SSL listeners, and is ignored there with a warning)."""
+    if not sasl:
+        return (look.get("ssl.client.auth") or "none").lower()
+    prefixed = look.props.get(look.prefix + "ssl.client.auth")
+    if prefixed is None or not prefixed.strip():
+        plain = look.props.get("ssl.client.auth")
+        if plain is not None and plain.strip().lower() != "none":
+            log.warning("ssl.client.auth=%s is applied only to SSL listeners: set %sssl.client.auth to ask SASL_SSL "
+                        "clients for certificates (as Kafka, KIP-684)", plain.strip(), look.prefix)
+        return "none"
+    return prefixed.strip().lower()
+
+
+def _ssl_context(look: _Lookup, listener: str, sasl: bool = False) -> tuple[ssl.SSLContext, str]:
     location = look.get("ssl.keystore.location")
     chain, key = look.get("ssl.keystore.certificate.chain"), look.get("ssl.keystore.key")
     if location is None and chain is None and key is None:
@@ -167,7 +200,7 @@ def _ssl_context(look: _Lookup, listener: str) -> tuple[ssl.SSLContext, str]:
         missing = "ssl.keystore.key" if key is None else "ssl.keystore.certificate.chain"
         raise _config_error(f"{missing} is required with the other inline PEM key store setting")
     password = look.get("ssl.key.password")
-    client_auth = (look.get("ssl.client.auth") or "none").lower()
+    client_auth = _client_auth(look, sasl)
     if client_auth not in CLIENT_AUTH:
         raise _config_error(f"invalid value {look.get('ssl.client.auth')!r} for {look.key('ssl.client.auth')}: "
                             "expected one of required, requested, none")
@@ -176,7 +209,7 @@ def _ssl_context(look: _Lookup, listener: str) -> tuple[ssl.SSLContext, str]:
     try:
         if location is not None:
             _readable(look.key("ssl.keystore.location"), location)
-            ctx.load_cert_chain(location, None, password)
+            ctx.load_cert_chain(location, None, password if password is not None else _no_key_password)
         else:
             with tempfile.TemporaryDirectory(prefix="oncelog-pem-") as tmp:
                 cert_path, key_path = os.path.join(tmp, "chain.pem"), os.path.join(tmp, "key.pem")
@@ -185,9 +218,13 @@ def _ssl_context(look: _Lookup, listener: str) -> tuple[ssl.SSLContext, str]:
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                     with os.fdopen(fd, "w") as f:
                         f.write(_normalise_pem(str(text), look.key(name)))
-                ctx.load_cert_chain(cert_path, key_path, password)
-    except ssl.SSLError as exc:
-        raise _config_error(f"cannot load the key store of listener {listener}: {exc.reason or exc} (a key that does "
+                ctx.load_cert_chain(cert_path, key_path, password if password is not None else _no_key_password)
+    except _KeyNeedsPassword:
+        raise _config_error(f"cannot load the key store of listener {listener}: its private key is encrypted: set "
+                            f"{look.key('ssl.key.password')}") from None
+    except (ssl.SSLError, OSError) as exc:
+        reason = getattr(exc, "reason", None) or exc.strerror or exc
+        raise _config_error(f"cannot load the key store of listener {listener}: {reason} (a key that does "
                             "not match the certificate, no private key in the file, or a wrong ssl.key.password?)"
                             ) from None
     if client_auth != "none":
@@ -274,6 +311,7 @@ class SaslSession:
         self.raw_tokens = False  # SaslHandshake v0: the tokens that follow have no Kafka header
         self.principal: str | None = None
         self.close_after_response = False
+        self.api_versions_done = False  # one ApiVersions before the handshake (Kafka's SaslServerAuthenticator)
         self._scram: ScramServer | None = None
 
     @property
@@ -301,7 +339,7 @@ class SaslSession:
                 _authzid, user, password = parse_plain(token)
                 expected = self.settings.users.get(user)
                 if expected is None or not hmac.compare_digest(expected.encode(), password.encode()):
-                    raise SaslError("Authentication failed: Invalid username or password")
+                    raise SaslAuthenticationError("Authentication failed: Invalid username or password")
                 self._done(user)
                 return b""
             scram = self._scram
@@ -325,9 +363,9 @@ class SaslSession:
 
 
 def failure_message(mechanism: str | None, exc: SaslError) -> str:
-    """What Kafka tells the client: PLAIN's own message, and for SCRAM a fixed text that does not say
-    whether the user exists (SaslServerAuthenticator)."""
-    if mechanism == "PLAIN" or str(exc).startswith("Authentication failed:"):
+    """What Kafka tells the client (SaslServerAuthenticator): the message of a SaslAuthenticationError,
+    otherwise a fixed text, so that, e.g., an unknown SCRAM user and a wrong password look the same."""
+    if isinstance(exc, SaslAuthenticationError):
         return str(exc)
     return f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
 

@@ -16,8 +16,10 @@ connection is made once the handshake succeeded; a failed handshake, such
 as a plaintext client on a TLS port, never reaches it). On a SASL listener
 each connection carries a :class:`~oncelog.broker.security.SaslSession`:
 until it is complete only ApiVersions, SaslHandshake and SaslAuthenticate are
-served (see :func:`oncelog.broker.dispatch.handle_frame`), and a refused
-login is answered and then the connection is closed.
+served (see :func:`oncelog.broker.dispatch.handle_frame`), one request at a
+time (reading paused while it is handled, the bytes after it not parsed), and
+a refused login is answered and then the connection is closed. A connection
+idle for ``connections.max.idle.ms`` is closed, authenticated or not.
 
 Responses that become ready in the same event-loop pass (the produces
 released by one group-commit round) are written with one ``writelines``,
@@ -71,6 +73,10 @@ class KafkaConnection(asyncio.Protocol):
         # a refused SASL login: its answer is written, then the connection closed (as Kafka)
         self._closing_task: asyncio.Task[Any] | None = None
         self._close_after_flush = False
+        # before SASL authentication one request at a time, reading paused while it is handled (Kafka's
+        # SaslServerAuthenticator): the bytes after it stay unparsed, bounded by one read
+        self._one_at_a_time = False
+        self.last_active = time.monotonic()  # connections.max.idle.ms
 
     # -- asyncio.Protocol ---------------------------------------------------
 
@@ -102,15 +108,41 @@ class KafkaConnection(asyncio.Protocol):
         self.writable.set()
 
     def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
+        auth = self.auth
+        if auth is not None and not auth.complete:
+            self.decoder.add(data)
+            if not self.pending:
+                self._next_unauthenticated()
+            return
         try:
             frames = self.decoder.feed(data)
         except FrameError as exc:
-            if self.auth is not None and not self.auth.complete:
-                self.abort(f"bad frame before SASL authentication: {exc} "
-                           f"(sasl.server.max.receive.size={self.decoder.max_frame_bytes})")
-            else:
-                self.abort(f"bad frame: {exc}")
+            self.abort(f"bad frame: {exc}")
             return
+        self._start(frames)
+
+    def _next_unauthenticated(self) -> None:
+        """Start the next buffered request of a connection not yet authenticated, if it is whole."""
+        try:
+            body = self.decoder.next_frame()
+        except FrameError as exc:
+            self.abort(f"bad frame before SASL authentication: {exc} "
+                       f"(sasl.server.max.receive.size={self.decoder.max_frame_bytes})")
+            return
+        if self.transport is None:
+            return
+        if body is None:
+            if self._one_at_a_time:
+                self._one_at_a_time = False
+                self.transport.resume_reading()
+            return
+        if not self._one_at_a_time:
+            self._one_at_a_time = True
+            self.transport.pause_reading()
+        self._start([body])
+
+    def _start(self, frames: list[bytes]) -> None:
         loop = asyncio.get_running_loop()
         for body in frames:
             applied: asyncio.Future[None] = loop.create_future()
@@ -164,6 +196,23 @@ class KafkaConnection(asyncio.Protocol):
 
     def _on_done(self, _task: asyncio.Task[Any]) -> None:
         """Write every finished response at the head of the queue, in order."""
+        self._collect_done()
+        pending = self.pending
+        if self.reading_paused and len(pending) < MAX_IN_FLIGHT // 2 and self.transport and not self.closed:
+            self.transport.resume_reading()
+            self.reading_paused = False
+        if self._one_at_a_time and not pending and not self.closed and not self._close_after_flush \
+                and self._closing_task is None and self.auth is not None:
+            if self.auth.complete:  # the requests that came after the login, under socket.request.max.bytes
+                self._one_at_a_time = False
+                if self.transport is not None:
+                    self.transport.resume_reading()
+                self.data_received(b"")
+            else:
+                self._next_unauthenticated()
+
+    def _collect_done(self) -> None:
+        """Queue the responses of the finished requests at the head of ``pending`` for the next flush."""
         pending = self.pending
         while pending and pending[0].done():
             task = pending.popleft()
@@ -178,15 +227,13 @@ class KafkaConnection(asyncio.Protocol):
                     # after the other tasks finished in this pass: one send for all their responses
                     self._flush_scheduled = True
                     asyncio.get_running_loop().call_soon(self._flush)
-        if self.reading_paused and len(pending) < MAX_IN_FLIGHT // 2 and self.transport and not self.closed:
-            self.transport.resume_reading()
-            self.reading_paused = False
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         out, self._out = self._out, []
         if out and not self.closed and self.transport is not None:
             self.transport.writelines(out)
+            self.last_active = time.monotonic()
         if self._close_after_flush and not self.closed and self.transport is not None:
             self.closed = True
             self.transport.close()  # after the buffered answer is written
@@ -195,7 +242,10 @@ class KafkaConnection(asyncio.Protocol):
         if self.closed:
             return
         log.warning("closing connection from %s: %s", self.peer, reason)
-        self._flush()  # the answers to earlier requests go out first, as before
+        # the answers to earlier requests go out first, those finished in this event-loop pass included
+        # (their done callbacks have not run yet)
+        self._collect_done()
+        self._flush()
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
@@ -246,6 +296,21 @@ class BrokerServer:
         self._tasks.append(loop.create_task(self._every(self.broker.txn_tick_ms, txn.tick)))
         if not cfg.fsync_on_ack:
             self._tasks.append(loop.create_task(self.broker.committer.periodic_flush()))
+        if cfg.connections_max_idle_ms >= 0:
+            check_ms = max(10, min(cfg.connections_max_idle_ms // 4, 10000))
+            self._tasks.append(loop.create_task(self._every(check_ms, self._expire_idle)))
+
+    def _expire_idle(self) -> None:
+        """Close the connections that read and wrote nothing for connections.max.idle.ms and wait for no
+        answer (Kafka's Selector idle expiry), an unauthenticated one included."""
+        limit = time.monotonic() - self.broker.config.connections_max_idle_ms / 1000
+        for conn in list(self.connections):
+            if conn.last_active < limit and not conn.pending and not conn.closed and conn.transport is not None:
+                log.info("closing connection from %s: idle for connections.max.idle.ms=%d%s", conn.peer,
+                         self.broker.config.connections_max_idle_ms,
+                         "" if conn.auth is None or conn.auth.complete else " (not authenticated)")
+                conn.closed = True
+                conn.transport.close()
 
     def _cleaner_settings_changed(self) -> None:
         """Dynamic ``log.cleaner.*`` broker configs changed: restart the cleaners with the new

@@ -275,7 +275,9 @@ class ClientConfig(Mapping[str, Any]):
         return len(self._values)
 
     def __repr__(self) -> str:
-        return f"ClientConfig({self.role}, {self._values!r})"
+        # secrets (sasl.password, ssl.key.password) never reach a log line or a traceback
+        shown = {k: ("[hidden]" if k.endswith(".password") and v is not None else v) for k, v in self._values.items()}
+        return f"ClientConfig({self.role}, {shown!r})"
 
     @property
     def bootstrap(self) -> list[tuple[str, int]]:

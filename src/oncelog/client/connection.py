@@ -42,6 +42,8 @@ class Connection:
                 sock = ctx.wrap_socket(sock, server_hostname=host)
             except ssl.SSLError as exc:
                 sock.close()
+                if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)):
+                    raise  # the broker closed mid-handshake (restarting): an OSError, not an authentication failure
                 from oncelog.client.errors import SslAuthenticationError
 
                 reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["SASL_MECHANISMS", "Security", "build_security"]
@@ -30,11 +30,21 @@ class Security:
     check_hostname: bool = True
     sasl_mechanism: str | None = None
     sasl_username: str = ""
-    sasl_password: str = ""
+    sasl_password: str = field(default="", repr=False)  # never in a log line or a traceback
 
     @property
     def sasl(self) -> bool:
         return self.sasl_mechanism is not None
+
+
+class _KeyNeedsPassword(Exception):
+    pass
+
+
+def _no_key_password() -> str:
+    """The password callback when none is configured: without one OpenSSL would prompt on the terminal
+    ("Enter PEM pass phrase:") for an encrypted key."""
+    raise _KeyNeedsPassword
 
 
 def _readable(name: str, path: str) -> str:
@@ -77,10 +87,14 @@ def build_security(values: Mapping[str, Any]) -> Security:
             if key is not None:
                 _readable("ssl.key.location", key)
             try:
-                ctx.load_cert_chain(cert, key, key_password)
-            except ssl.SSLError as exc:
+                ctx.load_cert_chain(cert, key, key_password if key_password is not None else _no_key_password)
+            except _KeyNeedsPassword:
+                raise ConfigError(f"ssl.key.location: the private key in {key or cert!r} is encrypted: set "
+                                  "ssl.key.password") from None
+            except (ssl.SSLError, OSError) as exc:
+                reason = getattr(exc, "reason", None) or exc.strerror or exc
                 raise ConfigError(f"ssl.certificate.location/ssl.key.location: cannot load the client certificate "
-                                  f"and key ({exc.reason or exc}; a wrong ssl.key.password?)") from None
+                                  f"and key ({reason}; a wrong ssl.key.password?)") from None
         elif key_password is not None:
             raise ConfigError("ssl.key.password is set but ssl.key.location is not")
     mechanism = None

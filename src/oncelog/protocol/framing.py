@@ -83,6 +83,27 @@ class FrameDecoder:
             del buf[:pos]
         return frames
 
+    def add(self, data: bytes) -> None:
+        """Buffer ``data`` without splitting it (see :meth:`next_frame`)."""
+        self._buf += data
+
+    def next_frame(self) -> bytes | None:
+        """The first whole frame buffered, or None; only its size is checked, the bytes after it are
+        left unparsed (a peer served one request at a time, such as one not yet authenticated)."""
+        buf = self._buf
+        if len(buf) < 4:
+            return None
+        (size,) = _LEN.unpack_from(buf, 0)
+        if size < 0:
+            raise FrameError(f"negative frame size {size}")
+        if size > self.max_frame_bytes:
+            raise FrameError(f"frame of {size} bytes exceeds socket.request.max.bytes={self.max_frame_bytes}")
+        if len(buf) - 4 < size:
+            return None
+        body = bytes(buf[4 : 4 + size])
+        del buf[: 4 + size]
+        return body
+
     @property
     def buffered(self) -> int:
         """Bytes held that do not yet form a whole frame."""

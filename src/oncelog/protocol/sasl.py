@@ -15,7 +15,8 @@ ignored.
   -> client-final, ``verify(server_final)``.
 * :class:`ScramServer`: ``first(client_first, lookup)`` -> server-first,
   ``final(client_final)`` -> server-final; :class:`SaslError` on anything
-  wrong (its message is safe to send to the client).
+  wrong (only a :class:`SaslAuthenticationError`'s message is meant for the
+  client; a server sends a fixed text for the others, as Kafka).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "SCRAM_MECHANISMS",
+    "SaslAuthenticationError",
     "SaslError",
     "ScramClient",
     "ScramCredential",
@@ -40,12 +42,22 @@ __all__ = [
 
 # mechanism name -> hashlib name (Kafka's ScramMechanism)
 SCRAM_MECHANISMS = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
-# Kafka's ScramMechanism minimum iterations (and kafka-configs' default)
+# Kafka's ScramMechanism minimum iterations (and kafka-configs' default); the Java client refuses a
+# server-first message asking for fewer
 SCRAM_MIN_ITERATIONS = 4096
+# Kafka's ScramMechanism maximum: a Kafka broker never stores a credential with more, so a server asking
+# for more is not a Kafka broker; refusing it keeps a forged i=2147483647 from freezing the client in PBKDF2
+SCRAM_MAX_ITERATIONS = 16384
 
 
 class SaslError(Exception):
-    """Authentication failed or a SASL message is malformed; the message can go to the peer."""
+    """Authentication failed or a SASL message is malformed. A server answers the client with a fixed
+    text, not this message (which may say, e.g., that a user does not exist)."""
+
+
+class SaslAuthenticationError(SaslError):
+    """A failure whose message is meant for the client (Kafka's SaslAuthenticationException): it tells
+    nothing an unauthenticated peer should not learn."""
 
 
 # -- PLAIN --------------------------------------------------------------------------
@@ -57,21 +69,23 @@ def plain_message(username: str, password: str, authzid: str = "") -> bytes:
 
 
 def parse_plain(token: bytes) -> tuple[str, str, str]:
-    """(authzid, username, password) of a PLAIN token; SaslError when malformed."""
+    """(authzid, username, password) of a PLAIN token; SaslAuthenticationError when malformed (as Kafka's
+    PlainSaslServer, whose messages, the token count included, go to the client)."""
     try:
         text = token.decode("utf-8")
     except UnicodeDecodeError:
-        raise SaslError("Authentication failed: invalid SASL/PLAIN response: not UTF-8") from None
+        raise SaslAuthenticationError("Authentication failed: invalid SASL/PLAIN response: not UTF-8") from None
     parts = text.split("\x00")
     if len(parts) != 3:
-        raise SaslError("Invalid SASL/PLAIN response: expected 3 tokens, got " + str(len(parts)))
+        raise SaslAuthenticationError("Invalid SASL/PLAIN response: expected 3 tokens, got " + str(len(parts)))
     authzid, username, password = parts
     if not username:
-        raise SaslError("Authentication failed: username not specified")
+        raise SaslAuthenticationError("Authentication failed: username not specified")
     if not password:
-        raise SaslError("Authentication failed: password not specified")
+        raise SaslAuthenticationError("Authentication failed: password not specified")
     if authzid and authzid != username:
-        raise SaslError("Authentication failed: Client requested an authorization id that is different from username")
+        raise SaslAuthenticationError("Authentication failed: Client requested an authorization id that is "
+                                      "different from username")
     return authzid, username, password
 
 
@@ -190,8 +204,14 @@ class ScramClient:
             salt_bytes = base64.b64decode(salt, validate=True)
         except ValueError:
             raise SaslError("Invalid SCRAM server first message: bad salt or iteration count") from None
-        if iterations < 1:
-            raise SaslError("Invalid SCRAM server first message: bad iteration count")
+        if not salt_bytes:  # a Kafka broker's salt is random bytes: an empty one is not from a broker
+            raise SaslError("Invalid SCRAM server first message: empty salt")
+        if iterations < SCRAM_MIN_ITERATIONS:
+            raise SaslError(f"Invalid SCRAM server first message: requested iterations {iterations} is less than "
+                            f"the minimum {SCRAM_MIN_ITERATIONS} for {self.mechanism}")
+        if iterations > SCRAM_MAX_ITERATIONS:
+            raise SaslError(f"Invalid SCRAM server first message: requested iterations {iterations} is more than "
+                            f"the maximum {SCRAM_MAX_ITERATIONS} for {self.mechanism}")
         salted = salted_password(self.hash, self.password, salt_bytes, iterations)
         ckey = client_key(self.hash, salted)
         without_proof = f"c={base64.b64encode(b'n,,').decode()},r={nonce}"
@@ -245,13 +265,13 @@ class ScramServer:
         username = _unescape_name(attrs[0][1])
         authzid = _unescape_name(authz[2:]) if authz else ""
         if authzid and authzid != username:
-            raise SaslError("Authentication failed: Client requested an authorization id that is different "
-                            "from username")
+            raise SaslAuthenticationError("Authentication failed: Client requested an authorization id that is "
+                                          "different from username")
         # attrs[2:] are extensions (Kafka's tokenauth=true ...): ignored
         self.username = username
         self._credential = lookup(username)
         if self._credential is None:
-            # as Kafka: an unknown user is told nothing more than a wrong password would be
+            # as Kafka: logged with this text, but the client gets the same fixed text as for a wrong password
             raise SaslError("Authentication failed: Invalid user credentials")
         self._client_bare = bare
         self._gs2 = f"{cbind},{authz},"

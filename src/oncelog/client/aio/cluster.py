@@ -27,6 +27,18 @@ are meant to build on the same calls):
   broker, version negotiated.
 * ``await cluster.close()``.
 
+Authentication failures (TLS or SASL, :data:`AUTHENTICATION_ERRORS`) are
+never retried where they happen, and are recorded: ``cluster.node_auth_error(
+node_id)`` is the failure of the node's last connection attempt (None once a
+connection succeeds; the requests of the Java client's ConsumerNetworkClient
+to such a node fail with it), and each failure is also kept cluster-wide, as
+the Java client's ``Metadata.fatalError``: ``cluster.take_auth_error()``
+returns it once and clears it (the consumer's ``poll()`` raises it, as
+``KafkaConsumer.poll()`` does), and the callbacks given to
+``cluster.on_auth_error(callback)`` are called on each failure (to wake a
+waiting ``poll()``). A later attempt to connect still happens, after the
+reconnect backoff, so a credential fixed on the broker is picked up.
+
 Every version is min(ours, theirs) per API from the broker's ApiVersions.
 """
 
@@ -88,6 +100,7 @@ class _Node:
     connecting: asyncio.Task[BrokerConnection] | None = None
     failures: int = 0
     next_attempt: float = 0.0
+    auth_error: KafkaError | None = None  # the last connection attempt failed TLS or SASL authentication
 
 
 class Cluster:
@@ -108,6 +121,8 @@ class Cluster:
         self._closed = False
         self.last_refresh = 0.0
         self._errors: dict[str, int] = {}
+        self._auth_error: KafkaError | None = None  # Java's Metadata.fatalError: raised once by take_auth_error()
+        self._auth_listeners: list[Any] = []
 
     def _conn_kwargs(self) -> dict[str, Any]:
         c = self.config
@@ -135,16 +150,41 @@ class Cluster:
         conn = BrokerConnection(node.host, node.port, node_id=node.node_id, **self._conn_kwargs())
         try:
             await conn.connect()
-        except KafkaError:
+        except KafkaError as exc:
             conn.close()
             node.failures += 1
             base = self.config["reconnect.backoff.ms"] * 2 ** min(node.failures - 1, 10)
             backoff = min(base, self.config["reconnect.backoff.max.ms"]) * random.uniform(0.8, 1.2)
             node.next_attempt = time.monotonic() + backoff / 1000
+            if isinstance(exc, AUTHENTICATION_ERRORS):
+                self._auth_failed(node, exc)
             raise
         node.failures = 0
+        node.auth_error = None
         node.conn = conn
         return conn
+
+    # -- authentication failures -----------------------------------------------------
+
+    def _auth_failed(self, node: _Node, exc: KafkaError) -> None:
+        node.auth_error = exc
+        self._auth_error = exc
+        for callback in list(self._auth_listeners):
+            callback()
+
+    def node_auth_error(self, node_id: int) -> KafkaError | None:
+        """The authentication failure of the last attempt to connect to ``node_id``, or None."""
+        node = self.nodes.get(node_id)
+        return node.auth_error if node is not None else None
+
+    def take_auth_error(self) -> KafkaError | None:
+        """The latest authentication failure not taken yet (then cleared), or None."""
+        exc, self._auth_error = self._auth_error, None
+        return exc
+
+    def on_auth_error(self, callback: Any) -> None:
+        """Call ``callback()`` (on the loop) after each authentication failure."""
+        self._auth_listeners.append(callback)
 
     async def connection(self, node_id: int) -> BrokerConnection:
         node = self.nodes.get(node_id)

@@ -76,6 +76,23 @@ UNSUPPORTED_VERSION = 35
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 
 
+def _is_alert(exc: ssl.SSLError) -> bool:
+    """A fatal TLS alert from the peer (OpenSSL names them SSLV3_ALERT_*, TLSV1_ALERT_*, TLSV13_ALERT_*)."""
+    return "_ALERT_" in str(getattr(exc, "reason", None) or "")
+
+
+def _tls_failure(exc: ssl.SSLError, where: str) -> KafkaError:
+    """The client error for a failed TLS handshake, as the Java client's SslTransportLayer sorts them: the
+    peer closing the connection mid-handshake (a broker restarting) is a retriable connection error;
+    a certificate that does not verify, a fatal alert from the broker (our certificate refused) or a
+    peer that does not speak TLS is SslAuthenticationError, which is not retried."""
+    if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)):
+        return KafkaConnectionError(f"connection to {where} closed during the TLS handshake "
+                                    f"({getattr(exc, 'reason', None) or exc})")
+    reason = getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or str(exc)
+    return SslAuthenticationError(f"TLS handshake with {where} failed: {reason}")
+
+
 class _Pending:
     __slots__ = ("api_key", "version", "future", "timer", "raw")
 
@@ -129,11 +146,11 @@ class BrokerConnection(asyncio.Protocol):
                                    self.connect_timeout)
         except ssl.SSLError as exc:  # before OSError: SSLError is one
             self._closed = True
-            reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
-            raise SslAuthenticationError(f"TLS handshake with {self.host}:{self.port} failed: {reason}") from None
+            raise _tls_failure(exc, f"{self.host}:{self.port}") from None
         except (OSError, asyncio.TimeoutError) as exc:
             self._closed = True
-            reason = (os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else str(exc)) or "timed out"
+            reason = (os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else str(exc)) or \
+                ("closed by the peer" if isinstance(exc, ConnectionError) else "timed out")
             raise KafkaConnectionError(f"cannot connect to {self.host}:{self.port}: {reason}") from None
         await self._negotiate()
         if sec is not None and sec.sasl:
@@ -269,6 +286,11 @@ class BrokerConnection(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if isinstance(exc, ssl.SSLError) and not self.versions and _is_alert(exc):
+            # TLS 1.3: the client's side of the handshake completes before the broker checks the client's
+            # certificate; its refusal (an alert) arrives as the answer to the first request
+            self.close(_tls_failure(exc, f"{self.host}:{self.port}"))
+            return
         self.close(KafkaConnectionError(f"connection to {self.host}:{self.port} lost"
                                         f"{': ' + str(exc) if exc else ''}"))
 

@@ -266,6 +266,8 @@ class Consumer:
         # the blocking facade's caller thread: every change to them holds this lock
         self._lock = threading.RLock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        for cluster in (self.cluster, self._group_cluster):  # a TLS/SASL failure wakes a waiting poll()
+            cluster.on_auth_error(self._data.set)
 
     async def start(self) -> None:
         """Connect and read metadata."""
@@ -713,6 +715,8 @@ class Consumer:
                 self._wake.set()
             if out:
                 return out
+            if (auth := self.cluster.take_auth_error() or self._group_cluster.take_auth_error()) is not None:
+                raise auth  # as KafkaConsumer.poll(): a connection failed TLS/SASL authentication
             for st in self._parts.values():
                 if st.error is not None and not st.buffer and not st.paused:
                     err, st.error = st.error, None

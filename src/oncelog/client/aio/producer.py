@@ -941,14 +941,19 @@ class ProducerCore:
     async def _refresh(self, topic: str) -> None:
         try:
             await self.cluster.refresh([topic])
-        except KafkaError:
+        except KafkaError as exc:
+            if not exc.retriable:  # e.g. TLS/SASL authentication failed: the topic's batches fail with it
+                for p in list(self.partitions.values()):
+                    if p.topic == topic:
+                        self._expire(p, float("inf"), exc)
             await asyncio.sleep(self.backoff)
         finally:
             self._refreshing.discard(topic)
         self._kick()
 
-    def _expire(self, p: _Partition, now: float) -> None:
-        limit = now - self.delivery_timeout
+    def _expire(self, p: _Partition, now: float, error: KafkaError | None = None) -> None:
+        """Fail the batches older than delivery.timeout.ms (with ``error``: every batch not in flight)."""
+        limit = now - self.delivery_timeout if error is None else now
         for queue in (p.ready, p.unacked):
             if not queue or queue[0].created > limit:
                 continue
@@ -961,7 +966,7 @@ class ProducerCore:
                     p.needs_bump = True  # its fate is unknown: sequences restart under a new epoch
                     p.blocked = True
                 err = b.last_error
-                self._fail_batch(b, DeliveryTimeoutError(
+                self._fail_batch(b, error or DeliveryTimeoutError(
                     f"{b.count} record(s) for {b.topic}-{b.partition} not delivered within "
                     f"delivery.timeout.ms={self.config['delivery.timeout.ms']}"
                     f"{f' (last error: {err})' if err else ''}"))
@@ -970,8 +975,8 @@ class ProducerCore:
         o = p.open
         if o is not None and o.created <= limit:
             p.open = None
-            self._fail_batch(o, DeliveryTimeoutError(f"{o.count} record(s) for {o.topic}-{o.partition} expired "
-                                                     "before they could be sent"))
+            self._fail_batch(o, error or DeliveryTimeoutError(f"{o.count} record(s) for {o.topic}-{o.partition} "
+                                                              "expired before they could be sent"))
 
     def _send(self, node: int, items: list[tuple[_Partition, _Batch]], now: float) -> None:
         conn_node = self.cluster.nodes.get(node)
@@ -1059,8 +1064,11 @@ class ProducerCore:
             await self.cluster.connection(node)
         except KafkaError:
             # unreachable leader: the metadata may be stale
-            for p in self.partitions.values():
+            auth = self.cluster.node_auth_error(node)  # not retried: the node's batches fail with it
+            for p in list(self.partitions.values()):
                 if self.cluster.leader(p.topic, p.partition) == node:
+                    if auth is not None:
+                        self._expire(p, float("inf"), auth)
                     self.cluster.invalidate(p.topic)
         finally:
             self._connecting.discard(node)
