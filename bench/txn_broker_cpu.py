@@ -91,6 +91,9 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--batch", type=int, default=500, help="records per poll, so per transaction (default 500)")
     ap.add_argument("--batch-size", type=int, help="batch.size of the session's producer (default: the session's)")
+    ap.add_argument("--copier", choices=("session", "oncelog-alo"), default="session",
+                    help="oncelog-alo: session_copy.py's at-least-once copier instead (a 'transaction' is then one "
+                         "consume -> produce -> flush -> commit batch), for the at-least-once figures")
     a = ap.parse_args()
     trees = a.tree or [Path(__file__).resolve().parent.parent] * 2
     for t in trees:
@@ -100,17 +103,25 @@ def main() -> int:
     session_copy.BATCH = a.batch
     if a.batch_size:
         session_copy.ONCELOG_EXTRA["batch.size"] = a.batch_size
-    from oncelog.client import TransactSession
+    from oncelog.client import Consumer, TransactSession
 
     commits = [0]
     end = TransactSession.end
+    commit = Consumer.commit
 
     def counting_end(self: TransactSession, commit: bool = True) -> bool:
         ok = end(self, commit)
         commits[0] += bool(ok)
         return ok
 
+    def counting_commit(self: Consumer, *args: object, **kwargs: object) -> object:
+        out = commit(self, *args, **kwargs)
+        commits[0] += 1
+        return out
+
     TransactSession.end = counting_end  # type: ignore[method-assign]
+    Consumer.commit = counting_commit  # type: ignore[method-assign]
+    copier = session_copy.COPIERS[a.copier]
     brokers = [Broker(t) for t in trees]
     rows: list[list[dict[str, float]]] = [[] for _ in brokers]
     try:
@@ -124,7 +135,7 @@ def main() -> int:
                 b.create_topic(out)
                 commits[0] = 0
                 c0, t0 = b.cpu(), time.monotonic()
-                first = session_copy.run_session(b.bootstrap, inp, out, a.records)
+                first = copier(b.bootstrap, inp, out, a.records)
                 t1, c1 = time.monotonic(), b.cpu()
                 n = commits[0]
                 row = {"copy": a.records / (t1 - first), "txns": n,
@@ -137,7 +148,7 @@ def main() -> int:
     finally:
         for b in brokers:
             b.close()
-    print(f"Session copy of {a.records:,} x {a.size} B records, {a.batch} per poll, {a.rounds} rounds paired "
+    print(f"{a.copier} copy of {a.records:,} x {a.size} B records, {a.batch} per poll, {a.rounds} rounds paired "
           f"(A B A B), batch.size {a.batch_size or 'default'}\n")
     print("| tree | copy only, median records/s | transactions (median) | broker CPU us/txn: total | event loop | "
           "fsync threads | broker CPU us/record |\n|---|---:|---:|---:|---:|---:|---:|")
