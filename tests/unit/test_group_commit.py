@@ -158,3 +158,51 @@ def test_a_round_with_nothing_dirty_resolves() -> None:
             committer.close()
 
     asyncio.run(main())
+
+
+class GatedLog(FakeLog):
+    """A log whose fsync blocks until ``gate`` is set (a slow fsync of a big partition round)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.started = threading.Event()
+
+    def sync(self) -> int:
+        self.started.set()
+        assert self.gate.wait(timeout=10)
+        return super().sync()
+
+
+def test_a_round_of_other_logs_does_not_wait_behind_a_running_round() -> None:
+    """A transaction-log record appended while a slow round of partition fsyncs runs is
+    synced at once in a round of its own; the slow log, appended to again meanwhile, waits
+    for its round and goes into the next (one fsync at a time per log); a waiter on both
+    logs resolves only once both are synced after its append."""
+
+    async def main() -> None:
+        slow, txn_log = FakePartition(GatedLog()), FakePartition(FakeLog())
+        committer = GroupCommitter()
+        try:
+            slow.log.log_end_offset = 4
+            first = committer.wait_durable(slow)
+            while not slow.log.started.is_set():
+                await asyncio.sleep(0.001)
+            txn_log.log.log_end_offset = 2
+            both = committer.wait_durable_all([slow, txn_log])
+            alone = committer.wait_durable(txn_log)
+            await asyncio.wait_for(alone, 5)  # not behind the slow round
+            assert txn_log.high_watermark == 2 and txn_log.log.syncs == 1
+            assert not first.done() and not both.done() and slow.log.syncs == 0
+            slow.log.log_end_offset = 6
+            slow.log.gate.set()
+            await asyncio.wait_for(first, 5)
+            assert slow.high_watermark == 4 and not both.done()  # its append came during the first round
+            await asyncio.wait_for(both, 5)
+            assert slow.high_watermark == 6 and slow.log.syncs == 2
+            await committer.drain()
+        finally:
+            slow.log.gate.set()
+            committer.close()
+
+    asyncio.run(main())

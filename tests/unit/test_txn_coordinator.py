@@ -340,54 +340,109 @@ async def begin_with_pending_add(env: Env) -> tuple[int, int, "asyncio.Task[dict
     return pid, epoch, first
 
 
-def test_add_partitions_while_a_write_is_pending_is_concurrent():
-    """(The second add waits up to the short pending-add wait first, see the next test.)"""
+def test_add_while_a_write_is_pending_is_chained_but_other_requests_are_concurrent():
+    """Adds (AddPartitionsToTxn, AddOffsetsToTxn) that arrive while an add is being logged are
+    chained on it: their records are appended right behind it, and each is answered and applied
+    only once durable, in order. EndTxn and InitProducerId still get CONCURRENT_TRANSACTIONS."""
     env = Env(log=MemoryTxnLog(auto_flush=True))
 
     async def main() -> None:
-        pid, epoch, task = await begin_with_pending_add(env)
-        assert await env.coord.add_partitions(TID, pid, epoch, [B0]) == {B0: E.concurrent_transactions}
-        assert await env.coord.add_offsets(TID, pid, epoch, "g") == E.concurrent_transactions
+        pid, epoch, first = await begin_with_pending_add(env)
+        second = asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [B0]))
+        third = asyncio.create_task(env.coord.add_offsets(TID, pid, epoch, "g"))
+        await asyncio.sleep(0)
         assert (await env.coord.end_txn(TID, pid, epoch, True, False)).error == E.concurrent_transactions
         assert (await env.coord.init_producer_id(TID, 1000)).error == E.concurrent_transactions
+        assert env.log.unflushed == 3  # all three appended before one flush (one group-commit round)
+        assert not (second.done() or third.done())
         assert env.md().partitions == {A0}  # not applied before durable
         env.log.flush()
-        assert await task == {A1: 0}
-        assert env.md().partitions == {A0, A1}
+        assert await first == {A1: 0}
+        assert await second == {B0: 0}
+        assert await third == 0
+        assert env.md().partitions == {A0, A1, B0, OFFSETS_TP}
+        assert [len(m.partitions) for m in env.log.durable_history(TID)[-3:]] == [2, 3, 4]
+        assert env.coord.pending_transit(TID) is None
 
     asyncio.run(main())
 
 
 @pytest.mark.parametrize(("flush_after", "expected"), [(0.02, 0), (0.5, int(E.concurrent_transactions))])
-def test_add_while_another_add_is_logged_waits_briefly(flush_after: float, expected: int) -> None:
-    """AddPartitionsToTxn and AddOffsetsToTxn sent together (librdkafka's first produce and
-    send_offsets_to_transaction): the second waits for the first's write when it is durable
-    within the short wait, and both succeed; a slower write still gets CONCURRENT_TRANSACTIONS.
-    Nothing is applied before it is durable either way."""
+def test_add_of_partitions_already_being_added_waits_briefly(flush_after: float, expected: int) -> None:
+    """An add of partitions the pending add is already adding (a retry) writes nothing: it
+    is answered once that write is durable, within the short wait; a slower write still
+    gets CONCURRENT_TRANSACTIONS. Nothing is applied before it is durable either way."""
     env = Env(log=MemoryTxnLog(auto_flush=True))
 
     async def main() -> None:
         pid, epoch, first = await begin_with_pending_add(env)
-        second = asyncio.create_task(env.coord.add_offsets(TID, pid, epoch, "g"))
+        second = asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [A1]))
         await asyncio.sleep(0.005)
-        assert env.md().partitions == {A0}  # nothing applied before the flush
-
-        def flush() -> None:
-            env.log.auto_flush = True  # the second add's own write is durable at once
-            env.log.flush()
-
-        asyncio.get_running_loop().call_later(flush_after, flush)
-        assert await second == expected
+        assert env.md().partitions == {A0} and env.log.unflushed == 1
+        asyncio.get_running_loop().call_later(flush_after, env.log.flush)
+        assert await second == {A1: expected}
         assert await first == {A1: 0}
-        assert env.md().partitions == ({A0, A1, OFFSETS_TP} if expected == 0 else {A0, A1})
+        assert env.md().partitions == {A0, A1} and env.log.unflushed == 0
         await env.coord.drain()
+
+    asyncio.run(main())
+
+
+class StepLog(MemoryTxnLog):
+    """A log whose writes the test finishes one by one: ``finish(i, error)`` (error: the write fails)."""
+
+    def __init__(self) -> None:
+        super().__init__(auto_flush=True)
+        self.held: list[asyncio.Future[None]] = []
+
+    async def write(self, transactional_id: str, metadata: TxnMetadata | None) -> None:
+        if self.auto_flush:
+            return await super().write(transactional_id, metadata)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.held.append(fut)
+        await fut
+        self.records.append((transactional_id, None if metadata is None else metadata.to_record()))
+        self.durable = len(self.records)
+
+    def finish(self, i: int, error: bool = False) -> None:
+        if error:
+            self.held[i].set_exception(OSError("injected fsync error"))
+        else:
+            self.held[i].set_result(None)
+
+
+def test_add_chained_on_a_failed_write_fails_and_applies_nothing() -> None:
+    """If the write an add was chained on fails, the chained add fails too (retriable
+    COORDINATOR_NOT_AVAILABLE), even when its own write succeeds; nothing is applied."""
+    log = StepLog()
+    env = Env(log=log)
+
+    async def main() -> None:
+        await env.coord.start()
+        pid, epoch = await begin(env, [A0])
+        log.auto_flush = False
+        first = asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [A1]))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(env.coord.add_offsets(TID, pid, epoch, "g"))
+        await asyncio.sleep(0)
+        assert len(log.held) == 2
+        log.finish(0, error=True)
+        await asyncio.sleep(0)
+        log.finish(1)
+        assert await first == {A1: E.coordinator_not_available}
+        assert await second == E.coordinator_not_available
+        assert env.md().partitions == {A0} and env.coord.pending_transit(TID) is None
+        log.auto_flush = True
+        assert await env.coord.add_offsets(TID, pid, epoch, "g") == 0
+        assert env.md().partitions == {A0, OFFSETS_TP}
 
     asyncio.run(main())
 
 
 def test_several_adds_waiting_for_a_logged_add_take_turns() -> None:
     """Three adds sent together while a fourth is logged (TV2 produces to several new
-    partitions do this): each waits its turn, all succeed, each write applied once durable."""
+    partitions do this): each is chained on the one before, all succeed, each write applied
+    once durable."""
     env = Env(log=MemoryTxnLog(auto_flush=True))
 
     async def main() -> None:
@@ -404,7 +459,7 @@ def test_several_adds_waiting_for_a_logged_add_take_turns() -> None:
         await asyncio.gather(flusher(), first, *rest)
         assert first.result() == {A1: 0}
         assert [t.result() for t in rest] == [{B0: 0}, {C0: 0}, 0]
-        assert len(env.log.records) == writes + 3  # one write per add, in turn
+        assert len(env.log.records) == writes + 3  # one write per add, in order
         assert env.md().partitions == {A0, A1, B0, C0, OFFSETS_TP}
         await env.coord.drain()
 
@@ -821,3 +876,40 @@ def test_next_transaction_waits_briefly_for_markers_in_flight(delay: float, expe
     assert seen == [expected]
     if expected == 0:
         assert env.states()[-2:] == ["CompleteCommit", "Ongoing"]
+
+
+@pytest.mark.parametrize("config", [TV0, TV2])
+def test_next_transaction_add_is_chained_on_the_complete_record(config: TxnConfig) -> None:
+    """The next transaction's first adds (the produce's and the offsets') that arrive while the
+    markers are written are appended right behind CompleteCommit, once the markers are durable:
+    all three records are durable in one flush (one group-commit round), applied in order, and
+    the adds are answered only then."""
+    env = Env(config, log=MemoryTxnLog(auto_flush=True))
+
+    async def main() -> None:
+        env.markers = env.coord._markers = SlowMarkers(env.log, 0.01)
+        await env.coord.start()
+        pid, epoch = await begin(env, [A0])
+        r = await env.coord.end_txn(TID, pid, epoch, True, config is TV2)
+        assert r.error == 0
+        if config is TV2:
+            epoch = r.producer_epoch
+        env.log.auto_flush = False
+        adds = [asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [B0], client_tv2=config is TV2)),
+                asyncio.create_task(env.coord.add_offsets(TID, pid, epoch, "g", client_tv2=config is TV2))]
+
+        async def appended() -> None:
+            while env.log.unflushed < 3:
+                await asyncio.sleep(0.002)
+
+        await asyncio.wait_for(appended(), 2.0)
+        assert [rec["state"] for _, rec in env.log.records[-3:]] == [S.COMPLETE_COMMIT.id, S.ONGOING.id, S.ONGOING.id]
+        assert env.md().state is S.PREPARE_COMMIT and not any(t.done() for t in adds)
+        env.log.flush()
+        assert [await t for t in adds] == [{B0: 0}, 0]
+        assert env.states()[-3:] == ["CompleteCommit", "Ongoing", "Ongoing"]
+        assert env.md().partitions == {B0, OFFSETS_TP}
+        await env.coord.drain()
+
+    asyncio.run(main())
+    assert not env.markers.violations

@@ -1,12 +1,16 @@
 """Group commit: one round of fdatasync covers every append waiting for it.
 
 Produce handlers append to the page cache and then await :meth:`wait_durable`.
-A single flusher task takes every dirty partition at once, captures each
-log's end offset, fdatasyncs all of them in worker threads (concurrently, so
-the file system can fold them into one journal commit) and then releases
-every waiter of that round. Appends that arrive during a round wait for the
-next one, so each append costs at most two fsync latencies and a busy broker
-amortises one fsync over many requests.
+A round takes every dirty log that is not already being synced, captures
+each log's end offset, fdatasyncs all of them in worker threads
+(concurrently, so the file system can fold them into one journal commit) and
+then releases every waiter whose logs are all synced. A log appended to while
+its round runs waits for that round and goes into the next one, so each log
+has one fdatasync at a time, each append costs at most two fsync latencies
+and a busy broker amortises one fsync over many requests. Rounds over
+different logs run at the same time: a transaction-log or offsets record
+does not wait behind a slow round of partition fsyncs it has nothing to do
+with (the transaction path writes to three logs in turn).
 
 A round hands its fdatasyncs to the worker threads directly and the last
 one to finish wakes the event loop once (:meth:`GroupCommitter._sync_all`):
@@ -26,7 +30,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from oncelog.storage.log import PartitionLog
@@ -97,15 +101,27 @@ class SyncThreads:
             t.join()
 
 
+class _Waiter:
+    """A future that resolves once each of ``left`` logs has been fsynced after the append it waits for."""
+
+    __slots__ = ("fut", "left")
+
+    def __init__(self, fut: asyncio.Future[None], left: int) -> None:
+        self.fut = fut
+        self.left = left
+
+
 class GroupCommitter:
     def __init__(self, fsync_on_ack: bool = True, flush_interval_ms: int = 1000) -> None:
         self.fsync_on_ack = fsync_on_ack
         self.flush_interval_ms = flush_interval_ms
         self._dirty: dict["Partition", None] = {}
-        self._waiters: list[asyncio.Future[None]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._waiting: dict["Partition", list[_Waiter]] = {}  # waiters for each log's next fsync
+        self._inflight: set["Partition"] = set()  # logs whose round is running
+        self._rounds: set[asyncio.Future[None]] = set()  # the running rounds
+        self._kick_scheduled = False
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="flush")  # periodic_flush only
-        self._sync_threads = SyncThreads(8)  # the acks rounds (_sync_all)
+        self._sync_threads = SyncThreads(16)  # the acks rounds (_sync_all); rounds may run side by side
         self.rounds = 0
         self.synced_files = 0
 
@@ -119,11 +135,7 @@ class GroupCommitter:
         if not self.fsync_on_ack:
             partition.advance_high_watermark(partition.log.log_end_offset)
             return None
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run())
-        return fut
+        return self._wait([partition])
 
     def wait_durable_all(self, partitions: list["Partition"]) -> asyncio.Future[None] | None:
         """:meth:`wait_durable` for several partitions appended together (no ``await``
@@ -140,36 +152,74 @@ class GroupCommitter:
             return None
         for p in partitions:
             self._dirty[p] = None
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
-        self._waiters.append(fut)
-        if self._task is None or self._task.done():
-            self._task = loop.create_task(self._run())
-        return fut
+        return self._wait(partitions)
 
-    async def _run(self) -> None:
+    def _wait(self, partitions: list["Partition"]) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()
-        while self._waiters or self._dirty:
-            dirty, self._dirty = list(self._dirty), {}
-            waiters, self._waiters = self._waiters, []
-            ends = [p.log.log_end_offset for p in dirty]
-            error: BaseException | None = None
-            try:
-                await self._sync_all(loop, dirty)
-            except BaseException as exc:  # an fsync error: nothing of this round is durable
-                log.error("fsync failed: %s", exc)
-                error = exc
-            self.rounds += 1
-            self.synced_files += len(dirty)
-            if error is None:
-                for p, end in zip(dirty, ends):
-                    p.advance_high_watermark(end)
-            for w in waiters:
-                if not w.done():
-                    if error is None:
-                        w.set_result(None)
-                    else:
-                        w.set_exception(error)
+        unique = list(dict.fromkeys(partitions))
+        waiter = _Waiter(loop.create_future(), len(unique))
+        for p in unique:
+            self._waiting.setdefault(p, []).append(waiter)
+        if not self._kick_scheduled:
+            # in the next loop pass: the appends of this pass (and of the tasks it woke) join the round
+            self._kick_scheduled = True
+            loop.call_soon(self._kick)
+        return waiter.fut
+
+    def _kick(self) -> None:
+        """Start a round over every dirty log that is not in a running round.
+
+        Rounds over different logs run at the same time (a transaction-log record
+        does not wait behind a round of partition fsyncs it has nothing to do with);
+        a log appended to while its round runs waits for that round and goes into
+        the next one, so each log has one fsync at a time and a busy log still
+        amortises one fsync over every append made meanwhile."""
+        self._kick_scheduled = False
+        if not self._dirty:
+            return
+        inflight = self._inflight
+        files = [p for p in self._dirty if p not in inflight]
+        if not files:
+            return
+        for p in files:
+            del self._dirty[p]
+        inflight.update(files)
+        ends = [p.log.log_end_offset for p in files]
+        waiters = [self._waiting.pop(p, ()) for p in files]
+        loop = asyncio.get_running_loop()
+        done = self._sync_all(loop, files)
+        self._rounds.add(done)
+        done.add_done_callback(lambda fut: self._round_done(fut, files, ends, waiters))
+
+    def _round_done(self, fut: asyncio.Future[None], files: list["Partition"], ends: list[int],
+                    waiters: list[Any]) -> None:
+        self._rounds.discard(fut)
+        error: BaseException | None = None
+        if fut.cancelled():
+            error = asyncio.CancelledError()
+        elif fut.exception() is not None:
+            error = fut.exception()
+            log.error("fsync failed: %s", error)
+        self.rounds += 1
+        self.synced_files += len(files)
+        self._inflight.difference_update(files)
+        if error is None:
+            for p, end in zip(files, ends):
+                p.advance_high_watermark(end)
+        for ws in waiters:
+            for w in ws:
+                if w.fut.done():
+                    continue
+                if error is not None:  # nothing of the round is durable
+                    w.fut.set_exception(error)
+                else:
+                    w.left -= 1
+                    if w.left == 0:
+                        w.fut.set_result(None)
+        if self._dirty and not self._kick_scheduled:
+            # after the waiters just released: what they append at once joins the next round
+            self._kick_scheduled = True
+            asyncio.get_running_loop().call_soon(self._kick)
 
     def _sync_all(self, loop: asyncio.AbstractEventLoop, dirty: list["Partition"]) -> asyncio.Future[None]:
         """fdatasync every log of ``dirty`` concurrently in the worker threads; the
@@ -206,7 +256,7 @@ class GroupCommitter:
                     pass
 
         threads = self._sync_threads
-        threads.ensure(len(dirty))
+        threads.ensure(max(len(dirty), len(self._inflight)))  # a thread for every fsync running at once
         for p in dirty:
             threads.submit(lambda p=p: sync(p))
         return done
@@ -224,8 +274,11 @@ class GroupCommitter:
                     log.error("background flush failed: %s", exc)
 
     async def drain(self) -> None:
-        if self._task is not None:
-            await self._task
+        """Wait until every log appended so far is synced (the running rounds and the ones they lead to)."""
+        while self._rounds or self._kick_scheduled or (self._dirty and self.fsync_on_ack and self._waiting):
+            if self._rounds:
+                await asyncio.gather(*list(self._rounds), return_exceptions=True)
+            await asyncio.sleep(0)
 
     def close(self) -> None:
         self._sync_threads.close()

@@ -66,7 +66,8 @@ class BrokerMarkerWriter:
         if self._crash_after is not None and commit and not strict:
             await self._crash_point(producer_id, producer_epoch, coordinator_epoch, partitions, transaction_version)
         errors: dict[TopicPartition, int] = {}
-        waits: list[tuple[TopicPartition, Any]] = []
+        waits: list[tuple[list[TopicPartition], Any]] = []
+        appended: list[tuple[TopicPartition, Any]] = []  # partitions whose marker is appended: one wait for all
         for tp in partitions:
             try:
                 if tp.topic == OFFSETS_TOPIC:
@@ -79,7 +80,8 @@ class BrokerMarkerWriter:
                 else:
                     partition = broker.partition(tp.topic, tp.partition)
                     partition.write_marker(producer_id, producer_epoch, coordinator_epoch, commit, now, transaction_version)
-                    fut = broker.committer.wait_durable(partition)
+                    appended.append((tp, partition))
+                    fut = None
             except KafkaError as exc:
                 if exc.code in _MOVED_ON and not strict:
                     log.info("marker for producer %d on %s-%d not needed: %s", producer_id, tp.topic, tp.partition, exc)
@@ -89,13 +91,19 @@ class BrokerMarkerWriter:
                 continue
             errors[tp] = 0
             if fut is not None:
-                waits.append((tp, fut))
+                waits.append(([tp], fut))
+        if appended:
+            # no await since the appends: one group-commit round covers them (and their future)
+            fut = broker.committer.wait_durable_all([p for _, p in appended])
+            if fut is not None:
+                waits.append(([tp for tp, _ in appended], fut))
         if waits:
             results = await asyncio.gather(*(f for _, f in waits), return_exceptions=True)
-            for (tp, _), result in zip(waits, results):
+            for (tps, _), result in zip(waits, results):
                 if isinstance(result, BaseException):
-                    log.error("marker on %s-%d is not durable: %s", tp.topic, tp.partition, result)
-                    errors[tp] = int(ErrorCode.kafka_storage_error)
+                    for tp in tps:
+                        log.error("marker on %s-%d is not durable: %s", tp.topic, tp.partition, result)
+                        errors[tp] = int(ErrorCode.kafka_storage_error)
         return errors
 
     async def _crash_point(

@@ -75,24 +75,41 @@ class ProducerIdSource(Protocol):
     def generate(self) -> int: ...
 
 
-COMPLETION_WAIT_S = 0.1  # see TransactionCoordinator._await_completion and _await_pending_add
+COMPLETION_WAIT_S = 0.1  # see TransactionCoordinator._await_completion, _await_addable and _await_pending_add
 
 
-async def _wait_notified(events: dict[str, asyncio.Event], tid: str, timeout: float) -> bool:
-    """Wait up to ``timeout`` s for ``_notify(events, tid)``; False on timeout."""
-    event = events.setdefault(tid, asyncio.Event())
+async def _wait_notified(waiters: dict[str, list[asyncio.Future[bool]]], tid: str, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``_notify(waiters, tid)``; False on timeout.
+
+    A bare future and a timer (not ``asyncio.wait_for`` on an ``Event``, which
+    adds a task and two loop passes): the waiter resumes in the loop pass right
+    after the notification, before a group-commit round started in the same pass
+    takes its files, so what it appends then can still join that round."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[bool] = loop.create_future()
+    waiters.setdefault(tid, []).append(fut)
+    timer = loop.call_later(timeout, _expire, fut)
     try:
-        await asyncio.wait_for(event.wait(), timeout)
-    except asyncio.TimeoutError:
-        return False
-    return True
+        return await fut
+    finally:
+        timer.cancel()
+        pending = waiters.get(tid)
+        if pending is not None and fut in pending:
+            pending.remove(fut)
+            if not pending:
+                del waiters[tid]
 
 
-def _notify(events: dict[str, asyncio.Event], tid: str) -> None:
-    """Wake every ``_wait_notified(events, tid)`` waiting now."""
-    event = events.pop(tid, None)
-    if event is not None:
-        event.set()
+def _expire(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)
+
+
+def _notify(waiters: dict[str, list[asyncio.Future[bool]]], tid: str) -> None:
+    """Wake every ``_wait_notified(waiters, tid)`` waiting now."""
+    for fut in waiters.pop(tid, ()):
+        if not fut.done():
+            fut.set_result(True)
 
 
 @dataclass(frozen=True)
@@ -141,8 +158,11 @@ class TransactionCoordinator:
         self._by_pid: dict[int, str] = {}
         self._markers_done: dict[str, set[TopicPartition]] = {}
         self._completing: set[str] = set()
-        self._completed: dict[str, asyncio.Event] = {}
-        self._written: dict[str, asyncio.Event] = {}  # set when the pending transit's write ends
+        self._completed: dict[str, list[asyncio.Future[bool]]] = {}  # woken when _send_markers ends
+        self._written: dict[str, list[asyncio.Future[bool]]] = {}  # woken when a pending transit's write ends
+        self._addable: dict[str, list[asyncio.Future[bool]]] = {}  # woken when Complete* is logged (or given up)
+        # pending transits an add may be chained on (see add_partitions): adds and Complete*
+        self._chainable: dict[str, Transit] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.task_errors: list[BaseException] = []  # unexpected failures of background marker tasks
         self._next_abort_check = 0
@@ -196,12 +216,27 @@ class TransactionCoordinator:
             if self._by_pid.get(pid) == md.transactional_id:
                 del self._by_pid[pid]
 
-    async def _write(self, transit: Transit) -> int:
-        """Log ``transit.target`` (a tombstone for Dead) and apply it once durable."""
+    async def _write(self, transit: Transit, chainable: bool = False, chained: bool = False) -> int:
+        """Log ``transit.target`` (a tombstone for Dead) and apply it once durable.
+
+        ``chained``: ``transit`` starts from the target of the pending transit (an
+        add or a Complete*, registered ``chainable``) instead of from the applied
+        metadata; its record follows that one in the log, so it is durable only
+        after it (often in the same group-commit round), and it is applied right
+        after it. If that transit failed, this one fails too (nothing applied).
+        """
         tid = transit.source.transactional_id
-        if tid in self._pending:
+        pending = self._pending.get(tid)
+        if chained:
+            if pending is None or pending.target is not transit.source or self._chainable.get(tid) is not pending:
+                return int(E.concurrent_transactions)
+        elif pending is not None:
             return int(E.concurrent_transactions)
         self._pending[tid] = transit
+        if chainable:
+            self._chainable[tid] = transit
+        else:
+            self._chainable.pop(tid, None)
         try:
             await self._store.write(tid, None if transit.state is S.DEAD else transit.target)
         except (TxnLogError, OSError) as exc:
@@ -210,9 +245,15 @@ class TransactionCoordinator:
         finally:
             if self._pending.get(tid) is transit:
                 del self._pending[tid]
+            if self._chainable.get(tid) is transit:
+                del self._chainable[tid]
             # waiters resume only after this coroutine's next await: the transit is applied by then
             _notify(self._written, tid)
         current = self._txns.get(tid)
+        if chained and current is not transit.source:
+            # the transit this one was chained on failed (or was never applied): neither is applied
+            log.warning("transaction log write for %r (%s) failed: the write before it failed", tid, transit.state.display_name)
+            return int(E.coordinator_not_available)
         new = complete(current, transit)
         if current is not None:
             self._unindex(current)
@@ -365,35 +406,51 @@ class TransactionCoordinator:
             return every(int(E.coordinator_not_available))
         if not transactional_id:
             return every(int(E.invalid_request))
-        if not verify_only:
-            await self._await_completion(transactional_id)
-            await self._await_pending_add(transactional_id)
-        md = self._txns.get(transactional_id)
-        err = self._check_producer(md, producer_id, producer_epoch)
-        if err is not None:
-            return every(err)
-        assert md is not None
         if verify_only:
+            md = self._txns.get(transactional_id)
+            err = self._check_producer(md, producer_id, producer_epoch)
+            if err is not None:
+                return every(err)
+            assert md is not None
             if md.state in PREPARED:
                 return every(int(E.concurrent_transactions))
             inside = md.partitions if md.state is S.ONGOING and not md.kept_prepared else frozenset()
             return {tp: NONE if tp in inside else int(E.invalid_txn_state) for tp in tps}
-        if transactional_id in self._pending or md.state in PREPARED:
+        await self._await_addable(transactional_id)
+        chain = self._chain_base(transactional_id)
+
+        def already_adding() -> bool:
+            return chain is not None and chain.state is S.ONGOING and set(tps) <= chain.target.partitions
+
+        pending = self._pending.get(transactional_id)
+        if already_adding() or (chain is None and pending is not None and pending.state is S.ONGOING):
+            # the pending add already adds these partitions (answered once it is durable), or a
+            # pending transit an add cannot be chained on: wait for its write first
+            await self._await_pending_add(transactional_id)
+            chain = self._chain_base(transactional_id)
+            if already_adding():
+                return every(int(E.concurrent_transactions))  # still not durable after the short wait
+        base = chain.target if chain is not None else self._txns.get(transactional_id)
+        err = self._check_producer(base, producer_id, producer_epoch)
+        if err is not None:
+            return every(err)
+        assert base is not None
+        if chain is None and (transactional_id in self._pending or base.state in PREPARED):
             return every(int(E.concurrent_transactions))
-        if md.kept_prepared:
+        if base.kept_prepared:
             return every(int(E.invalid_txn_state))  # a kept (KIP-939) transaction can only be completed
-        if md.state is S.ONGOING and set(tps) <= md.partitions:
+        if base.state is S.ONGOING and set(tps) <= base.partitions:
             return every(NONE)
         now = self._clock()
         transit = prepare(
-            md,
+            base,
             state=S.ONGOING,
-            partitions=md.partitions | set(tps),
-            txn_start_ms=now if md.state is not S.ONGOING else md.txn_start_ms,
+            partitions=base.partitions | set(tps),
+            txn_start_ms=now if base.state is not S.ONGOING else base.txn_start_ms,
             last_update_ms=now,
             client_transaction_version=2 if (client_tv2 and self._server_tv2) else 0,
         )
-        return every(await self._write(transit))
+        return every(await self._write(transit, chainable=True, chained=chain is not None))
 
     async def add_offsets(
         self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str, client_tv2: bool = False
@@ -597,11 +654,15 @@ class TransactionCoordinator:
                 partitions=frozenset(),
                 last_update_ms=self._clock(),
             )
-            if await self._write(transit) == NONE:
+            # adds waiting for this transaction to complete resume in the next loop pass, with
+            # Complete* pending (appended right now by _write): they chain their record on it
+            _notify(self._addable, tid)
+            if await self._write(transit, chainable=True) == NONE:
                 self._markers_done.pop(tid, None)
         finally:
             self._completing.discard(tid)
             _notify(self._completed, tid)
+            _notify(self._addable, tid)
 
     async def _await_completion(self, tid: str) -> None:
         """Markers of a prepared transaction (being written, or about to be)
@@ -615,18 +676,27 @@ class TransactionCoordinator:
             return
         await _wait_notified(self._completed, tid, COMPLETION_WAIT_S)
 
+    def _chain_base(self, tid: str) -> Transit | None:
+        """The pending transit of ``tid`` an add may be chained on (an add or a Complete*), if any."""
+        pending = self._pending.get(tid)
+        return pending if pending is not None and self._chainable.get(tid) is pending else None
+
+    async def _await_addable(self, tid: str) -> None:
+        """An add (AddPartitionsToTxn, AddOffsetsToTxn, TV2's implicit adds) that
+        arrives while the transaction's markers are being written waits up to
+        COMPLETION_WAIT_S, but only until the markers are durable and Complete*
+        is being logged: the add is then chained on it (see add_partitions), its
+        record written right behind it. Afterwards the add is decided on the
+        state it finds, as before (so CONCURRENT_TRANSACTIONS if the markers
+        failed or are slower)."""
+        md = self._txns.get(tid)
+        if tid in self._pending or md is None or md.state not in PREPARED:
+            return
+        await _wait_notified(self._addable, tid, COMPLETION_WAIT_S)
+
     async def _await_pending_add(self, tid: str) -> None:
-        """An add (AddPartitionsToTxn / AddOffsetsToTxn) that arrives while
-        another add of the same transaction is being logged waits up to
-        COMPLETION_WAIT_S for that write (one fsync round) instead of being
-        answered CONCURRENT_TRANSACTIONS at once. Clients send these two
-        concurrently (librdkafka's first produce and
-        send_offsets_to_transaction), and would retry only after their
-        backoff (100 ms in librdkafka). Any other pending transition (EndTxn,
-        InitProducerId, Complete*) still answers CONCURRENT_TRANSACTIONS, and
-        after the wait the request is decided on the state it finds. Several
-        waiting adds take their turns (each write wakes them all; one takes
-        the pending slot, the others wait again) within the same 100 ms."""
+        """Wait up to COMPLETION_WAIT_S (one fsync round is enough) for the pending add of ``tid`` to
+        be durable: an add of partitions that the pending add is already adding is answered then."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + COMPLETION_WAIT_S
         while (transit := self._pending.get(tid)) is not None and transit.state is S.ONGOING:
