@@ -164,6 +164,7 @@ def _command_config(path: str) -> dict[str, Any]:
     from oncelog.client.config import ConfigError as ClientConfigError
     from oncelog.client.config import parse_config
     from oncelog.client.java_config import from_java
+    from oncelog.broker.config import ConfigError as PropertiesError
     from oncelog.broker.config import parse_properties
 
     try:
@@ -175,7 +176,7 @@ def _command_config(path: str) -> dict[str, Any]:
     try:
         conf = from_java(parse_properties(text))
         parse_config({"bootstrap.servers": DEFAULT_BOOTSTRAP, **conf}, "admin")
-    except ClientConfigError as exc:
+    except (ClientConfigError, PropertiesError) as exc:
         raise _UsageError(f"--command-config {path}: {exc}") from None
     return conf
 
