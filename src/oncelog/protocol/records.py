@@ -830,14 +830,14 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]]
     else:
         bases = np.array([h.base_offset for _s, _e, h in spans], np.int64)
         offsets = (off + np.repeat(bases, cnt)).tolist()
-        fixed = np.array([h.max_timestamp if h.attributes & TIMESTAMP_TYPE_BIT else -1 for _s, _e, h in spans],
-                         np.int64)
         base_ts = np.array([h.base_timestamp for _s, _e, h in spans], np.int64)
-        if (fixed < 0).all():
+        lat = [bool(h.attributes & TIMESTAMP_TYPE_BIT) for _s, _e, h in spans]  # LogAppendTime: maxTimestamp,
+        if not any(lat):  # whatever its value (-1 included)
             stamps = (ts + np.repeat(base_ts, cnt)).tolist()
         else:
-            fx = np.repeat(fixed, cnt)
-            stamps = np.where(fx >= 0, fx, ts + np.repeat(base_ts, cnt)).tolist()
+            fixed = np.array([h.max_timestamp for _s, _e, h in spans], np.int64)
+            stamps = np.where(np.repeat(np.array(lat, bool), cnt), np.repeat(fixed, cnt),
+                              ts + np.repeat(base_ts, cnt)).tolist()
     get = buf.__getitem__
     vs = vstart.tolist()
     values: list[bytes | None] = list(map(get, map(slice, vs, (vstart + np.maximum(vlen, 0)).tolist())))
