@@ -119,8 +119,8 @@ class FrameDecoder:
 
     @property
     def buffered(self) -> int:
-        """Bytes held that do not yet form a whole frame."""
-        return len(self._buf) + (sum(map(len, self._parts)) if self._need else 0)
+        """Bytes held that do not yet form a whole frame (a large frame's length prefix included)."""
+        return len(self._buf) + (4 + sum(map(len, self._parts)) if self._need else 0)
 
 
 def frame(payload_parts: list[bytes | memoryview]) -> list[bytes | memoryview]:
