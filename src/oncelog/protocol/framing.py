@@ -72,12 +72,22 @@ class FrameDecoder:
 
     def _feed_buffer(self, data: bytes | memoryview) -> list[bytes]:
         buf = self._buf
-        buf += data
+        if buf:
+            buf += data
+            if len(buf) < 4:
+                return []
+            (size,) = _LEN.unpack_from(buf, 0)
+            if 0 <= size <= self.max_frame_bytes and len(buf) - 4 < size and size < self.BIG:
+                return []  # still no whole frame: nothing copied
+            src = bytes(buf)  # frames are cut from bytes by slicing: no view per frame
+            buf.clear()
+        else:
+            src = data if type(data) is bytes else bytes(data)
         frames: list[bytes] = []
         pos = 0
-        end = len(buf)
+        end = len(src)
         while end - pos >= 4:
-            (size,) = _LEN.unpack_from(buf, pos)
+            (size,) = _LEN.unpack_from(src, pos)
             if size < 0:
                 raise FrameError(f"negative frame size {size}")
             if size > self.max_frame_bytes:
@@ -86,14 +96,14 @@ class FrameDecoder:
                 )
             if end - pos - 4 < size:
                 if size >= self.BIG:  # collect the rest as pieces
-                    self._parts = [bytes(memoryview(buf)[pos + 4 :])]
+                    self._parts = [src[pos + 4 :]]
                     self._need = size - (end - pos - 4)
                     pos = end
                 break
-            frames.append(bytes(memoryview(buf)[pos + 4 : pos + 4 + size]))
+            frames.append(src[pos + 4 : pos + 4 + size])
             pos += 4 + size
-        if pos:
-            del buf[:pos]
+        if pos < end:
+            buf += memoryview(src)[pos:] if pos else src
         return frames
 
     def add(self, data: bytes) -> None:
