@@ -245,3 +245,24 @@ def test_transactional_copier(vbroker: EmbeddedBroker, topics: tuple[str, str]) 
         hw = conn.request(2, v, {"replica_id": -1, "isolation_level": 0, "topics": [{"name": out, "partitions": [
             {"partition_index": p, "current_leader_epoch": -1, "timestamp": -1} for p in range(PARTS)]}]})
     assert sum(p.offset for p in hw.topics[0].partitions) > N + doc["aborted_seen"]
+
+
+def test_command_config_bootstrap_list_with_a_dead_first_address(vbroker: EmbeddedBroker, topics: tuple[str, str],
+                                                                 tmp_path: Any) -> None:
+    """The file's bootstrap.servers is a list, as for Kafka's tools: verify reads through the first
+    address that answers (it used only the first). Costs about two seconds."""
+    import socket
+
+    bs, (inp, out) = vbroker.bootstrap, topics
+    rows = seed(bs, inp, n=30)
+    copy(bs, out, rows)
+    with socket.socket() as s:  # a loopback port nothing listens on: refused at once
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    props = tmp_path / "client.properties"
+    props.write_text(f"bootstrap.servers={dead},{bs}\nclient.id=verify-from-file\n")
+    p = subprocess.run([sys.executable, "-m", "oncelog.cli", "verify", "--command-config", str(props),
+                        "--input", inp, "--output", out, "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert counts(doc) == CLEAN and doc["input_records"] == doc["output_records"] == 30
