@@ -511,6 +511,15 @@ def main(args: argparse.Namespace) -> int:
     from oncelog.client.errors import KafkaError
     from oncelog.client.reader import ReaderError
 
+    if getattr(args, "client_config", None) is None and getattr(args, "command_config", None):
+        # called without oncelog.cli.main (which resolves --command-config first): resolve it here
+        from oncelog.cli import _client_settings, _UsageError
+
+        try:
+            _client_settings(args)
+        except _UsageError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     try:
         report = run(args.bootstrap or "127.0.0.1:9092", args.input, args.output, args.id_spec, args.group,
                      args.order, args.examples, args.timeout, getattr(args, "client_config", None))

@@ -266,3 +266,29 @@ def test_command_config_bootstrap_list_with_a_dead_first_address(vbroker: Embedd
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert counts(doc) == CLEAN and doc["input_records"] == doc["output_records"] == 30
+
+
+def test_main_called_directly_reads_the_command_config(vbroker: EmbeddedBroker, topics: tuple[str, str],
+                                                       tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """verify.main without oncelog.cli.main before it (which resolves --command-config) still reads the
+    file: here its bootstrap.servers (it was ignored: verify went to 127.0.0.1:9092)."""
+    import argparse
+
+    from oncelog import verify as verify_module
+
+    bs, (inp, out) = vbroker.bootstrap, topics
+    rows = seed(bs, inp, n=20)
+    copy(bs, out, rows)
+    props = tmp_path / "client.properties"
+    props.write_text(f"bootstrap.servers={bs}\n")
+    args = argparse.Namespace(command="verify", bootstrap=None, command_config=str(props), input=inp, output=out,
+                              id_spec="key", group=None, order="partition", examples=10, timeout=30.0, json=True)
+    code = verify_module.main(args)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    doc = json.loads(captured.out)
+    assert counts(doc) == CLEAN and doc["input_records"] == 20
+    bad = argparse.Namespace(**{**vars(args), "client_config": None, "command_config": str(tmp_path / "nope")})
+    assert verify_module.main(bad) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --command-config: cannot read {tmp_path / 'nope'}: No such file or directory"]
