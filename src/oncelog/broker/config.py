@@ -45,9 +45,16 @@ def _logical_lines(text: str) -> list[str]:
     left out. Escapes are left in place (see :func:`_unescape`)."""
     out: list[str] = []
     pending: str | None = None
-    for raw in _NATURAL_LINE.split(text):
+    natural = _NATURAL_LINE.split(text)
+    if text.endswith(("\r", "\n")) and not text.endswith("\r\n"):
+        # a line continued by "\\\r" or "\\\n" onto the very end is kept, even empty, as Java's reader does
+        # (not after "\\\r\n", where the reader looks for more and finds a blank line)
+        natural.pop()
+    for raw in natural:
         line = raw.lstrip(_WS)
-        if pending is None and (not line or line[0] in "#!"):
+        # nothing yet (a new line, or only a backslash continued onto this one): blank or comment?
+        if not pending and (not line or line[0] in "#!"):
+            pending = None
             continue
         trailing = len(line) - len(line.rstrip("\\"))
         joined = (pending or "") + (line[:-1] if trailing % 2 else line)
@@ -56,13 +63,13 @@ def _logical_lines(text: str) -> list[str]:
         else:
             out.append(joined)
             pending = None
-    if pending is not None:  # a backslash at the very end continues onto nothing
+    if pending is not None:  # a backslash at the very end continues onto nothing (Java: an empty key)
         out.append(pending)
     return out
 
 
 def _unescape(text: str) -> str:
-    """java.util.Properties.load's escapes: ``\\uXXXX`` (exactly four hex digits, else ConfigError),
+    """java.util.Properties.load's escapes: ``\\uXXXX`` (exactly four hex digits),
     ``\\t \\n \\r \\f``, and a backslash before any other character stands for that character.
     ValueError (the bad escape) on a malformed ``\\u``."""
     if "\\" not in text:
