@@ -52,10 +52,10 @@ def test_tiny_reads_of_a_large_frame_hold_about_the_frame() -> None:
     # held ~20 times the frame (87 MB for 4 MB in 2-byte reads).
     import tracemalloc
 
-    size = 1 << 20
+    size = 1 << 18
     body = os.urandom(size)
     stream = framed(body) + framed(b"after")
-    for piece in (1, 2, 8, 100, 5000):
+    for piece in (1, 8, 100, 5000):
         dec = FrameDecoder()
         tracemalloc.start()
         try:
