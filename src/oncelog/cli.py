@@ -164,6 +164,7 @@ def _command_config(path: str) -> dict[str, Any]:
     from oncelog.client.config import ConfigError as ClientConfigError
     from oncelog.client.config import parse_config
     from oncelog.client.java_config import from_java
+    from oncelog.broker.config import ConfigError as PropertiesError
     from oncelog.broker.config import parse_properties
 
     try:
@@ -175,22 +176,28 @@ def _command_config(path: str) -> dict[str, Any]:
     try:
         conf = from_java(parse_properties(text))
         parse_config({"bootstrap.servers": DEFAULT_BOOTSTRAP, **conf}, "admin")
-    except ClientConfigError as exc:
+    except (ClientConfigError, PropertiesError) as exc:
         raise _UsageError(f"--command-config {path}: {exc}") from None
     return conf
 
 
 def _client_settings(args: argparse.Namespace) -> None:
     """Set ``args.client_config`` (from --command-config) and ``args.bootstrap`` (the flag, else the file's
-    bootstrap.servers, else 127.0.0.1:9092; verify reads through one broker: the first). Raises _UsageError."""
+    bootstrap.servers, else 127.0.0.1:9092; a list: verify reads through the first that answers).
+    Raises _UsageError."""
     conf = _command_config(args.command_config) if args.command_config else {}
     file_bootstrap = conf.pop("bootstrap.servers", None)
     if args.bootstrap is None and file_bootstrap:
         args.bootstrap = str(file_bootstrap).strip()
-        if args.command == "verify":
-            args.bootstrap = args.bootstrap.split(",")[0].strip()
     args.bootstrap = args.bootstrap or DEFAULT_BOOTSTRAP
     args.client_config = conf
+
+
+def _admin_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The admin client's properties: ``--command-config``'s (its client.id wins, as in Kafka's tools)
+    and ``--bootstrap``."""
+    return {"client.id": f"oncelog-{args.command}", **(getattr(args, "client_config", None) or {}),
+            "bootstrap.servers": args.bootstrap}
 
 
 def _admin(args: argparse.Namespace) -> Any:
@@ -198,8 +205,7 @@ def _admin(args: argparse.Namespace) -> Any:
     nothing answers there)."""
     from oncelog.client import Admin
 
-    return Admin({**getattr(args, "client_config", {}), "bootstrap.servers": args.bootstrap,
-                  "client.id": f"oncelog-{args.command}"})
+    return Admin(_admin_config(args))
 
 
 def _admin_command(action: Any) -> Any:

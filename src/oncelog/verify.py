@@ -386,11 +386,28 @@ def committed_offsets(bootstrap: str, group: str, topic: str, timeout: float = 3
     from oncelog.client import Admin
 
     ms = max(int(timeout * 1000), 1)
-    with Admin({**(config or {}), "bootstrap.servers": bootstrap, "client.id": "oncelog-verify",
-                "request.timeout.ms": ms, "default.api.timeout.ms": ms}) as admin:
+    # the file's client.id and timeouts win, as in Kafka's tools
+    with Admin({"client.id": "oncelog-verify", "request.timeout.ms": ms, "default.api.timeout.ms": ms,
+                **(config or {}), "bootstrap.servers": bootstrap}) as admin:
         parts = admin.partitions_of(topic)
         got = admin.list_group_offsets(group, [(topic, p) for p in parts], require_stable=True)
     return {p: off for (_t, p), off in got.items()}
+
+
+def _reader(bootstrap: str, timeout: float, config: Mapping[str, Any] | None) -> Any:
+    """A PartitionReader through the first of ``bootstrap``'s comma-separated addresses that answers
+    (the last one's OSError when none does); client.id from ``config`` when it has one."""
+    from oncelog.client.reader import PartitionReader
+
+    client_id = str((config or {}).get("client.id") or "oncelog-verify")
+    addresses = [a.strip() for a in bootstrap.split(",") if a.strip()] or [bootstrap]
+    for i, address in enumerate(addresses):
+        try:
+            return PartitionReader(address, timeout=timeout, client_id=client_id, config=config)
+        except OSError:
+            if i == len(addresses) - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def run(bootstrap: str, input_topic: str, output_topic: str, id_spec: str = "key", group: str | None = None,
@@ -398,7 +415,7 @@ def run(bootstrap: str, input_topic: str, output_topic: str, id_spec: str = "key
         config: Mapping[str, Any] | None = None) -> Report:
     """Read both topics and audit them (see the module docstring). ``config``: client properties for
     every connection (TLS and SASL: ``security.protocol``, ``ssl.*``, ``sasl.*``; docs/client.md)."""
-    from oncelog.client.reader import READ_COMMITTED, READ_UNCOMMITTED, PartitionReader
+    from oncelog.client.reader import READ_COMMITTED, READ_UNCOMMITTED
 
     get_id = id_extractor(id_spec)
     if order not in ORDERS:
@@ -408,7 +425,7 @@ def run(bootstrap: str, input_topic: str, output_topic: str, id_spec: str = "key
         return [Rec(r.partition, r.offset, get_id(r), r.key, r.producer_id, r.transactional) for r in records]
 
     committed = committed_offsets(bootstrap, group, input_topic, timeout, config) if group else None
-    with PartitionReader(bootstrap, timeout=timeout, client_id="oncelog-verify", config=config) as reader:
+    with _reader(bootstrap, timeout, config) as reader:
         inp = reader.read_topic(input_topic, READ_COMMITTED)
         out_c = reader.read_topic(output_topic, READ_COMMITTED)
         out_u = [reader.read_partition(output_topic, pd.partition, READ_UNCOMMITTED, start=pd.start_offset)
@@ -494,6 +511,15 @@ def main(args: argparse.Namespace) -> int:
     from oncelog.client.errors import KafkaError
     from oncelog.client.reader import ReaderError
 
+    if getattr(args, "client_config", None) is None and getattr(args, "command_config", None):
+        # called without oncelog.cli.main (which resolves --command-config first): resolve it here
+        from oncelog.cli import _client_settings, _UsageError
+
+        try:
+            _client_settings(args)
+        except _UsageError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     try:
         report = run(args.bootstrap or "127.0.0.1:9092", args.input, args.output, args.id_spec, args.group,
                      args.order, args.examples, args.timeout, getattr(args, "client_config", None))

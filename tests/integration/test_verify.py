@@ -245,3 +245,50 @@ def test_transactional_copier(vbroker: EmbeddedBroker, topics: tuple[str, str]) 
         hw = conn.request(2, v, {"replica_id": -1, "isolation_level": 0, "topics": [{"name": out, "partitions": [
             {"partition_index": p, "current_leader_epoch": -1, "timestamp": -1} for p in range(PARTS)]}]})
     assert sum(p.offset for p in hw.topics[0].partitions) > N + doc["aborted_seen"]
+
+
+def test_command_config_bootstrap_list_with_a_dead_first_address(vbroker: EmbeddedBroker, topics: tuple[str, str],
+                                                                 tmp_path: Any) -> None:
+    """The file's bootstrap.servers is a list, as for Kafka's tools: verify reads through the first
+    address that answers (it used only the first). Costs about two seconds."""
+    import socket
+
+    bs, (inp, out) = vbroker.bootstrap, topics
+    rows = seed(bs, inp, n=30)
+    copy(bs, out, rows)
+    with socket.socket() as s:  # a loopback port nothing listens on: refused at once
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    props = tmp_path / "client.properties"
+    props.write_text(f"bootstrap.servers={dead},{bs}\nclient.id=verify-from-file\n")
+    p = subprocess.run([sys.executable, "-m", "oncelog.cli", "verify", "--command-config", str(props),
+                        "--input", inp, "--output", out, "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert counts(doc) == CLEAN and doc["input_records"] == doc["output_records"] == 30
+
+
+def test_main_called_directly_reads_the_command_config(vbroker: EmbeddedBroker, topics: tuple[str, str],
+                                                       tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """verify.main without oncelog.cli.main before it (which resolves --command-config) still reads the
+    file: here its bootstrap.servers (it was ignored: verify went to 127.0.0.1:9092)."""
+    import argparse
+
+    from oncelog import verify as verify_module
+
+    bs, (inp, out) = vbroker.bootstrap, topics
+    rows = seed(bs, inp, n=20)
+    copy(bs, out, rows)
+    props = tmp_path / "client.properties"
+    props.write_text(f"bootstrap.servers={bs}\n")
+    args = argparse.Namespace(command="verify", bootstrap=None, command_config=str(props), input=inp, output=out,
+                              id_spec="key", group=None, order="partition", examples=10, timeout=30.0, json=True)
+    code = verify_module.main(args)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    doc = json.loads(captured.out)
+    assert counts(doc) == CLEAN and doc["input_records"] == 20
+    bad = argparse.Namespace(**{**vars(args), "client_config": None, "command_config": str(tmp_path / "nope")})
+    assert verify_module.main(bad) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --command-config: cannot read {tmp_path / 'nope'}: No such file or directory"]

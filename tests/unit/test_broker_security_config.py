@@ -10,13 +10,14 @@ from oncelog.broker.config import BrokerConfig, ConfigError, parse_properties
 from oncelog.broker.security import SaslSession, parse_jaas
 from oncelog.protocol.sasl import SaslError, ScramClient, plain_message
 
+# the file is read as Java properties: "\\" there is one backslash for the JAAS parser
 JAAS_FILE = r"""
 listeners=SASL_PLAINTEXT://127.0.0.1:9094
 sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256
 listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required \
     username="admin" password="admin-secret" \
     user_admin="admin-secret" \
-    user_alice="al\"ice";
+    user_alice="al\\"ice";
 """
 
 

@@ -87,7 +87,7 @@ ssl.endpoint.identification.algorithm=
 
 @pytest.mark.parametrize("command, flag, expected", [
     ("topics", None, "h1:1,h2:2"),  # the file's list, for the admin client
-    ("verify", None, "h1:1"),  # verify reads through one broker: the first
+    ("verify", None, "h1:1,h2:2"),  # verify reads through the first that answers
     ("topics", "h3:3", "h3:3"),  # the flag wins, as in Kafka's tools
     ("groups", None, "h1:1,h2:2"),
 ])
@@ -101,3 +101,68 @@ def test_bootstrap_from_the_file_unless_the_flag_is_given(tmp_path: Path, comman
     args = argparse.Namespace(command=command, bootstrap=None, command_config=None)
     _client_settings(args)
     assert (args.bootstrap, args.client_config) == ("127.0.0.1:9092", {})
+
+
+class _FakeAdmin:
+    configs: list[dict] = []
+
+    def __init__(self, config: dict) -> None:
+        self.configs.append(dict(config))
+
+    def __enter__(self) -> "_FakeAdmin":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def partitions_of(self, topic: str) -> list[int]:
+        return [0]
+
+    def list_group_offsets(self, group: str, parts: list, require_stable: bool = False) -> dict:
+        return {}
+
+
+@pytest.mark.parametrize("file_conf, client_id", [({"client.id": "me"}, "me"), ({}, "oncelog-topics")])
+def test_the_files_client_id_wins_for_the_admin_commands(monkeypatch: pytest.MonkeyPatch, file_conf: dict,
+                                                         client_id: str) -> None:
+    from oncelog import cli
+
+    _FakeAdmin.configs = []
+    monkeypatch.setattr("oncelog.client.Admin", _FakeAdmin)
+    cli._admin(argparse.Namespace(command="topics", bootstrap="h:1", client_config=file_conf))
+    assert _FakeAdmin.configs == [{"bootstrap.servers": "h:1", "client.id": client_id}]
+
+
+def test_verify_uses_the_files_client_id_and_timeouts_and_tries_each_bootstrap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from oncelog import verify
+
+    opened: list[tuple[str, str]] = []
+
+    class FakeReader:
+        def __init__(self, bootstrap: str, timeout: float, client_id: str, config: dict) -> None:
+            opened.append((bootstrap, client_id))
+            if bootstrap != "live:2":
+                raise ConnectionRefusedError(111, "Connection refused")
+
+        def __enter__(self) -> "FakeReader":
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def read_topic(self, topic: str, isolation: int) -> list:
+            return []
+
+    _FakeAdmin.configs = []
+    monkeypatch.setattr("oncelog.client.Admin", _FakeAdmin)
+    monkeypatch.setattr("oncelog.client.reader.PartitionReader", FakeReader)
+    conf = {"client.id": "me", "request.timeout.ms": 1234}
+    verify.run("dead:1, live:2,other:3", "in", "out", group="g", timeout=5.0, config=conf)
+    assert opened == [("dead:1", "me"), ("live:2", "me")]
+    assert _FakeAdmin.configs == [{"bootstrap.servers": "dead:1, live:2,other:3", "client.id": "me",
+                                   "request.timeout.ms": 1234, "default.api.timeout.ms": 5000}]
+    opened.clear()
+    with pytest.raises(ConnectionRefusedError):  # none answers: the last one's error
+        verify.run("dead:1,dead:2", "in", "out", config=None)
+    assert opened == [("dead:1", "oncelog-verify"), ("dead:2", "oncelog-verify")]

@@ -192,3 +192,32 @@ def test_a_batch_that_does_not_decode_fails_at_hand_out_after_the_records_before
     with pytest.raises(KafkaError, match="CORRUPT_MESSAGE|batch at offset 3"):
         asyncio.run(c.consume(10, 0.1))
     assert c.take_nowait(1) is None and not st.buffer
+
+
+@pytest.mark.parametrize("drop", ["seek", "unassign", "assign other"])
+def test_a_dropped_buffer_frees_the_fetch_data_without_the_cycle_collector(drop: str) -> None:
+    import gc
+    import tracemalloc
+
+    from oncelog.protocol.records import Record, encode_record_batch
+
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
+    c.assign([("t", 0, 0)])
+    st = c._parts[("t", 0)]
+    enabled = gc.isenabled()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        assert c._apply(st, response(b"".join(
+            encode_record_batch([Record(None, bytes([o]) * 1_000_000)], base_offset=o) for o in range(3))))
+        assert len(st.buffer) == 3
+        assert tracemalloc.get_traced_memory()[0] > 3_000_000  # the Fetch data, held by the undecoded chunks
+        {"seek": lambda: c.seek(("t", 0), 0), "unassign": c.unassign,
+         "assign other": lambda: c.assign([("t", 1, 0)])}[drop]()
+        del st
+        # freed by reference counting, not left for the cycle collector
+        assert tracemalloc.get_traced_memory()[0] < 1_000_000
+    finally:
+        tracemalloc.stop()
+        if enabled:
+            gc.enable()

@@ -29,6 +29,7 @@ from oncelog.client.reader import (
 )
 from oncelog.protocol import compression
 from oncelog.protocol.records import (
+    patch_log_append_time,
     ATTRIBUTES_OFFSET,
     BATCH_LENGTH_OFFSET,
     HEADER_SIZE,
@@ -210,13 +211,22 @@ needs_numpy = pytest.mark.skipif(not HAVE_NUMPY, reason="the vectorised path nee
 @settings(max_examples=300, deadline=None)
 @given(batches=st.lists(st.lists(_record, min_size=1, max_size=10), min_size=1, max_size=4),
        base=st.integers(0, 2**40), deltas=st.lists(st.integers(-(2**31), 2**31 - 1), min_size=10, max_size=10),
-       sequential=st.booleans(), prefix=st.binary(max_size=5))
+       sequential=st.booleans(), prefix=st.binary(max_size=5),
+       log_append=st.lists(st.one_of(st.none(), st.sampled_from([-1, -2, 0, 1_800_000_000_000])),
+                           min_size=4, max_size=4))
 def test_spans_equal_sections(batches: list[list[Record]], base: int, deltas: list[int], sequential: bool,
-                              prefix: bytes) -> None:
+                              prefix: bytes, log_append: list[int | None]) -> None:
     """decode_spans (numpy) over several batches of one blob gives what decode_section gives batch by
-    batch; it declines (None) only for records with headers, and then decode_section is used."""
-    blob = prefix + b"".join(batch_with_deltas(rs, list(range(len(rs))) if sequential else deltas[: len(rs)],
-                                               base + 1000 * i) for i, rs in enumerate(batches))
+    batch (LogAppendTime batches among them, whatever their maxTimestamp, -1 included); it declines
+    (None) only for records with headers, and then decode_section is used."""
+    parts = []
+    for i, rs in enumerate(batches):
+        b = bytearray(batch_with_deltas(rs, list(range(len(rs))) if sequential else deltas[: len(rs)],
+                                        base + 1000 * i))
+        if log_append[i] is not None:
+            patch_log_append_time(b, 0, log_append[i])
+        parts.append(bytes(b))
+    blob = prefix + b"".join(parts)
     spans = spans_of(blob, len(prefix))
     want: tuple[list, list, list, list, list] = ([], [], [], [], [])
     for start, end, hdr in spans:
@@ -229,6 +239,29 @@ def test_spans_equal_sections(batches: list[list[Record]], base: int, deltas: li
     offs, stamps, keys, values, counts = got
     assert (offs, stamps, keys, values) == want[:4] and counts == [len(rs) for rs in batches]
     assert all(type(v) is bytes for v in values if v is not None)
+
+
+@needs_numpy
+@pytest.mark.parametrize("log_append", [[-1, None], [None, -1], [-2, 5, None], [0, None, -1], [-1, -1], [7, 7]])
+def test_spans_log_append_time_among_create_time(log_append: list[int | None]) -> None:
+    """A LogAppendTime batch's records all carry its maxTimestamp, even a negative one, also when it is
+    decoded together with CreateTime batches (-1 once meant "not LogAppendTime" there)."""
+    parts = []
+    for i, lat in enumerate(log_append):
+        b = bytearray(encode_record_batch([Record(None, b"v", [], 5), Record(b"k", b"w", [], 9)],
+                                          base_offset=10 * i, base_timestamp=1000 * (i + 1)))
+        if lat is not None:
+            patch_log_append_time(b, 0, lat)
+        parts.append(bytes(b))
+    blob = b"".join(parts)
+    spans = spans_of(blob)
+    want: tuple[list, list, list, list, list] = ([], [], [], [], [])
+    for start, end, hdr in spans:
+        decode_section(blob, start, end, hdr, *want)
+    got = decode_spans(blob, spans)
+    assert got is not None
+    assert got[1] == want[1] == [x for i, lat in enumerate(log_append)
+                                 for x in ([lat, lat] if lat is not None else [1000 * (i + 1) + 5, 1000 * (i + 1) + 9])]
 
 
 @needs_numpy

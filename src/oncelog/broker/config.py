@@ -33,43 +33,129 @@ class StartupError(Exception):
     """The broker cannot start (port taken, data directory locked or unusable)."""
 
 
+_NATURAL_LINE = re.compile(r"\r\n|\r|\n")  # Java's line terminators (not \f, \v or U+2028)
+_WS = " \t\f"  # what java.util.Properties counts as white space
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
 def _logical_lines(text: str) -> list[str]:
-    """Java properties' logical lines: a line ending in an odd number of backslashes goes on
-    on the next line, whose leading white space is dropped (long JAAS and PEM values use it)."""
+    """The logical lines of a properties text, as java.util.Properties.load forms them: a natural line
+    ending in an odd number of backslashes continues on the next, whose leading white space is dropped;
+    blank lines and comment lines (first non-blank character ``#`` or ``!``; they never continue) are
+    left out. Escapes are left in place (see :func:`_unescape`)."""
     out: list[str] = []
     pending: str | None = None
-    for raw in text.splitlines():
-        line = raw.lstrip() if pending is not None else raw
-        if pending is None and line.strip()[:1] in ("#", "!"):
-            out.append(line)
+    natural = _NATURAL_LINE.split(text)
+    if text.endswith(("\r", "\n")) and not text.endswith("\r\n"):
+        # a line continued by "\\\r" or "\\\n" onto the very end is kept, even empty, as Java's reader does
+        # (not after "\\\r\n", where the reader looks for more and finds a blank line)
+        natural.pop()
+    for raw in natural:
+        line = raw.lstrip(_WS)
+        # nothing yet (a new line, or only a backslash continued onto this one): blank or comment?
+        if not pending and (not line or line[0] in "#!"):
+            pending = None
             continue
-        stripped = line.rstrip("\r\n")
-        trailing = len(stripped) - len(stripped.rstrip("\\"))
-        joined = (pending or "") + (stripped[:-1] if trailing % 2 else stripped)
+        trailing = len(line) - len(line.rstrip("\\"))
+        joined = (pending or "") + (line[:-1] if trailing % 2 else line)
         if trailing % 2:
             pending = joined
         else:
             out.append(joined)
             pending = None
-    if pending is not None:
+    if pending is not None:  # a backslash at the very end continues onto nothing (Java: an empty key)
         out.append(pending)
     return out
 
 
-def parse_properties(text: str) -> dict[str, str]:
-    """Parse Java properties (``key=value`` or ``key: value``; # and ! comments; a trailing
-    backslash continues a value on the next line)."""
-    props: dict[str, str] = {}
-    for raw in _logical_lines(text):
-        line = raw.strip()
-        if not line or line[0] in "#!":
+def _unescape(text: str) -> str:
+    """java.util.Properties.load's escapes: ``\\uXXXX`` (exactly four hex digits),
+    ``\\t \\n \\r \\f``, and a backslash before any other character stands for that character.
+    ValueError (the bad escape) on a malformed ``\\u``."""
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c != "\\":
+            out.append(c)
+            i += 1
             continue
-        sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-        if sep < 0:
-            props[line] = ""
+        i += 1
+        if i == n:
+            break
+        c = text[i]
+        if c == "u":
+            digits = text[i + 1 : i + 5]
+            if len(digits) != 4 or any(d not in "0123456789abcdefABCDEF" for d in digits):
+                raise ValueError(text[i - 1 : i + 5])
+            out.append(chr(int(digits, 16)))
+            i += 5
         else:
-            props[line[:sep].strip()] = line[sep + 1 :].strip()
+            out.append(_ESCAPES.get(c, c))
+            i += 1
+    return "".join(out)
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Parse Java properties the way java.util.Properties.load does (see :func:`_logical_lines`). The key
+    runs to the first unescaped ``=``, ``:`` or white space; white space around it and one ``=`` or ``:``
+    after it are skipped; the rest is the value. Escapes are resolved in keys and values
+    (:func:`_unescape`), and values are trimmed as Kafka's ConfigDef trims them. ConfigError on a
+    malformed ``\\u`` escape."""
+    props: dict[str, str] = {}
+    for line in _logical_lines(text):
+        i, n = 0, len(line)
+        while i < n and line[i] not in "=:" and line[i] not in _WS:
+            i += 2 if line[i] == "\\" else 1
+        key_end = min(i, n)
+        while i < n and line[i] in _WS:
+            i += 1
+        if i < n and line[i] in "=:":
+            i += 1
+            while i < n and line[i] in _WS:
+                i += 1
+        try:
+            key = _unescape(line[:key_end])
+        except ValueError as exc:
+            raise ConfigError(f"malformed \\uxxxx escape {exc} in a properties key") from None
+        try:
+            props[key] = _java_trim(_unescape(line[i:]))
+        except ValueError as exc:  # the value is not shown: it may be a password
+            raise ConfigError(f"malformed \\uxxxx escape in the value of {key}") from None
     return props
+
+
+def format_properties(props: dict[str, str]) -> str:
+    """``props`` as a properties text that :func:`parse_properties` (and Java) read back unchanged:
+    backslashes, line breaks, tabs and form feeds escaped everywhere, a leading space of a value and
+    the separators (``= : # !`` and white space) in keys escaped, as Properties.store writes them."""
+
+    def esc(text: str, key: bool) -> str:
+        out = []
+        for i, c in enumerate(text):
+            if c == "\\":
+                out.append("\\\\")
+            elif c in "\t\n\r\f":
+                out.append("\\" + {"\t": "t", "\n": "n", "\r": "r", "\f": "f"}[c])
+            elif (key and c in "=:#! ") or (c == " " and i == 0) or (i == 0 and c in "#!"):
+                out.append("\\" + c)
+            else:
+                out.append(c)
+        return "".join(out)
+
+    return "".join(f"{esc(k, True)}={esc(str(v), False)}\n" for k, v in props.items())
+
+
+def _java_trim(value: str) -> str:
+    """String.trim(): drop leading and trailing characters up to U+0020."""
+    lo, hi = 0, len(value)
+    while lo < hi and value[lo] <= " ":
+        lo += 1
+    while hi > lo and value[hi - 1] <= " ":
+        hi -= 1
+    return value[lo:hi]
 
 
 def _split_listener(value: str, key: str, protocols: dict[str, str] | None = None) -> tuple[str, int]:

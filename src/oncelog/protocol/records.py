@@ -731,6 +731,19 @@ def _np_varints(arr: Any, pos: Any) -> tuple[Any, Any]:
     return v, pos + width
 
 
+def _record_end(buf: bytes, p: int) -> int:
+    """Where the record whose length varint is at ``p`` ends (``p + 1`` when its length takes more than
+    three bytes: :func:`decode_spans` declines such records anyway)."""
+    b = buf[p]
+    if b < 0x80:
+        return p + 1 + (b >> 1)
+    if buf[p + 1] < 0x80:
+        return p + 2 + (((b & 0x7F) | (buf[p + 1] << 7)) >> 1)
+    if buf[p + 2] < 0x80:
+        return p + 3 + (((b & 0x7F) | ((buf[p + 1] & 0x7F) << 7) | (buf[p + 2] << 14)) >> 1)
+    return p + 1
+
+
 def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]]
                  ) -> tuple[list[int], list[int], list[bytes | None], list[bytes | None], list[int]] | None:
     """The records of several uncompressed records sections ``buf[start:end]`` (``spans``:
@@ -754,6 +767,10 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]]
     try:
         for p, end, hdr in spans:
             counts.append(hdr.records_count)
+            # a record without headers ends in a zero header count: a batch whose first or last record
+            # does not gives up here, before walking every record (a topic with headers: each batch)
+            if hdr.records_count and (buf[end - 1] or buf[_record_end(buf, p) - 1]):
+                return None
             for _ in range(hdr.records_count):  # the only per-record Python: hop from length to length
                 sapp(p)
                 b = buf[p]
@@ -813,14 +830,14 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]]
     else:
         bases = np.array([h.base_offset for _s, _e, h in spans], np.int64)
         offsets = (off + np.repeat(bases, cnt)).tolist()
-        fixed = np.array([h.max_timestamp if h.attributes & TIMESTAMP_TYPE_BIT else -1 for _s, _e, h in spans],
-                         np.int64)
         base_ts = np.array([h.base_timestamp for _s, _e, h in spans], np.int64)
-        if (fixed < 0).all():
+        lat = [bool(h.attributes & TIMESTAMP_TYPE_BIT) for _s, _e, h in spans]  # LogAppendTime: maxTimestamp,
+        if not any(lat):  # whatever its value (-1 included)
             stamps = (ts + np.repeat(base_ts, cnt)).tolist()
         else:
-            fx = np.repeat(fixed, cnt)
-            stamps = np.where(fx >= 0, fx, ts + np.repeat(base_ts, cnt)).tolist()
+            fixed = np.array([h.max_timestamp for _s, _e, h in spans], np.int64)
+            stamps = np.where(np.repeat(np.array(lat, bool), cnt), np.repeat(fixed, cnt),
+                              ts + np.repeat(base_ts, cnt)).tolist()
     get = buf.__getitem__
     vs = vstart.tolist()
     values: list[bytes | None] = list(map(get, map(slice, vs, (vstart + np.maximum(vlen, 0)).tolist())))

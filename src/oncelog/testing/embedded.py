@@ -73,7 +73,9 @@ class EmbeddedBroker:
         if not self.config:
             return None
         path = self.data_dir.parent / f"{self.data_dir.name}.properties"
-        path.write_text("".join(f"{k}={v}\n" for k, v in self.config.items()))
+        from oncelog.broker.config import format_properties
+
+        path.write_text(format_properties(self.config))
         return path
 
     def _start_process(self, timeout: float) -> None:

@@ -49,6 +49,7 @@ import logging
 import re
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -163,12 +164,15 @@ class _Chunk:
     the garbage collector).
     """
 
-    __slots__ = ("batch", "start", "offsets", "keys", "values", "headers", "timestamps", "i", "n", "group")
+    __slots__ = ("batch", "start", "offsets", "keys", "values", "headers", "timestamps", "i", "n", "group",
+                 "__weakref__")
 
-    def __init__(self, batch: Batch, start: int, group: list[_Chunk] | None = None) -> None:
+    def __init__(self, batch: Batch, start: int, group: list[weakref.ref[_Chunk]] | None = None) -> None:
         self.batch: Batch | None = batch
         # the chunks of the same Fetch answer (this partition's): decoded together by the first
-        # decode (numpy), or, when that path does not apply, one by one
+        # decode (numpy), or, when that path does not apply, one by one. Weak references: a chunk
+        # dropped before decoding (seek, revoke, close) is freed at once, with its share of the Fetch
+        # data, instead of waiting in a reference cycle for the garbage collector
         self.group = group
         self.start = start  # the fetch position: records below it are not handed out
         self.offsets: list[int] = []
@@ -184,9 +188,13 @@ class _Chunk:
         group = self.group
         if group is not None:
             self.group = None
-            for ch in group:
-                ch.group = None
-            todo = [ch for ch in group if ch.batch is not None]
+            todo = []
+            for ref in group:
+                ch = ref()
+                if ch is not None:  # else dropped from the buffer: nothing to decode
+                    ch.group = None
+                    if ch.batch is not None:
+                        todo.append(ch)
             cols = group_sections([ch.batch for ch in todo], self.start)  # type: ignore[misc]
             if cols is not None:
                 for ch, (offs, stamps, keys, values, hs) in zip(todo, cols):
@@ -1008,9 +1016,9 @@ class Consumer:
         except ReaderError as exc:
             st.error = error_for(CORRUPT_MESSAGE, str(exc))
             return True
-        group: list[_Chunk] = []
+        group: list[weakref.ref[_Chunk]] = []
         chunks = [_Chunk(b, pos, group) for b in kept if b.header.records_count > 0]
-        group.extend(chunks)
+        group.extend(map(weakref.ref, chunks))
         with self._lock:
             st.buffer.extend(chunks)
             if not chunks and not st.buffer:
