@@ -598,6 +598,9 @@ def test_tv2_epoch_exhaustion_rotates_at_end_txn():
         assert res == (0, 1000, 0)
         # while the markers are pending the new id is told to wait
         assert await env.coord.add_partitions(TID, 1000, 0, [A1]) == {A1: E.concurrent_transactions}
+        # and so is its first batch (Produce v12), retriable: not a failed transaction
+        assert env.coord.check_in_txn(1000, 0, A1) == E.concurrent_transactions
+        assert env.coord.check_in_txn(1000, 1, A1) == E.invalid_producer_id_mapping
         await env.coord.drain()
         assert env.markers.calls == [(500, MAX_EPOCH, 1, True, (A0,), 2)]
         md = env.md()

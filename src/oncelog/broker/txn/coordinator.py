@@ -478,7 +478,13 @@ class TransactionCoordinator:
         """None when ``producer_id``'s transaction is Ongoing at this epoch and contains ``tp``; else the error."""
         tid = self._by_pid.get(producer_id)
         md = None if tid is None else self._txns.get(tid)
-        if md is None or md.producer_id != producer_id:
+        if md is None:
+            return int(E.invalid_producer_id_mapping)
+        if md.producer_id != producer_id:
+            if md.state in PREPARED and producer_id == md.next_producer_id and producer_epoch == 0:
+                # TV2 rotation answered (the epoch was exhausted): the next transaction's first batch
+                # waits for the markers like any other (retriable), instead of failing its transaction
+                return int(E.concurrent_transactions)
             return int(E.invalid_producer_id_mapping)
         if producer_epoch != md.client_epoch:
             return int(E.invalid_producer_epoch)
