@@ -14,10 +14,11 @@ Checked across the edge:
 * plain commit/abort from one producer (TV2: every EndTxn bumps; the one at
   the edge answers a new producer id), read_committed shows the committed
   records once and no aborted one; a zombie holding the old id is fenced;
-* the Spark sink's pattern (KIP-939): a task prepares, another producer
-  instance runs ``init_transactions(keep_prepared_txn=True)`` and
-  ``complete_transaction(state)`` (commit when the state matches, abort
-  otherwise). The seeds make the prepare land at every phase below the edge,
+* the Spark sink's pattern (KIP-939), with the sink's own ``resolve`` and
+  ``resolve_id``: a task prepares, another producer instance runs
+  ``init_transactions(keep_prepared_txn=True)`` and
+  ``complete_transaction(state)`` (commit when the decided state matches,
+  abort otherwise, e.g. a stale state of the id's old producer id). The seeds make the prepare land at every phase below the edge,
   including a prepare at the last usable epoch (32766), which a kept
   transaction must still complete: the new client gets a new producer id
   while the transaction keeps its own id and epoch for its markers.
@@ -37,6 +38,7 @@ from oncelog.broker.txn.log import FileTxnLog
 from oncelog.broker.txn.state import MAX_EPOCH
 from oncelog.client import Consumer, PreparedTxnState, Producer, TopicPartition
 from oncelog.client.errors import KafkaError
+from oncelog.spark.sink import SinkOptions, resolve, resolve_id
 from oncelog.testing import EmbeddedBroker
 
 LAST = MAX_EPOCH - 1  # 32766: the last epoch a client may hold
@@ -174,23 +176,37 @@ def test_prepared_transactions_across_rotation(broker: EmbeddedBroker, kit: Any,
     states: list[PreparedTxnState] = []
     prepare_epochs = []
     stale = None
+    zombie: Producer | None = None
+    opts = SinkOptions(bootstrap=b.bootstrap, topic="sink", guarantee="exactly_once", producer={},
+                       txn_prefix="task", decision_topic="decisions")
     for batch in range(6):
-        with Producer(_conf(b, tid)) as task:  # the executor's task: settle what is kept, then write, prepare
-            task.init_transactions(keep_prepared_txn=True)
-            task.begin_transaction()
-            for k in range(3):
-                task.produce("sink", b"b%d-%d" % (batch, k), partition=0)
-            state = task.prepare_transaction()
+        task = Producer(_conf(b, tid))  # the executor's task: settle what is kept, then write, prepare
+        task.init_transactions(keep_prepared_txn=True)
+        assert resolve(task, "") == "none"  # the driver completed the previous batch
+        task.begin_transaction()
+        for k in range(3):
+            task.produce("sink", b"b%d-%d" % (batch, k), partition=0)
+        state = task.prepare_transaction()
+        if zombie is None and state.epoch >= LAST - 2:
+            zombie = task  # left holding the last transaction before the edge
+        else:
+            task.close(5)
         states.append(state)
         prepare_epochs.append(state.epoch)
         commit = batch % 2 == 0
         decided = state if commit else (stale or PreparedTxnState(state.producer_id, max(0, state.epoch - 3)))
-        with Producer(_conf(b, tid)) as driver:  # the driver: complete with the decided state
-            driver.init_transactions(keep_prepared_txn=True)
-            driver.complete_transaction(decided)
+        # the driver: a new producer instance completes with the decided state (the sink's own code)
+        assert resolve_id(opts, tid, str(decided)) == "completed"
         if commit:
             want += [b"b%d-%d" % (batch, k) for k in range(3)]
             stale = state
+    # the zombie task (its transaction since completed by the driver) cannot end it again
+    assert zombie is not None
+    try:
+        with pytest.raises(KafkaError):
+            zombie.commit_transaction()
+    finally:
+        zombie.close(5)
     assert states[0].producer_id == pid0 and states[-1].producer_id != pid0, states
     assert max(prepare_epochs) >= LAST - 2, prepare_epochs
     got = _read_committed(b, "sink")
