@@ -299,6 +299,63 @@ def test_keep_prepared_txn_survives_a_restart_and_is_completed_by_the_new_sessio
     run(body, config)
 
 
+@pytest.mark.parametrize("how", ["commit", "abort", "fence", "restart"])
+def test_keep_prepared_with_an_exhausted_client_epoch_gives_the_client_a_new_id(how: str) -> None:
+    """KIP-939 at the edge: the kept transaction keeps id 500 and its epoch for its markers; the
+    new client gets a new id (1000, epoch 0), ends the transaction with it, and moves on to a fresh id."""
+    log = seeded_log(producer_epoch=MAX_EPOCH - 1, state=S.ONGOING, partitions=frozenset({A0}), txn_start_ms=999_999,
+                     timeout_ms=INT32_MAX, two_phase_commit=True, client_transaction_version=2)
+    config = TxnConfig(two_phase_commit_enable=True, transaction_version=2)
+
+    async def body(env: Env) -> None:
+        k = await env.coord.init_producer_id(TID, 0, enable_2pc=True, keep_prepared_txn=True)
+        assert k == (0, 1000, 0, 500, MAX_EPOCH - 1)
+        md = env.md()
+        assert (md.producer_id, md.producer_epoch, md.client_producer_id, md.client_epoch) == (500, MAX_EPOCH - 1, 1000, 0)
+        assert env.coord.transactional_id_of(1000) == TID
+        # the old client is fenced; the new one may only complete the kept transaction
+        assert (await env.coord.add_partitions(TID, 500, MAX_EPOCH - 1, [A1])) == {A1: E.invalid_producer_id_mapping}
+        assert (await env.coord.end_txn(TID, 500, MAX_EPOCH - 1, True, True)).error == E.invalid_producer_id_mapping
+        assert env.coord.check_in_txn(500, MAX_EPOCH - 1, A0) == E.invalid_producer_id_mapping
+        assert (await env.coord.add_partitions(TID, 1000, 0, [A1])) == {A1: E.invalid_txn_state}
+        coord = env.coord
+        if how == "restart":
+            env2 = env.restart()
+            await env2.coord.start()
+            assert env2.md() == md
+            coord = env2.coord
+        if how == "fence":  # a producer that does not keep it: the kept transaction is aborted
+            r = await coord.init_producer_id(TID, 0, enable_2pc=True)
+            assert r.error == E.concurrent_transactions
+        else:
+            res = await coord.end_txn(TID, 1000, 0, how != "abort", True)
+            assert res == (0, 1001, 0)
+        await coord.drain()
+        markers = (env2 if how == "restart" else env).markers
+        commit = how in ("commit", "restart")
+        assert markers.calls == [(500, MAX_EPOCH, coord.coordinator_epoch, commit, (A0,), 2)]
+        done = coord.metadata(TID)
+        assert done is not None
+        assert (done.producer_id, done.producer_epoch, done.state) == (
+            1001, 0, S.COMPLETE_COMMIT if commit else S.COMPLETE_ABORT)
+        assert coord.transactional_id_of(1000) is None and coord.transactional_id_of(500) is None
+        r = await coord.init_producer_id(TID, 0, enable_2pc=True, keep_prepared_txn=True)
+        assert r == (0, 1001, 1, -1, -1)
+
+    run(body, config, log)
+
+
+def test_keep_prepared_with_an_exhausted_epoch_on_tv1_is_refused() -> None:
+    log = seeded_log(producer_epoch=MAX_EPOCH - 1, state=S.ONGOING, partitions=frozenset({A0}), txn_start_ms=999_999,
+                     timeout_ms=INT32_MAX, two_phase_commit=True)
+
+    async def body(env: Env) -> None:
+        k = await env.coord.init_producer_id(TID, 0, enable_2pc=True, keep_prepared_txn=True)
+        assert k.error == E.invalid_txn_state and env.md().state is S.ONGOING and not env.md().kept_prepared
+
+    run(body, TxnConfig(two_phase_commit_enable=True, transaction_version=1), log)
+
+
 def test_keep_prepared_without_an_ongoing_txn_is_a_plain_bump():
     async def body(env: Env) -> None:
         r = await env.coord.init_producer_id(TID, 1000, keep_prepared_txn=True)
@@ -598,6 +655,9 @@ def test_tv2_epoch_exhaustion_rotates_at_end_txn():
         assert res == (0, 1000, 0)
         # while the markers are pending the new id is told to wait
         assert await env.coord.add_partitions(TID, 1000, 0, [A1]) == {A1: E.concurrent_transactions}
+        # and so is its first batch (Produce v12), retriable: not a failed transaction
+        assert env.coord.check_in_txn(1000, 0, A1) == E.concurrent_transactions
+        assert env.coord.check_in_txn(1000, 1, A1) == E.invalid_producer_id_mapping
         await env.coord.drain()
         assert env.markers.calls == [(500, MAX_EPOCH, 1, True, (A0,), 2)]
         md = env.md()

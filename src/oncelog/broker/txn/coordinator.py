@@ -362,13 +362,20 @@ class TransactionCoordinator:
         """KIP-939: keep the Ongoing transaction; the new client gets a higher epoch, the txn keeps its own."""
         epoch = md.client_epoch
         if is_epoch_exhausted(epoch):
-            log.warning("%r: cannot keep the prepared transaction, the epoch is exhausted", md.transactional_id)
-            return InitProducerIdResult(int(E.invalid_txn_state))
-        transit = prepare(md, next_producer_epoch=epoch + 1, last_update_ms=now)
+            if not self._server_tv2:
+                # TV1 markers and completion carry the client's id: no room for a second one
+                log.warning("%r: cannot keep the prepared transaction, the epoch is exhausted (TV1)", md.transactional_id)
+                return InitProducerIdResult(int(E.invalid_txn_state))
+            # the client's epochs ran out: it gets a new producer id at epoch 0; the kept transaction keeps
+            # its own id and epoch (its markers use them, see _end_tv2)
+            transit = prepare(md, next_producer_id=self._ids.generate(), next_producer_epoch=0, last_update_ms=now)
+        else:
+            transit = prepare(md, next_producer_epoch=epoch + 1, last_update_ms=now)
         err = await self._write(transit)
         if err != NONE:
             return InitProducerIdResult(err)
-        return InitProducerIdResult(NONE, md.producer_id, epoch + 1, md.producer_id, md.producer_epoch)
+        new = transit.target
+        return InitProducerIdResult(NONE, new.client_producer_id, new.client_epoch, md.producer_id, md.producer_epoch)
 
     async def _fence_and_abort(self, md: TxnMetadata) -> EndTxnResult:
         """Kafka's PrepareEpochFence: bump the epoch (never returned to a client) and abort with it."""
@@ -380,7 +387,7 @@ class TransactionCoordinator:
     def _check_producer(self, md: TxnMetadata | None, producer_id: int, producer_epoch: int) -> int | None:
         if md is None:
             return int(E.invalid_producer_id_mapping)
-        if producer_id != md.producer_id:
+        if producer_id != md.client_producer_id:
             if md.state in PREPARED and producer_id == md.next_producer_id and producer_epoch == 0:
                 return int(E.concurrent_transactions)  # TV2 rotation answered; markers still being written
             return int(E.invalid_producer_id_mapping)
@@ -478,7 +485,13 @@ class TransactionCoordinator:
         """None when ``producer_id``'s transaction is Ongoing at this epoch and contains ``tp``; else the error."""
         tid = self._by_pid.get(producer_id)
         md = None if tid is None else self._txns.get(tid)
-        if md is None or md.producer_id != producer_id:
+        if md is None:
+            return int(E.invalid_producer_id_mapping)
+        if md.client_producer_id != producer_id:
+            if md.state in PREPARED and producer_id == md.next_producer_id and producer_epoch == 0:
+                # TV2 rotation answered (the epoch was exhausted): the next transaction's first batch
+                # waits for the markers like any other (retriable), instead of failing its transaction
+                return int(E.concurrent_transactions)
             return int(E.invalid_producer_id_mapping)
         if producer_epoch != md.client_epoch:
             return int(E.invalid_producer_epoch)
@@ -573,7 +586,9 @@ class TransactionCoordinator:
         else:
             valid = retry_on_bump or retry_on_overflow or epoch == md.producer_epoch
         is_retry = retry_on_bump or retry_on_overflow
-        if md.producer_id != pid and not retry_on_overflow:
+        # a kept (KIP-939) transaction whose client was given a new id: the client ends it with that id
+        kept_new_id = st is S.ONGOING and md.kept_prepared and md.client_producer_id != md.producer_id
+        if (md.producer_id if fence else md.client_producer_id) != pid and not retry_on_overflow:
             return EndTxnResult(int(E.invalid_producer_id_mapping))
         if not valid:
             return EndTxnResult(int(E.producer_fenced))
@@ -582,13 +597,21 @@ class TransactionCoordinator:
 
         def prepare_end(state: TxnState, no_partitions: bool) -> Transit | EndTxnResult:
             base_epoch = epoch if fence else md.client_epoch
-            if base_epoch >= MAX_EPOCH and state is S.PREPARE_ABORT:
+            if kept_new_id:
+                # the markers go out with the transaction's own id, above the epoch of its batches
+                # (at most 32766: a client never holds 32767); completion moves to a fresh id, as
+                # the client's id and epoch are on another producer id than the markers'
+                new_epoch = md.producer_epoch + 1
+                base_epoch = md.producer_epoch
+                next_pid = self._ids.generate()
+            elif base_epoch >= MAX_EPOCH and state is S.PREPARE_ABORT:
                 new_epoch = base_epoch  # already broken: abort without overflowing, as Kafka does
             elif base_epoch >= MAX_EPOCH:
                 return self._invalid_state(md, commit)
             else:
                 new_epoch = base_epoch + 1
-            next_pid = self._ids.generate() if not fence and is_epoch_exhausted(base_epoch) else NO_PRODUCER_ID
+            if not kept_new_id:
+                next_pid = self._ids.generate() if not fence and is_epoch_exhausted(base_epoch) else NO_PRODUCER_ID
             now = self._clock()
             return prepare(
                 md,

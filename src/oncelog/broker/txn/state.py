@@ -112,7 +112,8 @@ class TxnMetadata:
     client_transaction_version: int = 0
     two_phase_commit: bool = False  # KIP-939: no timeout
     # KIP-939 keepPreparedTxn: the epoch handed to the current client while an Ongoing transaction keeps
-    # its own (producer_id, producer_epoch) for its markers; -1 when no prepared transaction is kept
+    # its own (producer_id, producer_epoch) for its markers; -1 when no prepared transaction is kept.
+    # When that epoch is exhausted the client is given a new id, kept in next_producer_id (client_producer_id)
     next_producer_epoch: int = NO_PRODUCER_EPOCH
 
     # -- derived ----------------------------------------------------------------
@@ -121,6 +122,13 @@ class TxnMetadata:
     def client_epoch(self) -> int:
         """The epoch the current producer of this transactional id holds."""
         return self.next_producer_epoch if self.next_producer_epoch >= 0 else self.producer_epoch
+
+    @property
+    def client_producer_id(self) -> int:
+        """The producer id the current producer holds: ``next_producer_id`` when a kept (KIP-939)
+        transaction ran out of client epochs and its new client was given a new id (the transaction
+        keeps its own id and epoch for its markers); else ``producer_id``."""
+        return self.next_producer_id if self.kept_prepared and self.next_producer_id >= 0 else self.producer_id
 
     @property
     def kept_prepared(self) -> bool:
