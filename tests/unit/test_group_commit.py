@@ -206,3 +206,38 @@ def test_a_round_of_other_logs_does_not_wait_behind_a_running_round() -> None:
             committer.close()
 
     asyncio.run(main())
+
+
+def test_a_round_that_cannot_start_fails_its_waiters_and_frees_the_log() -> None:
+    """If the fsync threads cannot take the round (closed, or no thread could start), the
+    round's waiters fail instead of hanging, and the log is not left in flight."""
+    import asyncio as _asyncio
+    import time as _time
+
+    from oncelog.broker.durability import GroupCommitter as _GC
+
+    class _Log:
+        log_end_offset = 0
+
+        def sync(self) -> int:
+            _time.sleep(0)
+            return 0
+
+    class _P:
+        def __init__(self) -> None:
+            self.log, self.hw = _Log(), -1
+
+        def advance_high_watermark(self, o: int) -> None:
+            self.hw = o
+
+    async def main() -> None:
+        gc = _GC()
+        gc.close()
+        p = _P()
+        fut = gc.wait_durable(p)
+        done, _ = await _asyncio.wait([fut], timeout=2)
+        assert fut in done and fut.exception() is not None
+        assert not gc._inflight
+        await _asyncio.wait_for(gc.drain(), 2)
+
+    _asyncio.run(main())

@@ -187,7 +187,11 @@ class GroupCommitter:
         ends = [p.log.log_end_offset for p in files]
         waiters = [self._waiting.pop(p, ()) for p in files]
         loop = asyncio.get_running_loop()
-        done = self._sync_all(loop, files)
+        try:
+            done = self._sync_all(loop, files)
+        except BaseException as exc:  # the round could not start (threads closed, no thread): fail its waiters
+            done = loop.create_future()
+            done.set_exception(exc)
         self._rounds.add(done)
         done.add_done_callback(lambda fut: self._round_done(fut, files, ends, waiters))
 
