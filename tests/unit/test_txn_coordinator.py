@@ -496,6 +496,42 @@ def test_add_chained_on_a_failed_write_fails_and_applies_nothing() -> None:
     asyncio.run(main())
 
 
+
+def test_cancelled_chained_add_gives_the_chain_back() -> None:
+    """A chained add whose request is cancelled (the client's connection closed) while the add it
+    is chained on is still being logged leaves that add pending: a retry on a new connection is
+    chained on it, and memory ends equal to the log's last record. Before, the cancelled add dropped
+    the pending entry, the retry was built from the applied metadata and appended unchained behind
+    the pending add, and its apply failed (IllegalTransition) with memory and log disagreeing."""
+    env = Env(log=MemoryTxnLog(auto_flush=True))
+
+    async def main() -> None:
+        pid, epoch, first = await begin_with_pending_add(env)
+        pending_first = env.coord.pending_transit(TID)
+        second = asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [B0]))
+        await asyncio.sleep(0)
+        assert env.log.unflushed == 2  # chained: appended behind the first add
+        second.cancel()
+        await asyncio.sleep(0)
+        assert env.coord.pending_transit(TID) is pending_first
+        retry = asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [C0]))
+        await asyncio.sleep(0)
+        env.log.flush()
+        assert await first == {A1: 0}
+        await asyncio.sleep(0)
+        env.log.auto_flush = True
+        got = (await retry)[C0]
+        assert got in (0, E.concurrent_transactions)
+        await env.coord.drain()
+        assert env.md().partitions == env.log.durable_history(TID)[-1].partitions
+        assert {A0, A1} <= env.md().partitions
+        if got == 0:
+            assert C0 in env.md().partitions
+        assert not env.coord.task_errors
+
+    asyncio.run(main())
+
+
 def test_several_adds_waiting_for_a_logged_add_take_turns() -> None:
     """Three adds sent together while a fourth is logged (TV2 produces to several new
     partitions do this): each is chained on the one before, all succeed, each write applied

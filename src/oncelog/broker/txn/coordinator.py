@@ -163,6 +163,7 @@ class TransactionCoordinator:
         self._addable: dict[str, list[asyncio.Future[bool]]] = {}  # woken when Complete* is logged (or given up)
         # pending transits an add may be chained on (see add_partitions): adds and Complete*
         self._chainable: dict[str, Transit] = {}
+        self._in_write: set[int] = set()  # id() of the transits whose write has not ended yet
         self._tasks: set[asyncio.Task[Any]] = set()
         self.task_errors: list[BaseException] = []  # unexpected failures of background marker tasks
         self._next_abort_check = 0
@@ -232,19 +233,32 @@ class TransactionCoordinator:
                 return int(E.concurrent_transactions)
         elif pending is not None:
             return int(E.concurrent_transactions)
+        before = pending if chained else None
+        was_chainable = before is not None and self._chainable.get(tid) is before
         self._pending[tid] = transit
         if chainable:
             self._chainable[tid] = transit
         else:
             self._chainable.pop(tid, None)
+        self._in_write.add(id(transit))
         try:
             await self._store.write(tid, None if transit.state is S.DEAD else transit.target)
         except (TxnLogError, OSError) as exc:
             log.warning("transaction log write for %r (%s) failed: %s", tid, transit.state.display_name, exc)
             return int(E.coordinator_not_available)
         finally:
+            self._in_write.discard(id(transit))
             if self._pending.get(tid) is transit:
-                del self._pending[tid]
+                if before is not None and id(before) in self._in_write:
+                    # this chained write ended early (its request was cancelled: the client's connection
+                    # closed) while the write it is chained on is still going: that one is pending again,
+                    # so a retry is chained on it (or told CONCURRENT_TRANSACTIONS) instead of being built
+                    # from the applied metadata and appended behind it unchained
+                    self._pending[tid] = before
+                    if was_chainable:
+                        self._chainable[tid] = before
+                else:
+                    del self._pending[tid]
             if self._chainable.get(tid) is transit:
                 del self._chainable[tid]
             # waiters resume only after this coroutine's next await: the transit is applied by then
