@@ -797,6 +797,13 @@ def test_a_member_closed_during_a_rebalance_leaves_it_at_once(gbroker: EmbeddedB
         await stop_member(a)
         took = time.monotonic() - t0
         assert took < 2.0, f"close() took {took:.1f} s: its LeaveGroup waited behind its JoinGroup"
+        # closed while a rebalance is in progress: what A still holds is lost, not revoked (Java's
+        # onLeavePrepare: a commit from on_revoke would fail with REBALANCE_IN_PROGRESS). Eager members
+        # gave theirs up when the join started; a cooperative member still holds its share here
+        at_close = [kind for ts, who, kind, parts in own.events if who == "A" and ts >= t0 and parts]
+        assert "revoke" not in at_close, at_close
+        if assignor == "cooperative-sticky":
+            assert at_close == ["lost"], at_close
         await settled([b, d], own, topic, timeout=SESSION_MS / 1000 + 30)
         # one rebalance: the generation that dropped C (and never had A in it); the old code formed gen + 1
         # with A in it and then rebalanced again for A's late LeaveGroup

@@ -271,7 +271,9 @@ class GroupMember:
             self._drop_join_connection()
         try:
             if self._assignment:
-                if self.generation_id >= 0 and not self._lost_pending:
+                # Java's onLeavePrepare: lost, not revoked, without a generation or while a rebalance is in
+                # progress (a commit from on_revoke would fail with REBALANCE_IN_PROGRESS)
+                if self.generation_id >= 0 and not self._lost_pending and not joining:
                     await self._invoke(self.on_revoke, self._assignment)
                 else:
                     await self._invoke(self.on_lost or self.on_revoke, self._assignment)
