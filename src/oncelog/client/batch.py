@@ -104,6 +104,23 @@ def encode_record(offset_delta: int, timestamp_delta: int, key: bytes | None, va
     return (_VARINT[n] if n < 16384 else _zz_bytes(n)) + body
 
 
+def _varints(lens: list[int]) -> list[bytes]:
+    """The varint of each of ``lens`` (all >= 0), from the table when they are all small."""
+    return list(map(_VARINT.__getitem__, lens)) if max(lens, default=0) < 16384 else list(map(varint, lens))
+
+
+def _key_pieces(keys: Sequence[bytes | None] | None, n: int) -> tuple[Any, Any, Any]:
+    """:func:`_pieces` of ``keys``, or of ``n`` null keys when there are none."""
+    if keys is None:
+        return repeat(_NULL, n), repeat(b"", n), repeat(1, n)
+    return _pieces(keys)
+
+
+def _record_prefixes(vsizes: list[int], ksizes: Any, deltas: Sequence[bytes], n: int) -> list[bytes]:
+    """Each record's length varint: attributes (0) + ts delta (0) + offset delta + key + value + header count (0)."""
+    return _varints(list(map(add, map(add, map(add, vsizes, ksizes), map(len, deltas)), repeat(3, n))))
+
+
 def _pieces(data: Sequence[bytes | None]) -> tuple[list[bytes], Sequence[bytes], list[int]]:
     """Length varints, bodies (b"" for None) and encoded sizes of ``data``, by ``map`` (no Python loop)."""
     if None in data:
@@ -112,7 +129,7 @@ def _pieces(data: Sequence[bytes | None]) -> tuple[list[bytes], Sequence[bytes],
         lens = [0 if h is _NULL else len(d) for d, h in zip(data, heads)]
     else:
         lens = list(map(len, data))
-        heads = list(map(_VARINT.__getitem__, lens)) if max(lens, default=0) < 16384 else list(map(varint, lens))
+        heads = _varints(lens)
     return heads, data, list(map(add, lens, map(len, heads)))
 
 
@@ -127,18 +144,10 @@ def encode_records(values: Sequence[bytes | None], keys: Sequence[bytes | None] 
     """
     n = len(values)
     vheads, vbodies, vsizes = _pieces(values)
-    if keys is None:
-        kheads: Any = repeat(_NULL, n)
-        kbodies: Any = repeat(b"", n)
-        ksizes: Any = repeat(1, n)
-    else:
-        kheads, kbodies, ksizes = _pieces(keys)
+    kheads, kbodies, ksizes = _key_pieces(keys, n)
     end = first_offset_delta + n
     deltas = _VARINT[first_offset_delta:end] if end <= 16384 else list(map(varint, range(first_offset_delta, end)))
-    # body = attributes(0) + ts delta(0) + offset delta + key + value + header count(0)
-    body_lens = list(map(add, map(add, map(add, vsizes, ksizes), map(len, deltas)), repeat(3, n)))
-    prefixes = list(map(_VARINT.__getitem__, body_lens)) if max(body_lens, default=0) < 16384 \
-        else list(map(varint, body_lens))
+    prefixes = _record_prefixes(vsizes, ksizes, deltas, n)
     return b"".join(chain.from_iterable(zip(prefixes, repeat(b"\x00\x00", n), deltas, kheads, kbodies, vheads,
                                             vbodies, repeat(b"\x00", n))))
 
@@ -194,25 +203,16 @@ def _sections(values: Sequence[bytes | None], keys: Sequence[bytes | None] | Non
                 out.append(join(chain.from_iterable(zip(pre[:m], _MID_NULL_KEY[:m], repeat(vh, m), values[i:j],
                                                         tail))))
             return out
-        vheads = list(map(_VARINT.__getitem__, lens)) if max(lens, default=0) < 16384 else list(map(varint, lens))
+        vheads = _varints(lens)
         mids = list(chain.from_iterable(_MID_NULL_KEY[0:j - i] for i, j in bounds))
-        body_lens = list(map(add, map(add, map(add, lens, map(len, vheads)), map(len, mids)), repeat(1, n)))
-        prefixes = list(map(_VARINT.__getitem__, body_lens)) if max(body_lens, default=0) < 16384 \
-            else list(map(varint, body_lens))
+        prefixes = _varints(list(map(add, map(add, map(add, lens, map(len, vheads)), map(len, mids)), repeat(1, n))))
         flat = list(chain.from_iterable(zip(prefixes, mids, vheads, values, repeat(b"\x00", n))))
         return [join(flat[5 * i:5 * j]) for i, j in bounds]
     vheads, vbodies, vsizes = _pieces(values)
-    if keys is None:
-        kheads: Any = repeat(_NULL, n)
-        kbodies: Any = repeat(b"", n)
-        ksizes: Any = repeat(1, n)
-    else:
-        kheads, kbodies, ksizes = _pieces(keys)
+    kheads, kbodies, ksizes = _key_pieces(keys, n)
     deltas = list(chain.from_iterable(_VARINT[0:j - i] if j - i <= 16384 else map(varint, range(j - i))
                                       for i, j in bounds))
-    body_lens = list(map(add, map(add, map(add, vsizes, ksizes), map(len, deltas)), repeat(3, n)))
-    prefixes = list(map(_VARINT.__getitem__, body_lens)) if max(body_lens, default=0) < 16384 \
-        else list(map(varint, body_lens))
+    prefixes = _record_prefixes(vsizes, ksizes, deltas, n)
     flat = list(chain.from_iterable(zip(prefixes, repeat(b"\x00\x00", n), deltas, kheads, kbodies, vheads,
                                         vbodies, repeat(b"\x00", n))))
     return [join(flat[8 * i:8 * j]) for i, j in bounds]
