@@ -55,15 +55,19 @@ class Consumer:
         self._run(_call(self._c.assign, parts))
 
     def assignment(self) -> list[TopicPartition]:
+        """The partitions currently assigned (by ``assign()`` or the group)."""
         return self._c.assignment()
 
     def seek(self, partition: Any, offset: int | None = None) -> None:
+        """Fetch ``partition`` from ``offset`` next (None: the partition's ``offset`` attribute)."""
         self._run(_call(self._c.seek, partition, offset))
 
     def position(self, partition: Any) -> int:
+        """The offset of the next record ``poll()`` will return for ``partition``."""
         return self._run(self._c.position(partition))
 
     def get_watermark_offsets(self, partition: Any, timeout: float | None = None) -> tuple[int, int]:
+        """``(low, high)``: the log start offset and the high watermark (LSO under read_committed), asked of the leader."""
         return self._run(self._c.get_watermark_offsets(partition), timeout)
 
     def incremental_assign(self, partitions: Iterable[Any]) -> None:
@@ -75,6 +79,7 @@ class Consumer:
         self._run(_call(self._c.incremental_unassign, list(partitions)))
 
     def unassign(self) -> None:
+        """Drop the whole manual assignment."""
         self._run(_call(self._c.unassign))
 
     def subscribe(self, topics: Any, on_assign: Any = None, on_revoke: Any = None, on_lost: Any = None) -> None:
@@ -90,6 +95,7 @@ class Consumer:
         self._run(self._c.unsubscribe())
 
     def subscription(self) -> list[str]:
+        """The topics (and patterns) passed to ``subscribe()``."""
         return self._c.subscription()
 
     def commit(self, offsets: Any = None, asynchronous: bool = False) -> concurrent.futures.Future[None] | None:
@@ -121,12 +127,15 @@ class Consumer:
         return self._run(self._c.committed(list(partitions), timeout))
 
     def pause(self, partitions: Iterable[Any]) -> None:
+        """Stop fetching ``partitions`` (they stay assigned) until ``resume()``."""
         self._run(_call(self._c.pause, list(partitions)))
 
     def resume(self, partitions: Iterable[Any]) -> None:
+        """Fetch paused ``partitions`` again."""
         self._run(_call(self._c.resume, list(partitions)))
 
     def paused(self) -> list[TopicPartition]:
+        """The partitions paused by ``pause()``."""
         return self._c.paused()
 
     def offsets_for_times(self, partitions: Iterable[Any], timeout: float | None = None) -> list[TopicPartition]:
@@ -157,6 +166,7 @@ class Consumer:
         return self._run(self._c.consume(num_messages, timeout))
 
     def close(self) -> None:
+        """Commit (with ``enable.auto.commit``), leave the group and close the connections; idempotent."""
         if self._closed:
             return
         self._closed = True

@@ -110,12 +110,15 @@ class DeliveryFuture:
                 group.cbs.append(self)
 
     def done(self) -> bool:
+        """True once the record is acknowledged or failed."""
         return self._g.fin
 
     def set_result(self, value: RecordMetadata) -> None:
+        """Resolve the future (used by the producer)."""
         self._g.set_result(value)
 
     def set_exception(self, exc: BaseException) -> None:
+        """Fail the future (used by the producer)."""
         self._g.set_exception(exc)
 
     def _wait(self, timeout: float | None) -> None:
@@ -136,6 +139,7 @@ class DeliveryFuture:
         return res  # type: ignore[return-value]
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
+        """The record's metadata once acknowledged; raises its error, or TimeoutError after ``timeout`` s."""
         self._wait(timeout)
         if self._g.exc is not None:
             raise self._g.exc
@@ -144,6 +148,7 @@ class DeliveryFuture:
         return md
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The record's error, or None once acknowledged; TimeoutError after ``timeout`` s."""
         self._wait(timeout)
         return self._g.exc
 

@@ -65,24 +65,30 @@ class TransactSession:
 
     @property
     def counters(self) -> dict[str, Any]:
+        """Running totals: transactions committed and aborted (with ``aborts_by_cause``), records in and out."""
         return self._s.counters
 
     @property
     def assignment(self) -> list[tuple[str, int]]:
+        """The ``(topic, partition)`` pairs the session owns now."""
         return self._s.assignment
 
     @property
     def stable_offsets(self) -> bool | None:
+        """True: KIP-447 ``require_stable``; False: the 200 ms heuristic; None: not known yet."""
         return self._s.stable_offsets
 
     @property
     def transactional_id(self) -> str:
+        """The producer's ``transactional.id``."""
         return self._s.transactional_id
 
     def wait_assigned(self, timeout: float | None = None) -> list[tuple[str, int]]:
+        """Wait until the group has given this member partitions; returns them."""
         return self._lt.run(self._s.wait_assigned(timeout))
 
     def poll(self, timeout: float | None = 1.0, max_records: int = 500) -> list[Message]:
+        """Records of the owned partitions (up to ``max_records``); starts a transaction when there are some."""
         return self._lt.run(self._s.poll(timeout, max_records))
 
     def produce(self, topic: str, value: Any = None, key: Any = None, partition: int | None = None,
@@ -116,9 +122,14 @@ class TransactSession:
         return self._lt.run(self._s.committed(list(partitions), timeout))
 
     def end(self, commit: bool = True) -> bool:
+        """End the transaction: True when it committed, False when it aborted (the consumer is rewound).
+
+        Raises the typed error of a fatal failure (the session is then over).
+        """
         return self._lt.run(self._s.end(commit))
 
     def abort(self) -> bool:
+        """Abort the open transaction (``end(commit=False)``); the consumer is rewound."""
         return self.end(commit=False)
 
     def run(self, transform: Callable[[Message], Any], *, poll_timeout: float = 1.0, max_records: int = 500,
@@ -134,6 +145,7 @@ class TransactSession:
         return self.counters
 
     def close(self) -> None:
+        """Abort an open transaction, leave the group, close the clients and the loop thread."""
         if self._closed:
             return
         self._closed = True

@@ -183,6 +183,7 @@ class ConfigResource:
 
     @property
     def type_id(self) -> int:
+        """The resource type's wire id (2 for a topic, 4 for a broker, ...)."""
         return RESOURCE_TYPES[self.type]
 
 

@@ -128,6 +128,7 @@ class Message:
 
     @property
     def headers(self) -> list[tuple[str, bytes | None]]:
+        """The record's headers as ``(key, value)`` pairs (an empty list when none)."""
         h = self._headers
         if h is None:
             h = self._headers = []
@@ -312,9 +313,11 @@ class Consumer:
         self._wake.set()
 
     def assignment(self) -> list[TopicPartition]:
+        """The partitions currently assigned (by ``assign()`` or the group)."""
         return [TopicPartition(t, p) for t, p in self._parts]
 
     def unassign(self) -> None:
+        """Drop the whole manual assignment."""
         self.assign([])
 
     def _seek_state(self, st: _PartitionState, offset: int | None) -> None:

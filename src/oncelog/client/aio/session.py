@@ -149,6 +149,7 @@ class TransactSession:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Connect, init the transactional producer (fencing older instances) and join the group."""
         if self._started:
             return
         self._started = True
@@ -168,10 +169,12 @@ class TransactSession:
 
     @property
     def member(self) -> GroupMember:
+        """The group member (classic protocol) the session consumes through."""
         return self._member
 
     @property
     def assignment(self) -> list[tuple[str, int]]:
+        """The ``(topic, partition)`` pairs the session owns now."""
         return self._member.assignment
 
     @property
@@ -180,6 +183,7 @@ class TransactSession:
         return self._stable
 
     async def wait_assigned(self, timeout: float | None = None) -> list[tuple[str, int]]:
+        """Wait until the group has given this member partitions; returns them."""
         return await self._member.wait_assigned(timeout)
 
     async def close(self) -> None:

@@ -152,6 +152,7 @@ class PreparedTxnState:
         return cls(pid, epoch)
 
     def has_transaction(self) -> bool:
+        """False for the empty state (nothing was prepared)."""
         return self.producer_id != -1
 
     def __str__(self) -> str:
