@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tls_material import Pki, make_pki  # cryptography: in the test extra (pyproject.toml)
+from tests.integration.tls_material import Pki, make_pki  # cryptography: in the test extra (pyproject.toml)
 
 from oncelog.client import Admin, Producer
 from oncelog.testing import EmbeddedBroker
