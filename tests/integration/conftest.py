@@ -248,8 +248,9 @@ def api_versions(bootstrap: str, timeout: float = 10.0) -> dict[int, tuple[int, 
 
 
 # -- helpers for the test modules --------------------------------------------
-# tests/integration is not a package, so test modules get these helpers through
-# the ``kit`` fixture instead of importing this conftest by name.
+# test modules get these helpers through the ``kit`` fixture, or import them from
+# ``tests.integration.conftest`` (tests/, tests/unit and tests/integration are
+# packages, so the unit and integration conftests do not clash as ``conftest``).
 
 import types as _types
 

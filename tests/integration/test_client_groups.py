@@ -38,7 +38,7 @@ from oncelog.client.errors import KafkaError
 from oncelog.client.groups import GroupAdmin
 from oncelog.testing import EmbeddedBroker
 
-from conftest import create_topic, wait_until
+from tests.integration.conftest import create_topic, wait_until
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -334,7 +334,7 @@ def kafka_python_assignor(name: str) -> Any:
 @pytest.mark.parametrize("first", ["ours", "theirs"])
 @pytest.mark.parametrize("assignor", ["range", "roundrobin", "cooperative-sticky"])
 def test_mixed_group_with_confluent_and_kafka_python(gbroker: EmbeddedBroker, assignor: str, first: str) -> None:
-    from test_groups_clients import OwnershipLog, Runner
+    from tests.integration.test_groups_clients import OwnershipLog, Runner
 
     topic, group = fresh("mixed"), fresh("g-mixed")
     create_topic(gbroker.bootstrap, topic, PARTITIONS)

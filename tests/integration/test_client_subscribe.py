@@ -31,8 +31,8 @@ from oncelog.client.errors import KafkaError
 from oncelog.client.groups import GroupAdmin
 from oncelog.testing import EmbeddedBroker
 
-from conftest import create_topic, wait_until
-from test_client_groups import BROKER_CONFIG, HEARTBEAT_MS, PARTITIONS, SESSION_MS, Ownership, fresh
+from tests.integration.conftest import create_topic, wait_until
+from tests.integration.test_client_groups import BROKER_CONFIG, HEARTBEAT_MS, PARTITIONS, SESSION_MS, Ownership, fresh
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -401,7 +401,7 @@ def test_regex_subscription_picks_up_a_topic_created_later(gbroker: EmbeddedBrok
 
 def test_group_consume_against_librdkafkas_mock_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     """The mock misreads the flexible JoinGroup v6 / SyncGroup v4: hold the member to older versions."""
-    from test_client_mock_cluster import _mock_cluster_class
+    from tests.integration.test_client_mock_cluster import _mock_cluster_class
 
     from oncelog.client.aio import group as group_mod
     from oncelog.client.aio import offsets as offsets_mod

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tls_material import KEY_PASSWORD, Pki, make_pki  # cryptography: in the test extra (pyproject.toml)
+from tests.integration.tls_material import KEY_PASSWORD, Pki, make_pki  # cryptography: the test extra
 
 from oncelog.client import Admin, Consumer, Producer, TopicPartition
 from oncelog.client.config import ConfigError

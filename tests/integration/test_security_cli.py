@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tls_material import Pki, make_pki  # cryptography: in the test extra (pyproject.toml)
+from tests.client_properties import sasl_ssl_scram_properties
+from tests.integration.tls_material import Pki, make_pki  # cryptography: in the test extra (pyproject.toml)
 
 from oncelog.client import Admin, Producer
 from oncelog.testing import EmbeddedBroker
@@ -39,20 +40,6 @@ def broker(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embed
         yield b
 
 
-def client_properties(path: Path, pki: Pki, password: str = "alice-secret") -> Path:
-    """A client.properties as a Kafka user has it for kafka-topics.sh --command-config."""
-    path.write_text(f"""# SASL_SSL with SCRAM, for Kafka's tools
-security.protocol=SASL_SSL
-sasl.mechanism=SCRAM-SHA-512
-sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \\
-    username="alice" \\
-    password="{password}";
-ssl.truststore.type=PEM
-ssl.truststore.location={pki.ca}
-""")
-    return path
-
-
 def conf(b: EmbeddedBroker, pki: Pki) -> dict[str, Any]:
     return {"bootstrap.servers": b.bootstrap, "security.protocol": "SASL_SSL", "ssl.ca.location": str(pki.ca),
             "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice", "sasl.password": "alice-secret"}
@@ -71,7 +58,7 @@ def one_line_error(r: subprocess.CompletedProcess[str], code: int) -> str:
 
 
 def test_topics_and_groups_with_command_config(broker: EmbeddedBroker, pki: Pki, tmp_path: Path) -> None:
-    props = client_properties(tmp_path / "client.properties", pki)
+    props = sasl_ssl_scram_properties(tmp_path / "client.properties", pki.ca)
     cc = ["--bootstrap", broker.bootstrap, "--command-config", str(props)]
     r = oncelog("topics", "create", "secure-events", "--partitions", "2", *cc)
     assert r.returncode == 0, r.stderr
@@ -92,12 +79,12 @@ def test_without_or_with_a_wrong_command_config_the_cli_fails_cleanly(broker: Em
     # a plaintext client on the SASL_SSL port: one line, exit 1 (the broker cannot be talked to)
     line = one_line_error(oncelog("topics", "list", "--bootstrap", broker.bootstrap), 1)
     assert "cannot talk to the broker" in line and "see --command-config" in line, line
-    wrong = client_properties(tmp_path / "wrong.properties", pki, password="not-it")
+    wrong = sasl_ssl_scram_properties(tmp_path / "wrong.properties", pki.ca, password="not-it")
     line = one_line_error(oncelog("topics", "list", "--bootstrap", broker.bootstrap, "--command-config", str(wrong)), 1)
     assert "Authentication failed" in line or "SASL_AUTHENTICATION_FAILED" in line, line
     # and the broker keeps serving a correct client
     r = oncelog("topics", "list", "--bootstrap", broker.bootstrap,
-                "--command-config", str(client_properties(tmp_path / "ok.properties", pki)))
+                "--command-config", str(sasl_ssl_scram_properties(tmp_path / "ok.properties", pki.ca)))
     assert r.returncode == 0, r.stderr
 
 
@@ -117,7 +104,7 @@ def test_verify_with_command_config(broker: EmbeddedBroker, pki: Pki, tmp_path: 
         p.close()
     with Admin(c) as admin:
         admin.alter_group_offsets("copier", {("v-in", 0): 11, ("v-in", 1): 10})
-    props = client_properties(tmp_path / "client.properties", pki)
+    props = sasl_ssl_scram_properties(tmp_path / "client.properties", pki.ca)
     r = oncelog("verify", "--bootstrap", broker.bootstrap, "--command-config", str(props), "--input", "v-in",
                 "--output", "v-out", "--group", "copier", "--json")
     assert r.returncode == 1, r.stderr  # the anomaly below, found by reading both topics over SASL_SSL

@@ -21,7 +21,7 @@ import pytest
 from oncelog.client import aio
 from oncelog.testing import EmbeddedBroker
 
-from conftest import create_topic
+from tests.integration.conftest import create_topic
 
 pytestmark = [pytest.mark.timeout(120)]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from oncelog.cli import _client_settings, _command_config, main
+from tests.client_properties import sasl_ssl_scram_properties
 
 COMMANDS = [
     ["topics", "list"],
@@ -69,17 +70,7 @@ def test_bad_keys_and_values_are_one_line_and_exit_2(capsys: pytest.CaptureFixtu
 def test_kafka_tools_client_properties_are_mapped(tmp_path: Path, pem_ca: Path) -> None:
     """A Java client.properties as Kafka's docs write it (JAAS on continuation lines, a PEM trust store)."""
     ca = pem_ca
-    f = tmp_path / "client.properties"
-    f.write_text(f"""# Kafka tools' --command-config
-security.protocol=SASL_SSL
-sasl.mechanism=SCRAM-SHA-512
-sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \\
-    username="alice" \\
-    password="alice-secret";
-ssl.truststore.type=PEM
-ssl.truststore.location={ca}
-ssl.endpoint.identification.algorithm=
-""")
+    f = sasl_ssl_scram_properties(tmp_path / "client.properties", ca, extra="ssl.endpoint.identification.algorithm=\n")
     assert _command_config(str(f)) == {
         "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice",
         "sasl.password": "alice-secret", "ssl.ca.location": str(ca), "ssl.endpoint.identification.algorithm": ""}

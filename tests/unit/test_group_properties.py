@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from oncelog.broker.group import GroupConfig, GroupCoordinator, GroupState, OffsetAndMetadata, OffsetStore, TopicPartition
 
-from test_group_coordinator import RANGE, Clock, FakeFuture, subscription
+from tests.unit.test_group_coordinator import RANGE, Clock, FakeFuture, subscription
 
 MEMBERS = ["a", "b", "c"]
 PROTOCOLS = [RANGE, [("roundrobin", subscription("t")), ("range", subscription("t"))], [("other", b"")]]

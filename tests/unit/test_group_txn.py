@@ -22,7 +22,7 @@ from oncelog.broker.handlers import offset_fetch, txn_offset_commit
 from oncelog.protocol.errors import ErrorCode as E
 from oncelog.protocol.errors import KafkaError
 from oncelog.protocol.records import read_control_marker
-from test_group_coordinator import Clock, FakeFuture  # the group tests' event-loop-free fakes
+from tests.unit.test_group_coordinator import Clock, FakeFuture  # the group tests' event-loop-free fakes
 
 SESSION = 10_000
 REBALANCE = 30_000

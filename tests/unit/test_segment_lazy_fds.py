@@ -17,7 +17,7 @@ from oncelog.storage.engine import LogManager
 from oncelog.storage.log import PartitionLog
 from oncelog.storage.segment import LazyFile
 from oncelog.storage.txn_index import AbortedTxn
-from test_storage import T0, fill, mk, values_of  # the storage tests' batch helpers
+from tests.unit.test_storage import T0, fill, mk, values_of  # the storage tests' batch helpers
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
 

@@ -29,7 +29,7 @@ from oncelog.broker.txn import MemoryTxnLog, TransactionCoordinator, TxnConfig, 
 from oncelog.broker.txn.state import TxnMetadata, is_valid_transition
 from oncelog.protocol.errors import ErrorCode as E
 
-from test_txn_coordinator import Clock, Ids
+from tests.unit.test_txn_coordinator import Clock, Ids
 
 TID = "shared"
 TPS = [TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)]

@@ -45,6 +45,7 @@ from oncelog.protocol.sasl import (
     parse_plain,
     scram_credential,
 )
+from oncelog.protocol import tls
 
 log = logging.getLogger("oncelog.security")
 
@@ -151,21 +152,7 @@ def _pem_type(look: _Lookup, name: str) -> None:
 
 
 def _readable(key: str, path: str) -> str:
-    if not os.path.isfile(path):
-        raise _config_error(f"invalid value {path!r} for {key}: no such file")
-    if not os.access(path, os.R_OK):
-        raise _config_error(f"invalid value {path!r} for {key}: cannot be read (permission denied)")
-    return path
-
-
-class _KeyNeedsPassword(Exception):
-    pass
-
-
-def _no_key_password() -> str:
-    """The password callback when ssl.key.password is not set: without one OpenSSL would prompt on the
-    terminal ("Enter PEM pass phrase:") for an encrypted key, then fail with a bare OSError."""
-    raise _KeyNeedsPassword
+    return tls.readable(path, lambda why: _config_error(f"invalid value {path!r} for {key}: {why}"), "no such file")
 
 
 def _client_auth(look: _Lookup, sasl: bool) -> str:
@@ -209,7 +196,7 @@ def _ssl_context(look: _Lookup, listener: str, sasl: bool = False) -> tuple[ssl.
     try:
         if location is not None:
             _readable(look.key("ssl.keystore.location"), location)
-            ctx.load_cert_chain(location, None, password if password is not None else _no_key_password)
+            ctx.load_cert_chain(location, None, tls.key_password(password))
         else:
             with tempfile.TemporaryDirectory(prefix="oncelog-pem-") as tmp:
                 cert_path, key_path = os.path.join(tmp, "chain.pem"), os.path.join(tmp, "key.pem")
@@ -218,8 +205,8 @@ def _ssl_context(look: _Lookup, listener: str, sasl: bool = False) -> tuple[ssl.
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                     with os.fdopen(fd, "w") as f:
                         f.write(_normalise_pem(str(text), look.key(name)))
-                ctx.load_cert_chain(cert_path, key_path, password if password is not None else _no_key_password)
-    except _KeyNeedsPassword:
+                ctx.load_cert_chain(cert_path, key_path, tls.key_password(password))
+    except tls.KeyNeedsPassword:
         raise _config_error(f"cannot load the key store of listener {listener}: its private key is encrypted: set "
                             f"{look.key('ssl.key.password')}") from None
     except (ssl.SSLError, OSError) as exc:

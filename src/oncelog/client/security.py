@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from oncelog.protocol import tls
+
 __all__ = ["SASL_MECHANISMS", "Security", "build_security"]
 
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -37,24 +39,10 @@ class Security:
         return self.sasl_mechanism is not None
 
 
-class _KeyNeedsPassword(Exception):
-    pass
-
-
-def _no_key_password() -> str:
-    """The password callback when none is configured: without one OpenSSL would prompt on the terminal
-    ("Enter PEM pass phrase:") for an encrypted key."""
-    raise _KeyNeedsPassword
-
-
 def _readable(name: str, path: str) -> str:
     from oncelog.client.config import ConfigError
 
-    if not os.path.isfile(path):
-        raise ConfigError(f"{name}: {path!r} is not a file")
-    if not os.access(path, os.R_OK):
-        raise ConfigError(f"{name}: {path!r} cannot be read (permission denied)")
-    return path
+    return tls.readable(path, lambda why: ConfigError(f"{name}: {path!r} {why}"), "is not a file")
 
 
 def build_security(values: Mapping[str, Any]) -> Security:
@@ -87,8 +75,8 @@ def build_security(values: Mapping[str, Any]) -> Security:
             if key is not None:
                 _readable("ssl.key.location", key)
             try:
-                ctx.load_cert_chain(cert, key, key_password if key_password is not None else _no_key_password)
-            except _KeyNeedsPassword:
+                ctx.load_cert_chain(cert, key, tls.key_password(key_password))
+            except tls.KeyNeedsPassword:
                 raise ConfigError(f"ssl.key.location: the private key in {key or cert!r} is encrypted: set "
                                   "ssl.key.password") from None
             except (ssl.SSLError, OSError) as exc:

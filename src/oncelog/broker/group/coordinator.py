@@ -778,17 +778,36 @@ class GroupCoordinator:
         self._expire_due(group_id)
         if group_id is None:
             return {tp: int(E.invalid_group_id) for tp in offsets}, None
-        group = self.groups.get(group_id)
+        group = self._commit_group(group_id, generation_id)
         if group is None:
-            if generation_id >= 0:
-                return {tp: int(E.illegal_generation) for tp in offsets}, None
-            group = self.groups[group_id] = Group(group_id, self.clock())  # a "simple" group
+            return {tp: int(E.illegal_generation) for tp in offsets}, None
         error = self.validate_offset_commit(group, generation_id, member_id, instance_id)
         if error is not None:
             self._maybe_drop(group)
             return {tp: error for tp in offsets}, None
         if group.state in (STABLE, PREPARING) and group.has(member_id):
             self._reschedule(group, group.members[member_id])
+        errors, accepted = self._check_metadata(offsets)
+        fut = self.store.commit(group_id, accepted) if accepted else None
+        if not accepted:
+            self._maybe_drop(group)
+        return errors, fut
+
+    def _commit_group(self, group_id: str, generation_id: int) -> Group | None:
+        """The group an offset commit is for; an unknown group is created as a "simple" group when the
+        commit carries no generation (< 0), else None (ILLEGAL_GENERATION)."""
+        group = self.groups.get(group_id)
+        if group is None:
+            if generation_id >= 0:
+                return None
+            group = self.groups[group_id] = Group(group_id, self.clock())
+        return group
+
+    def _check_metadata(
+        self, offsets: Mapping[TopicPartition, OffsetAndMetadata]
+    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, OffsetAndMetadata]]:
+        """(per-partition errors, the offsets to store): metadata above offset.metadata.max.bytes is
+        OFFSET_METADATA_TOO_LARGE for its partition; a null metadata is stored as ""."""
         errors: dict[TopicPartition, int] = {}
         accepted: dict[TopicPartition, OffsetAndMetadata] = {}
         limit = self.config.offset_metadata_max_bytes
@@ -798,10 +817,7 @@ class GroupCoordinator:
             else:
                 errors[tp] = 0
                 accepted[tp] = om if om.metadata is not None else om._replace(metadata="")
-        fut = self.store.commit(group_id, accepted) if accepted else None
-        if not accepted:
-            self._maybe_drop(group)
-        return errors, fut
+        return errors, accepted
 
     def txn_commit_offsets(
         self,
@@ -836,24 +852,14 @@ class GroupCoordinator:
         if not group_id:
             return {tp: int(E.invalid_group_id) for tp in offsets}, None
         self._expire_due(group_id)
-        group = self.groups.get(group_id)
+        group = self._commit_group(group_id, generation_id)
         if group is None:
-            if generation_id >= 0:
-                return {tp: int(E.illegal_generation) for tp in offsets}, None
-            group = self.groups[group_id] = Group(group_id, self.clock())  # a "simple" group
+            return {tp: int(E.illegal_generation) for tp in offsets}, None
         error = self.validate_offset_commit(group, generation_id, member_id, instance_id, is_transactional=True)
         if error is not None:
             self._maybe_drop(group)
             return {tp: error for tp in offsets}, None
-        errors: dict[TopicPartition, int] = {}
-        accepted: dict[TopicPartition, OffsetAndMetadata] = {}
-        limit = self.config.offset_metadata_max_bytes
-        for tp, om in offsets.items():
-            if om.metadata is not None and len(om.metadata) > limit:
-                errors[tp] = int(E.offset_metadata_too_large)
-            else:
-                errors[tp] = 0
-                accepted[tp] = om if om.metadata is not None else om._replace(metadata="")
+        errors, accepted = self._check_metadata(offsets)
         fut = None
         if accepted:
             try:
