@@ -760,15 +760,18 @@ def test_members_survive_a_broker_kill_and_restart(broker_factory: Any) -> None:
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])
-def test_a_member_closed_during_a_rebalance_leaves_it_at_once(gbroker: EmbeddedBroker, assignor: str) -> None:
+@pytest.mark.parametrize("assignor,forget", [("range", False), ("cooperative-sticky", False), ("range", True)])
+def test_a_member_closed_during_a_rebalance_leaves_it_at_once(gbroker: EmbeddedBroker, assignor: str,
+                                                             forget: bool) -> None:
     """close() while the member's JoinGroup waits in a rebalance (the group waits for a killed member's
     session to expire). The coordinator holds that JoinGroup's answer until the rebalance completes and
     answers one connection's requests in order, so a LeaveGroup sent behind it was read only once the
     next generation had formed, with the closed member in it: close() took the whole rebalance, and the
     leave started another one at once (issue 12's churn run at 2 s repeated that every session timeout,
     72 generations, none of them ever synced). Now the member leaves on a new connection: close() returns
-    at once, and the rebalance completes without it, in one generation."""
+    at once, and the rebalance completes without it, in one generation. ``forget``: the coordinator cache
+    was cleared just before close() (a coordinator error elsewhere): the leave used to find the
+    coordinator again, get the shared connection its JoinGroup blocks, and wait behind it."""
     topic, group = fresh("leave-join"), fresh("g-leave-join")
     create_topic(gbroker.bootstrap, topic, PARTITIONS)
 
@@ -793,6 +796,8 @@ def test_a_member_closed_during_a_rebalance_leaves_it_at_once(gbroker: EmbeddedB
             assert time.monotonic() < deadline, "A never sent its JoinGroup"
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.2)  # the coordinator has it
+        if forget:
+            a.cluster.forget_coordinator(0, group)
         t0 = time.monotonic()
         await stop_member(a)
         took = time.monotonic() - t0

@@ -554,6 +554,32 @@ def test_raw_sasl_protocol(brokers: dict[str, EmbeddedBroker]) -> None:
         s.sendall(_request(36, 1, 8, struct.pack(">i", len(big)) + big))
         resp = _recv(s)
         assert resp is not None and struct.unpack_from(">ih", resp) == (8, 34)
+    # 6. after a SaslHandshake v1 any request but SaslAuthenticate is answered ILLEGAL_SASL_STATE (34) in its
+    #    own response type, then the connection closes (Kafka's SaslServerAuthenticator); it used to close unanswered
+    with socket.create_connection((b.host, b.port), timeout=5) as s:  # Metadata v1 for one topic: the topic errs
+        s.sendall(_request(17, 1, 9, _string("PLAIN")))
+        resp = _recv(s)
+        assert resp is not None and struct.unpack_from(">ih", resp) == (9, 0)
+        s.sendall(_request(3, 1, 10, struct.pack(">i", 1) + _string("t")))
+        resp = _recv(s)
+        assert resp is not None
+        corr, n_brokers, controller, n_topics, code, name_len = struct.unpack_from(">iiiihh", resp)
+        assert (corr, n_brokers, controller, n_topics, code) == (10, 0, -1, 1, 34)
+        assert resp[20 : 20 + name_len] == b"t"
+        assert _closed(s)
+    for corr, api_key, version, body in [
+        (11, 18, 0, b""),  # ApiVersions v0: a top-level error
+        (12, 17, 1, _string("PLAIN")),  # a second SaslHandshake
+        (13, 11, 0, _string("g") + struct.pack(">i", 6000) + _string("") + _string("consumer")
+         + struct.pack(">i", 0)),  # JoinGroup v0
+    ]:
+        with socket.create_connection((b.host, b.port), timeout=5) as s:
+            s.sendall(_request(17, 1, 1, _string("PLAIN")))
+            assert struct.unpack_from(">ih", _recv(s) or b"") == (1, 0)
+            s.sendall(_request(api_key, version, corr, body))
+            resp = _recv(s)
+            assert resp is not None and struct.unpack_from(">ih", resp) == (corr, 34), (api_key, resp)
+            assert _closed(s)
     # 5. before authentication a frame above sasl.server.max.receive.size (512 KiB) closes the connection at once
     with socket.create_connection((b.host, b.port), timeout=5) as s:
         s.sendall(struct.pack(">i", 600_000) + b"\x00" * 1000)

@@ -468,9 +468,12 @@ class StepLog(MemoryTxnLog):
             self.held[i].set_result(None)
 
 
-def test_add_chained_on_a_failed_write_fails_and_applies_nothing() -> None:
-    """If the write an add was chained on fails, the chained add fails too (retriable
-    COORDINATOR_NOT_AVAILABLE), even when its own write succeeds; nothing is applied."""
+@pytest.mark.parametrize("own_write_fails", [False, True])
+def test_add_chained_on_a_failed_write_fails_and_applies_nothing(own_write_fails: bool) -> None:
+    """If the write an add was chained on fails, the chained add fails too, even when its
+    own write succeeds; nothing is applied. It answers what it would have answered had it
+    been appended on its own then (an fsync error of the transaction log: NOT_COORDINATOR,
+    Kafka's answer for a KAFKA_STORAGE_ERROR of the append), not a code of its own."""
     log = StepLog()
     env = Env(log=log)
 
@@ -478,6 +481,15 @@ def test_add_chained_on_a_failed_write_fails_and_applies_nothing() -> None:
         await env.coord.start()
         pid, epoch = await begin(env, [A0])
         log.auto_flush = False
+        # the same add on its own, its write failing
+        alone = asyncio.create_task(env.coord.add_offsets(TID, pid, epoch, "g"))
+        await asyncio.sleep(0)
+        log.finish(0, error=True)
+        unchained = await alone
+        assert unchained == E.not_coordinator
+        assert env.md().partitions == {A0} and env.coord.pending_transit(TID) is None
+        log.held.clear()
+        # now chained behind a failing add
         first = asyncio.create_task(env.coord.add_partitions(TID, pid, epoch, [A1]))
         await asyncio.sleep(0)
         second = asyncio.create_task(env.coord.add_offsets(TID, pid, epoch, "g"))
@@ -485,9 +497,9 @@ def test_add_chained_on_a_failed_write_fails_and_applies_nothing() -> None:
         assert len(log.held) == 2
         log.finish(0, error=True)
         await asyncio.sleep(0)
-        log.finish(1)
-        assert await first == {A1: E.coordinator_not_available}
-        assert await second == E.coordinator_not_available
+        log.finish(1, error=own_write_fails)
+        assert await first == {A1: E.not_coordinator}
+        assert await second == unchained
         assert env.md().partitions == {A0} and env.coord.pending_transit(TID) is None
         log.auto_flush = True
         assert await env.coord.add_offsets(TID, pid, epoch, "g") == 0
@@ -576,9 +588,10 @@ def test_log_write_failure_changes_nothing():
         pid, epoch = await begin(env, [A0])
         before = snapshot(env)
         env.log.fail_next = 3
-        assert await env.coord.add_partitions(TID, pid, epoch, [A1]) == {A1: E.coordinator_not_available}
-        assert (await env.coord.end_txn(TID, pid, epoch, True, False)).error == E.coordinator_not_available
-        assert (await env.coord.init_producer_id(TID, 1000)).error == E.coordinator_not_available
+        # Kafka's TransactionStateManager answers NOT_COORDINATOR for a storage error of the append
+        assert await env.coord.add_partitions(TID, pid, epoch, [A1]) == {A1: E.not_coordinator}
+        assert (await env.coord.end_txn(TID, pid, epoch, True, False)).error == E.not_coordinator
+        assert (await env.coord.init_producer_id(TID, 1000)).error == E.not_coordinator
         assert snapshot(env) == before and env.coord.pending_transit(TID) is None
         assert (await env.coord.end_txn(TID, pid, epoch, True, False)).error == 0
 
@@ -865,7 +878,7 @@ def test_crash_before_prepare_is_durable_leaves_the_txn_ongoing():
         await asyncio.sleep(0)
         assert env.coord.pending_transit(TID) is not None
         env2 = env.restart()
-        assert (await task).error == E.coordinator_not_available
+        assert (await task).error == E.not_coordinator
         env2.log.auto_flush = True
         await env2.coord.start()
         assert env2.md().state is S.ONGOING and env2.md().partitions == {A0, A1}
@@ -923,7 +936,7 @@ def test_file_log_waits_for_the_durability_callback(tmp_path):
         await asyncio.sleep(0)
         assert coord.metadata(TID) is None and len(futures) == 1
         futures[0].set_exception(OSError("fsync failed"))
-        assert (await task).error == E.coordinator_not_available
+        assert (await task).error == E.not_coordinator
         assert coord.metadata(TID) is None
         task = asyncio.create_task(coord.init_producer_id(TID, 1000))
         await asyncio.sleep(0)

@@ -14,7 +14,7 @@ from typing import Any
 
 from oncelog.broker.context import CloseConnection, RequestContext
 from oncelog.broker.handlers import HANDLERS, api_versions, sasl_authenticate, sasl_handshake
-from oncelog.protocol.build import materialize
+from oncelog.protocol.build import error_body, materialize
 from oncelog.protocol.codec import DecodeError, decode_request, encode_response, is_flexible, response_type
 from oncelog.protocol.headers import (
     API_VERSIONS_KEY,
@@ -25,6 +25,9 @@ from oncelog.protocol.headers import (
 )
 
 log = logging.getLogger("oncelog.requests")
+
+METADATA_KEY = 3
+ILLEGAL_SASL_STATE = 34
 
 __all__ = ["CloseConnection", "handle_frame"]
 
@@ -39,9 +42,11 @@ async def handle_frame(
     long poll); the caller treats the return as applied too. ``auth`` is the
     connection's :class:`~oncelog.broker.security.SaslSession` on a SASL
     listener: until it is complete only ApiVersions, SaslHandshake and
-    SaslAuthenticate are served, anything else closes the connection (Kafka's
-    SaslServerAuthenticator); after a SaslHandshake v0 the frames are bare
-    SASL tokens, answered bare."""
+    SaslAuthenticate are served (Kafka's SaslServerAuthenticator): anything
+    else before the handshake closes the connection without an answer; after a
+    SaslHandshake v1 it is answered with ILLEGAL_SASL_STATE (its own response
+    type, :func:`_illegal_sasl_state`), then the connection closes; after a
+    SaslHandshake v0 the frames are bare SASL tokens, answered bare."""
     if auth is not None and not auth.complete and auth.raw_tokens:
         return sasl_authenticate.raw_token(auth, frame)
     try:
@@ -53,9 +58,14 @@ async def handle_frame(
             else (sasl_authenticate.API_KEY,)
         if header.api_key not in allowed:
             known = HANDLERS.get(header.api_key)
-            raise CloseConnection(f"unexpected request {known.name if known else header.api_key} during SASL "
-                                  f"{'handshake' if auth.state == auth.HANDSHAKE else 'authentication'}")
-        if header.api_key == API_VERSIONS_KEY and auth.api_versions_done:
+            unexpected = (f"unexpected request {known.name if known else header.api_key} during SASL "
+                          f"{'handshake' if auth.state == auth.HANDSHAKE else 'authentication'}")
+            if auth.state != auth.AUTHENTICATE or known is None:
+                raise CloseConnection(unexpected)  # refused before it is parsed: no answer
+            # Kafka parses it and answers ILLEGAL_SASL_STATE in its own response, then closes
+            auth.state = auth.FAILED
+            auth.close_after_response = True
+        elif header.api_key == API_VERSIONS_KEY and auth.api_versions_done:
             raise CloseConnection("a second ApiVersions request before SASL authentication (Kafka allows one)")
     handler = HANDLERS.get(header.api_key)
     if handler is None:
@@ -77,6 +87,14 @@ async def handle_frame(
         request = decode_request(header.api_key, version, frame, pos, unknown_tags)
     except (HeaderError, DecodeError) as exc:
         raise CloseConnection(f"cannot decode {handler.name} v{version}: {exc}") from None
+    if auth is not None and auth.state == auth.FAILED:
+        result = _illegal_sasl_state(header.api_key, version, request)
+        if result is None:
+            raise CloseConnection(f"unexpected request {handler.name} during SASL authentication")
+        log.warning("%s sent %s during SASL authentication: answered ILLEGAL_SASL_STATE, closing",
+                    peer, handler.name)
+        return [response_header(header.correlation_id, flexible and header.api_key != API_VERSIONS_KEY),
+                encode_response(materialize(response_type(header.api_key, version), result))]
     ctx = RequestContext(broker, header, peer, applied, unknown_tags or None, auth)
     result = await handler.handle(ctx, request)
     if auth is not None and header.api_key == API_VERSIONS_KEY and not auth.complete:
@@ -90,3 +108,19 @@ async def handle_frame(
     resp_flexible = flexible and header.api_key != API_VERSIONS_KEY
     return [response_header(header.correlation_id, resp_flexible), body]
 
+
+
+def _illegal_sasl_state(api_key: int, version: int, request: Any) -> dict[str, Any] | None:
+    """The answer to a request other than SaslAuthenticate after a SaslHandshake v1, as
+    Kafka's SaslServerAuthenticator builds it (the request's error response with
+    ILLEGAL_SASL_STATE): the top-level error where the response has one; Metadata's
+    has none, so every requested topic carries it. None for the other responses
+    without a top-level error (the connection is then closed without an answer)."""
+    message = f"Unexpected Kafka request of type {HANDLERS[api_key].name} during SASL authentication."
+    if api_key == METADATA_KEY:
+        topics = getattr(request, "topics", None) or ()
+        return {"throttle_time": 0, "brokers": [], "cluster_id": None, "controller_id": -1,
+                "topics": [{"error_code": ILLEGAL_SASL_STATE, "name": t.name or "",
+                            "topic_id": getattr(t, "topic_id", None), "is_internal": False, "partitions": []}
+                           for t in topics]}
+    return error_body(response_type(api_key, version), ILLEGAL_SASL_STATE, message)

@@ -11,7 +11,9 @@ commits or discards the producer's pending transactional offsets.
 Errors per partition, as the coordinator reads them: 0 = durable; a
 partition that no longer exists answers UNKNOWN_TOPIC_OR_PARTITION and the
 coordinator drops it; an fsync failure answers KAFKA_STORAGE_ERROR and the
-coordinator retries. A partition that rejects the marker because the
+coordinator retries, for the partitions whose log failed to sync only (a
+failed group-commit round fails all its waiters, but each log is synced on
+its own, so a partition whose marker is durable answers 0). A partition that rejects the marker because the
 producer or the coordinator moved on (INVALID_PRODUCER_EPOCH,
 TRANSACTION_COORDINATOR_FENCED) answers 0 to the coordinator, which is how
 Kafka's coordinator treats those answers (the transaction has nothing left to
@@ -67,7 +69,7 @@ class BrokerMarkerWriter:
             await self._crash_point(producer_id, producer_epoch, coordinator_epoch, partitions, transaction_version)
         errors: dict[TopicPartition, int] = {}
         waits: list[tuple[list[TopicPartition], Any]] = []
-        appended: list[tuple[TopicPartition, Any]] = []  # partitions whose marker is appended: one wait for all
+        appended: list[tuple[TopicPartition, Any, int]] = []  # (tp, partition, marker offset): one wait for all
         for tp in partitions:
             try:
                 if tp.topic == OFFSETS_TOPIC:
@@ -79,8 +81,10 @@ class BrokerMarkerWriter:
                     )
                 else:
                     partition = broker.partition(tp.topic, tp.partition)
-                    partition.write_marker(producer_id, producer_epoch, coordinator_epoch, commit, now, transaction_version)
-                    appended.append((tp, partition))
+                    offset = partition.write_marker(
+                        producer_id, producer_epoch, coordinator_epoch, commit, now, transaction_version
+                    )
+                    appended.append((tp, partition, offset))
                     fut = None
             except KafkaError as exc:
                 if exc.code in _MOVED_ON and not strict:
@@ -94,9 +98,9 @@ class BrokerMarkerWriter:
                 waits.append(([tp], fut))
         if appended:
             # no await since the appends: one group-commit round covers them (and their future)
-            fut = broker.committer.wait_durable_all([p for _, p in appended])
+            fut = broker.committer.wait_durable_all([p for _, p, _ in appended])
             if fut is not None:
-                waits.append(([tp for tp, _ in appended], fut))
+                waits.append(([tp for tp, _, _ in appended], fut))
         if waits:
             results = await asyncio.gather(*(f for _, f in waits), return_exceptions=True)
             for (tps, _), result in zip(waits, results):
@@ -104,7 +108,24 @@ class BrokerMarkerWriter:
                     for tp in tps:
                         log.error("marker on %s-%d is not durable: %s", tp.topic, tp.partition, result)
                         errors[tp] = int(ErrorCode.kafka_storage_error)
+            if appended:
+                self._durable_anyway(appended, errors)
         return errors
+
+    @staticmethod
+    def _durable_anyway(appended: list[tuple[TopicPartition, Any, int]], errors: dict[TopicPartition, int]) -> None:
+        """A failed round fails every waiter of it, but each log was fsynced on its
+        own: a partition whose log is durable past its marker answers NONE (as each
+        partition has its own result in a WriteTxnMarkers response), and its high
+        watermark moves past the marker, which the failed round did not do. Only the
+        partitions whose marker is not durable are retried by the coordinator."""
+        for tp, partition, offset in appended:
+            if errors.get(tp) != ErrorCode.kafka_storage_error:
+                continue
+            if partition.log.durable_end_offset > offset:
+                log.info("marker on %s-%d is durable (its own fsync succeeded)", tp.topic, tp.partition)
+                errors[tp] = 0
+                partition.advance_high_watermark(partition.log.durable_end_offset)
 
     async def _crash_point(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, partitions: list[TopicPartition], tv: int

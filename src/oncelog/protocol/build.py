@@ -19,7 +19,7 @@ from kio.schema.errors import ErrorCode
 from kio.serial._implicit_defaults import get_tagged_field_default
 from kio.serial._introspect import EntityField, EntityTupleField, classify_field, get_field_tag
 
-__all__ = ["materialize", "to_ms"]
+__all__ = ["error_body", "materialize", "to_ms"]
 
 _UTC = datetime.timezone.utc
 
@@ -102,3 +102,40 @@ def materialize(cls: type, data: Any) -> Any:
         else:
             kwargs[name] = conv(value)
     return cls(**kwargs)
+
+
+_NEGATIVE_ONE = ("_id", "epoch", "port")  # "unknown" in Kafka's error responses: ids, epochs, ports
+
+
+def error_body(cls: type, error_code: int, message: str | None = None) -> dict[str, Any] | None:
+    """The top-level error response ``cls`` for a request refused as a whole: ``error_code``
+    (and ``error_message`` where the version has one), every array empty, ids, epochs and ports
+    -1, other numbers 0, strings empty (null where nullable). None when ``cls`` has no
+    top-level ``error_code`` (its errors are per entity)."""
+    names = {f.name for f in fields(cls)}
+    if "error_code" not in names:
+        return None
+    body: dict[str, Any] = {"error_code": error_code}
+    if "error_message" in names:
+        body["error_message"] = message
+    for field in fields(cls):
+        if field.name in body or field.default is not MISSING or field.default_factory is not MISSING:
+            continue
+        if get_field_tag(field) is not None:
+            continue
+        kind = classify_field(field)
+        ktype = field.metadata.get("kafka_type", "")
+        if isinstance(kind, EntityTupleField) or str(field.type).startswith("tuple"):
+            body[field.name] = ()
+        elif isinstance(kind, EntityField):
+            continue  # a nested struct: left to materialize (required ones raise there)
+        elif ktype.startswith(("int", "uint", "float")):
+            body[field.name] = -1 if field.name.endswith(_NEGATIVE_ONE) else 0
+        elif ktype.startswith("timedelta") or ktype.startswith("datetime"):
+            body[field.name] = 0
+        elif ktype == "bool":
+            body[field.name] = False
+        elif ktype in ("string", "bytes", "records"):
+            nullable = "None" in str(field.type)
+            body[field.name] = None if nullable else ("" if ktype == "string" else b"")
+    return body

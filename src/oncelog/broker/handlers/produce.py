@@ -148,11 +148,19 @@ async def _add_implicitly(broker: Any, txn: Any, producer_id: int, producer_epoc
     return codes
 
 
+# verification failed with an error the producer retries: answered NOT_ENOUGH_REPLICAS, as Kafka's
+# ReplicaManager does (older clients retry it without a metadata refresh)
+_VERIFY_RETRIABLE = frozenset(int(c) for c in (
+    ErrorCode.concurrent_transactions, ErrorCode.network_exception, ErrorCode.coordinator_load_in_progress,
+    ErrorCode.coordinator_not_available, ErrorCode.not_coordinator,
+))
+
+
 def _txn_error(code: int, version: int) -> KafkaError:
     """Map a coordinator answer for a transactional batch to Kafka's produce error."""
     if code in (ErrorCode.producer_fenced, ErrorCode.invalid_producer_epoch):
         return KafkaError(ErrorCode.invalid_producer_epoch, "the producer's epoch is fenced")
-    if code in (ErrorCode.concurrent_transactions, ErrorCode.coordinator_load_in_progress, ErrorCode.coordinator_not_available):
+    if code in _VERIFY_RETRIABLE:
         return KafkaError(ErrorCode.not_enough_replicas, "unable to verify the partition is in the transaction; retry")
     if code == ErrorCode.invalid_txn_state:
         return KafkaError(ErrorCode.invalid_txn_state, "Partition was not added to the transaction")

@@ -6,7 +6,9 @@ Every state change is prepared as a :class:`~oncelog.broker.txn.state.Transit`
 (registered as the transactional id's pending transit, so that concurrent
 requests get CONCURRENT_TRANSACTIONS), written to the transaction log and
 applied only once the record is durable. A failed write changes nothing and
-answers COORDINATOR_NOT_AVAILABLE (retriable).
+answers NOT_COORDINATOR (retriable: the client looks the coordinator up again),
+as Kafka's TransactionStateManager maps a KAFKA_STORAGE_ERROR of its append;
+an add chained on it answers the same (:func:`append_error`).
 
 EndTxn is Kafka's two-phase commit: PrepareCommit/PrepareAbort is written
 durably, the client is answered, then a background task writes the markers
@@ -57,6 +59,21 @@ OFFSETS_TP = TopicPartition("__consumer_offsets", 0)
 S = TxnState
 E = ErrorCode
 NONE = int(E.none)
+
+
+def append_error(exc: BaseException) -> int:
+    """The answer for a transaction-log write that failed with ``exc``.
+
+    Kafka's TransactionStateManager maps the append's error by cause:
+    UNKNOWN_TOPIC_OR_PARTITION, NOT_ENOUGH_REPLICAS(_AFTER_APPEND) and
+    REQUEST_TIMED_OUT to COORDINATOR_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER and
+    KAFKA_STORAGE_ERROR to NOT_COORDINATOR, MESSAGE_TOO_LARGE and
+    RECORD_LIST_TOO_LARGE to UNKNOWN_SERVER_ERROR. The only way a write fails
+    here is the log's own I/O (an fsync error, or the process dying before the
+    record is durable): a storage error, so NOT_COORDINATOR."""
+    if isinstance(exc, (TxnLogError, OSError)):
+        return int(E.not_coordinator)
+    return int(E.unknown_server_error)
 
 
 class MarkerWriter(Protocol):
@@ -164,6 +181,8 @@ class TransactionCoordinator:
         # pending transits an add may be chained on (see add_partitions): adds and Complete*
         self._chainable: dict[str, Transit] = {}
         self._in_write: set[int] = set()  # id() of the transits whose write has not ended yet
+        # the last failed write of each id and its answer: what an add chained on it answers
+        self._failed: dict[str, tuple[Transit, int]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.task_errors: list[BaseException] = []  # unexpected failures of background marker tasks
         self._next_abort_check = 0
@@ -245,7 +264,9 @@ class TransactionCoordinator:
             await self._store.write(tid, None if transit.state is S.DEAD else transit.target)
         except (TxnLogError, OSError) as exc:
             log.warning("transaction log write for %r (%s) failed: %s", tid, transit.state.display_name, exc)
-            return int(E.coordinator_not_available)
+            code = append_error(exc)
+            self._failed[tid] = (transit, code)
+            return code
         finally:
             self._in_write.discard(id(transit))
             if self._pending.get(tid) is transit:
@@ -265,9 +286,15 @@ class TransactionCoordinator:
             _notify(self._written, tid)
         current = self._txns.get(tid)
         if chained and current is not transit.source:
-            # the transit this one was chained on failed (or was never applied): neither is applied
+            # the transit this one was chained on failed (or was never applied): neither is applied.
+            # Its record follows that one's in the log, so had it been appended on its own then it
+            # would have failed the same way: it answers what that write answered (retriable
+            # COORDINATOR_NOT_AVAILABLE when that write did not fail but ended otherwise, cancelled)
+            failed = self._failed.get(tid)
+            code = failed[1] if failed is not None and failed[0] is before else int(E.coordinator_not_available)
             log.warning("transaction log write for %r (%s) failed: the write before it failed", tid, transit.state.display_name)
-            return int(E.coordinator_not_available)
+            return code
+        self._failed.pop(tid, None)
         new = complete(current, transit)
         if current is not None:
             self._unindex(current)

@@ -360,3 +360,25 @@ class Cluster:
 
     def forget_coordinator(self, key_type: int, key: str) -> None:
         self._coordinators.pop((key_type, key), None)
+
+    async def fresh_coordinator_connection(self, key_type: int, key: str,
+                                           timeout: float | None = None) -> BrokerConnection:
+        """A new connection to the coordinator of ``key`` (looked up as :meth:`coordinator`
+        does), not shared and owned by the caller, who closes it.
+
+        The coordinator answers one connection's requests in order and holds a
+        JoinGroup's answer until the rebalance completes, so a request that must not
+        wait behind one (a closing member's LeaveGroup) goes on its own connection."""
+        node_id = await self.coordinator(key_type, key, timeout)
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise KafkaConnectionError(f"broker {node_id} is not in the cluster metadata")
+        if self._closed:
+            raise KafkaConnectionError("client closed")
+        conn = BrokerConnection(node.host, node.port, node_id=node_id, **self._conn_kwargs())
+        try:
+            await conn.connect()
+        except BaseException:
+            conn.close()
+            raise
+        return conn

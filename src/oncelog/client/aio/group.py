@@ -169,6 +169,7 @@ class GroupMember:
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._hb_task: asyncio.Task[None] | None = None
+        self._join_conn: Any = None  # the connection of the last JoinGroup (see _drop_join_connection)
         self._last_poll = time.monotonic()
         self._last_heartbeat_ok = time.monotonic()
         self._group_metadata_topics: dict[str, int] = {}
@@ -279,7 +280,7 @@ class GroupMember:
                     await self._invoke(self.on_lost or self.on_revoke, self._assignment)
                 self._assignment = set()
             if leave and self.group_instance_id is None and self.member_id:
-                await self._leave("the consumer is being closed")
+                await self._leave("the consumer is being closed", fresh=True)
         finally:
             self._state = "closed"
             self.generation_id, self.member_id = -1, ""
@@ -486,7 +487,7 @@ class GroupMember:
         self._join_epoch += 1
         self._rejoin_needed = False
         self._assigned.clear()
-        conn = await self._coordinator_conn()
+        conn = self._join_conn = await self._coordinator_conn()
         v = conn.version(JOIN_GROUP, JOIN_GROUP_VERSIONS)
         if self.group_instance_id is not None and v < 5:
             self._fatal(error_for(int(ErrorCode.unsupported_version.value),
@@ -608,15 +609,23 @@ class GroupMember:
         this member in it: the leave then starts yet another rebalance, and
         close() waits for the whole current one. On a new connection the
         coordinator reads the LeaveGroup at once and drops the member from the
-        rebalance in progress (no new one)."""
-        node = self.cluster._coordinators.get((GROUP_KEY, self.group_id))
-        conn = self.cluster.nodes[node].conn if node is not None and node in self.cluster.nodes else None
+        rebalance in progress (no new one): close() sends it on a connection of
+        its own (:meth:`Cluster.fresh_coordinator_connection`), and the one the
+        JoinGroup went on is closed here (known without the coordinator cache,
+        which may have been cleared since)."""
+        conn, self._join_conn = self._join_conn, None
         if conn is not None and not conn.closed and conn.in_flight:
             conn.close()
 
-    async def _leave(self, reason: str) -> None:
+    async def _leave(self, reason: str, *, fresh: bool = False) -> None:
+        """LeaveGroup; ``fresh``: on a new connection of its own, so that no request of the shared
+        one (this member's JoinGroup, which the coordinator holds) is ahead of it."""
+        own = None
         try:
-            conn = await self._coordinator_conn()
+            if fresh:
+                conn = own = await self.cluster.fresh_coordinator_connection(GROUP_KEY, self.group_id)
+            else:
+                conn = await self._coordinator_conn()
             v = conn.version(LEAVE_GROUP, LEAVE_GROUP_VERSIONS)
             body = {"group_id": self.group_id, "member_id": self.member_id,
                     "members": [{"member_id": self.member_id, "group_instance_id": None, "reason": reason}]}
@@ -626,6 +635,9 @@ class GroupMember:
                 log.info("group %s: LeaveGroup answered %s", self.group_id, ErrorCode(code).name.upper())
         except KafkaError as exc:
             log.info("group %s: LeaveGroup failed: %s", self.group_id, exc)
+        finally:
+            if own is not None:
+                own.close()
 
     # -- offsets ----------------------------------------------------------------------------------------
 
