@@ -241,3 +241,39 @@ def test_a_round_that_cannot_start_fails_its_waiters_and_frees_the_log() -> None
         await _asyncio.wait_for(gc.drain(), 2)
 
     _asyncio.run(main())
+
+
+def test_a_cancelled_drain_leaves_the_rounds_it_waited_on_running() -> None:
+    """``drain()`` cancelled (shutdown's timeout, a cancelled stop) while a round runs:
+    the round is not cancelled with it, and the produce waiting on that round is still
+    released when its fdatasync finishes (before, the gather inside drain cancelled the
+    round's future, and every waiter of the round failed with CancelledError)."""
+
+    async def main() -> None:
+        release = threading.Event()
+
+        class SlowLog(FakeLog):
+            def sync(self) -> int:
+                release.wait(10)
+                return super().sync()
+
+        part = FakePartition(SlowLog())
+        part.log.log_end_offset = 5
+        committer = GroupCommitter()
+        try:
+            produce = committer.wait_durable(part)
+            await asyncio.sleep(0.05)  # the round has started and is in its fdatasync
+            drain = asyncio.ensure_future(committer.drain())
+            await asyncio.sleep(0.05)
+            drain.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await drain
+            release.set()
+            await asyncio.wait_for(produce, 10)  # resolved, not cancelled
+            assert part.high_watermark == 5
+            await asyncio.wait_for(committer.drain(), 10)
+        finally:
+            release.set()
+            committer.close()
+
+    asyncio.run(main())
