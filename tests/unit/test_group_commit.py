@@ -277,3 +277,35 @@ def test_a_cancelled_drain_leaves_the_rounds_it_waited_on_running() -> None:
             committer.close()
 
     asyncio.run(main())
+
+
+def test_a_deleted_log_in_a_round_does_not_fail_the_live_ones(tmp_path) -> None:
+    """DeleteTopics removes a log whose append waits for the next round, and another
+    partition's append joins that round: the live partition's produce is released (it
+    failed with FileNotFoundError from the deleted log's directory fsync)."""
+    from oncelog.broker.durability import LogHandle
+    from oncelog.protocol.records import Record, encode_record_batch
+    from oncelog.storage.config import LogConfig
+    from oncelog.storage.log import PartitionLog
+
+    async def main() -> None:
+        cfg = LogConfig(segment_bytes=400, index_interval_bytes=100)
+        live = PartitionLog.open(tmp_path / "live-0", cfg, 0)
+        gone = PartitionLog.open(tmp_path / "gone-0", cfg, 0)
+        batch = encode_record_batch([Record(b"k", b"v" * 50, [], 0)], base_timestamp=0)
+        for _ in range(10):  # rolls: directory fsyncs pending
+            live.append(batch, 0)
+            gone.append(batch, 0)
+        committer = GroupCommitter()
+        try:
+            w_live = committer.wait_durable(LogHandle(live))
+            w_gone = committer.wait_durable(LogHandle(gone))
+            gone.delete()  # before the round starts (it starts in the next loop pass)
+            await asyncio.wait_for(w_live, 10)
+            await asyncio.wait_for(w_gone, 10)
+            assert live.durable_end_offset == 10
+        finally:
+            committer.close()
+            live.close()
+
+    asyncio.run(main())

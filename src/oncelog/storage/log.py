@@ -531,8 +531,19 @@ class PartitionLog:
         Safe to call from worker threads while appends continue (appends made
         after the call started are left for the next sync).  Concurrent calls
         are serialised, so a return always means "durable up to the result".
+
+        Segments may be closed meanwhile (retention, DeleteRecords, a cleaner
+        install): the fdatasyncs run on descriptors of their own, taken under the
+        lock (``sync_fds`` dups), so closing a segment's descriptor during a
+        running fdatasync neither breaks it (EBADF) nor lets it sync another file
+        that reused the number. A closed or deleted log has nothing left to sync
+        (``close`` synced it all; a deleted one's files are gone): it returns at
+        once, so a group-commit round that still holds it does not fail with
+        the partitions synced beside it.
         """
         with self._sync_lock:
+            if self._closed:
+                return self._durable_end
             with self._lock:
                 active = self.segments[-1]
                 end = active.next_offset
@@ -552,8 +563,9 @@ class PartitionLog:
                     fsync_dir(self.directory)
             except BaseException:
                 with self._lock:
-                    for seg in segs:
-                        if seg.fd >= 0:
+                    live = set(map(id, self.segments))
+                    for seg in segs:  # not those retention or the cleaner dropped meanwhile
+                        if seg.fd >= 0 and id(seg) in live:
                             self._unsynced[seg] = None
                     self._dir_dirty |= dir_dirty
                 raise
@@ -937,9 +949,10 @@ class PartitionLog:
             self._size += seg.size - sum(o.size for o in olds)
             for old in olds:
                 self._unsynced.pop(old, None)
+                # reads run on the loop, none is in flight: the descriptors can go, under the
+                # lock, as in _drop_segment (a sync takes its own descriptors under it)
+                old.close()
             self._dir_dirty = True
-        for old in olds:  # reads run on the loop, none is in flight: the descriptors can go
-            old.close()
         return True
 
     def finish_swaps(
@@ -1008,6 +1021,8 @@ class PartitionLog:
         """Close the files and remove the whole directory."""
         with self._sync_lock, self._lock:
             self._closed = True
+            self._unsynced.clear()
+            self._dir_dirty = False
             for seg in self.segments:
                 seg.close()
         self.remove_directory(self.directory)
