@@ -186,7 +186,7 @@ PHASES = [  # (name, from index, to index) into a trace record
     ("event loop: frame in -> appended, waiting", 0, 1),
     ("waiting for the round to start", 1, 2),
     ("round start -> a worker has the job (hand-off)", 2, 3),
-    ("workers: dup + fdatasync + close (slowest file)", 3, 4),
+    ("workers: PartitionLog.sync (slowest file)", 3, 4),
     ("last worker done -> round's callback on the loop", 4, 5),
     ("waiters released -> response ready", 5, 6),
     ("response ready -> written", 6, 7),
