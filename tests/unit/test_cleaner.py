@@ -406,3 +406,65 @@ def test_replaced_files_are_removed_a_chunk_at_a_time(tmp_path: Path) -> None:
     assert sizes == [2952, 904, -1]  # cut from the end, a pause after every cut and after the unlink
     assert not path.exists()
     assert remove_gradually(path, 2048, lambda: None) == 0  # already gone
+
+
+def test_a_swap_installed_while_a_sync_fdatasyncs_the_old_segments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cleaner installs a group while a group-commit worker is inside fdatasync of the
+    group's old segments (through their own descriptors): the old descriptors are closed
+    only when that sync is done, so no file opened meanwhile takes a number the worker
+    still uses; the sync succeeds and nothing leaks."""
+    import threading
+
+    fds_before = set(os.listdir("/proc/self/fd"))
+    cfg = LogConfig(segment_bytes=400, cleanup_policy=["compact"])
+    plog = PartitionLog.open(tmp_path / "t-0", cfg, NOW)
+    for i in range(30):
+        plog.append(batch(0, (b"k%d" % (i % 3), b"v%d" % i)), NOW)
+    olds = plog.segments[:-1]
+    assert len(olds) > 2
+    real = os.fdatasync
+    started, go = threading.Event(), threading.Event()
+    synced: list[int] = []
+
+    def slow_fdatasync(fd: int) -> None:
+        if threading.current_thread().name == "syncer":
+            started.set()
+            assert go.wait(5)
+            synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    result: list[object] = []
+
+    def syncer() -> None:
+        try:
+            result.append(plog.sync())
+        except BaseException as exc:  # pragma: no cover - asserted below
+            result.append(exc)
+
+    th = threading.Thread(target=syncer, name="syncer")
+    th.start()
+    assert started.wait(5)
+    pinned = plog.pin_segments(plog.active_segment.base_offset)
+    seg = plog.new_cleaned_segment(pinned[0].base_offset)
+    for p in pinned:
+        for h, b in p.batches():
+            seg.append([b], len(b), h.base_offset, h.next_offset, h.max_timestamp, NOW)
+    end = pinned[-1].next_base
+    plog.commit_cleaned([seg], [(seg.base_offset, end)])
+    assert plog.install_cleaned(pinned, seg)
+    for p in pinned:
+        p.close()
+    plog.finish_swaps([(seg.base_offset, end)], [])
+    reused = [os.open(os.devnull, os.O_RDONLY) for _ in range(8)]
+    try:
+        go.set()
+        th.join(10)
+        assert result == [30]
+        assert not set(synced) & set(reused)
+    finally:
+        for fd in reused:
+            os.close(fd)
+    assert all(old.fd < 0 for old in olds)
+    plog.close()
+    assert set(os.listdir("/proc/self/fd")) == fds_before

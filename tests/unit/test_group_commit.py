@@ -241,3 +241,71 @@ def test_a_round_that_cannot_start_fails_its_waiters_and_frees_the_log() -> None
         await _asyncio.wait_for(gc.drain(), 2)
 
     _asyncio.run(main())
+
+
+def test_a_cancelled_drain_leaves_the_rounds_it_waited_on_running() -> None:
+    """``drain()`` cancelled (shutdown's timeout, a cancelled stop) while a round runs:
+    the round is not cancelled with it, and the produce waiting on that round is still
+    released when its fdatasync finishes (before, the gather inside drain cancelled the
+    round's future, and every waiter of the round failed with CancelledError)."""
+
+    async def main() -> None:
+        release = threading.Event()
+
+        class SlowLog(FakeLog):
+            def sync(self) -> int:
+                release.wait(10)
+                return super().sync()
+
+        part = FakePartition(SlowLog())
+        part.log.log_end_offset = 5
+        committer = GroupCommitter()
+        try:
+            produce = committer.wait_durable(part)
+            await asyncio.sleep(0.05)  # the round has started and is in its fdatasync
+            drain = asyncio.ensure_future(committer.drain())
+            await asyncio.sleep(0.05)
+            drain.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await drain
+            release.set()
+            await asyncio.wait_for(produce, 10)  # resolved, not cancelled
+            assert part.high_watermark == 5
+            await asyncio.wait_for(committer.drain(), 10)
+        finally:
+            release.set()
+            committer.close()
+
+    asyncio.run(main())
+
+
+def test_a_deleted_log_in_a_round_does_not_fail_the_live_ones(tmp_path) -> None:
+    """DeleteTopics removes a log whose append waits for the next round, and another
+    partition's append joins that round: the live partition's produce is released (it
+    failed with FileNotFoundError from the deleted log's directory fsync)."""
+    from oncelog.broker.durability import LogHandle
+    from oncelog.protocol.records import Record, encode_record_batch
+    from oncelog.storage.config import LogConfig
+    from oncelog.storage.log import PartitionLog
+
+    async def main() -> None:
+        cfg = LogConfig(segment_bytes=400, index_interval_bytes=100)
+        live = PartitionLog.open(tmp_path / "live-0", cfg, 0)
+        gone = PartitionLog.open(tmp_path / "gone-0", cfg, 0)
+        batch = encode_record_batch([Record(b"k", b"v" * 50, [], 0)], base_timestamp=0)
+        for _ in range(10):  # rolls: directory fsyncs pending
+            live.append(batch, 0)
+            gone.append(batch, 0)
+        committer = GroupCommitter()
+        try:
+            w_live = committer.wait_durable(LogHandle(live))
+            w_gone = committer.wait_durable(LogHandle(gone))
+            gone.delete()  # before the round starts (it starts in the next loop pass)
+            await asyncio.wait_for(w_live, 10)
+            await asyncio.wait_for(w_gone, 10)
+            assert live.durable_end_offset == 10
+        finally:
+            committer.close()
+            live.close()
+
+    asyncio.run(main())

@@ -278,10 +278,14 @@ class GroupCommitter:
                     log.error("background flush failed: %s", exc)
 
     async def drain(self) -> None:
-        """Wait until every log appended so far is synced (the running rounds and the ones they lead to)."""
+        """Wait until every log appended so far is synced (the running rounds and the ones they lead to).
+
+        Cancelling the drain cancels only the drain: the rounds it waits on go on, since
+        produce answers wait on them too (``asyncio.wait`` does not cancel what it waits
+        for; ``gather`` would, and every waiter of the round would fail)."""
         while self._rounds or self._kick_scheduled or (self._dirty and self.fsync_on_ack and self._waiting):
             if self._rounds:
-                await asyncio.gather(*list(self._rounds), return_exceptions=True)
+                await asyncio.wait(list(self._rounds))
             await asyncio.sleep(0)
 
     def close(self) -> None:

@@ -287,6 +287,10 @@ class PartitionLog:
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()  # one sync at a time; taken before _lock
         self._unsynced: dict[Segment, None] = {}  # ordered set of segments with unsynced writes
+        # segments whose .log descriptor the running sync fdatasyncs (no dup): closing one of
+        # them (retention, DeleteRecords, a cleaner install) waits in _close_after_sync
+        self._in_sync: dict[Segment, None] = {}
+        self._close_after_sync: list[Segment] = []
         self._dir_dirty = False
         self._durable_end = self.log_end_offset
         self._recovery_point = segments[-1].base_offset
@@ -531,38 +535,71 @@ class PartitionLog:
         Safe to call from worker threads while appends continue (appends made
         after the call started are left for the next sync).  Concurrent calls
         are serialised, so a return always means "durable up to the result".
+
+        Segments may leave the log meanwhile (retention, DeleteRecords, a cleaner
+        install). The ``.log`` files are fdatasynced through the segments' own
+        descriptors (no ``dup``/``close`` per sync: two syscalls, and two GIL
+        hand-offs of the worker, less), so a segment the running sync uses is
+        not closed when it leaves the log: :meth:`_retire` removes its files
+        and this sync closes the descriptor after its fdatasync. Closing it at
+        once would be no EBADF for the running call (the kernel holds the file)
+        but would let a new file take the number while the worker is about to
+        use it, an fdatasync of the wrong file. Index files are synced through
+        descriptors of their own (dup'd or opened under the lock).
+
+        A closed or deleted log has nothing left to sync (``close`` synced it
+        all; a deleted one's files are gone): it returns at once, so a
+        group-commit round that still holds it does not fail with the
+        partitions synced beside it.
         """
         with self._sync_lock:
+            if self._closed:
+                return self._durable_end
             with self._lock:
                 active = self.segments[-1]
                 end = active.next_offset
                 segs = list(self._unsynced)
                 self._unsynced.clear()
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
-                fds: list[int] = []
+                fds: list[int] = []  # the segments' own .log descriptors: not closed here
+                own: list[int] = []  # index descriptors opened (or dup'd) for this sync
+                in_sync = self._in_sync
                 for seg in segs:
                     if seg.fd >= 0:
-                        fds += seg.sync_fds(with_indexes=seg is not active)
+                        fds.append(seg.fd)
+                        in_sync[seg] = None
+                        if seg is not active:
+                            own += seg.index_sync_fds()
+            ok = False
             try:
                 # a new leader epoch's checkpoint is durable before any batch stamped with it
                 self.leader_epochs.make_durable()
                 for fd in fds:
                     os.fdatasync(fd)
+                for fd in own:
+                    os.fdatasync(fd)
                 if dir_dirty:
                     fsync_dir(self.directory)
+                ok = True
             except BaseException:
                 with self._lock:
-                    for seg in segs:
-                        if seg.fd >= 0:
+                    live = set(map(id, self.segments))
+                    for seg in segs:  # not those retention or the cleaner dropped meanwhile
+                        if seg.fd >= 0 and id(seg) in live:
                             self._unsynced[seg] = None
                     self._dir_dirty |= dir_dirty
                 raise
             finally:
-                for fd in fds:
+                for fd in own:
                     os.close(fd)
-            with self._lock:
-                if end > self._durable_end:
-                    self._durable_end = end
+                with self._lock:
+                    in_sync.clear()
+                    if self._close_after_sync:  # dropped while their fdatasync ran
+                        for seg in self._close_after_sync:
+                            seg.close()
+                        self._close_after_sync = []
+                    if ok and end > self._durable_end:
+                        self._durable_end = end
             if active.base_offset > self._recovery_point and not self._closed:
                 # every segment before the active one is now fully on disk
                 atomic_write(self.directory / RECOVERY_POINT_FILE, b"%d\n" % active.base_offset)
@@ -795,7 +832,23 @@ class PartitionLog:
         self._bases.pop(0)
         self._unsynced.pop(seg, None)
         self._size -= seg.size
-        seg.delete()
+        self._retire(seg, delete=True)
+
+    def _retire(self, seg: Segment, *, delete: bool) -> None:
+        """Close (and with ``delete`` remove) a segment that left the log (lock held). If
+        the running sync is fdatasyncing its ``.log`` descriptor, that one is closed by
+        the sync when the fdatasync returns: closing it now would let a new file take
+        the number while the worker still uses it."""
+        if seg in self._in_sync:
+            if delete:
+                seg.delete(keep_log_fd=True)
+            else:
+                seg.release_index_files()
+            self._close_after_sync.append(seg)
+        elif delete:
+            seg.delete()
+        else:
+            seg.close()
 
     def delete_records_before(self, offset: int) -> int:
         """DeleteRecords: move the log start offset up to ``offset``; returns the new start."""
@@ -937,9 +990,10 @@ class PartitionLog:
             self._size += seg.size - sum(o.size for o in olds)
             for old in olds:
                 self._unsynced.pop(old, None)
+                # reads run on the loop, none is in flight: the descriptors can go, under the
+                # lock, as in _drop_segment (unless the running sync uses it)
+                self._retire(old, delete=False)
             self._dir_dirty = True
-        for old in olds:  # reads run on the loop, none is in flight: the descriptors can go
-            old.close()
         return True
 
     def finish_swaps(
@@ -1008,6 +1062,8 @@ class PartitionLog:
         """Close the files and remove the whole directory."""
         with self._sync_lock, self._lock:
             self._closed = True
+            self._unsynced.clear()
+            self._dir_dirty = False
             for seg in self.segments:
                 seg.close()
         self.remove_directory(self.directory)

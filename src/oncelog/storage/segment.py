@@ -485,9 +485,15 @@ class Segment:
         wrote has nothing to sync and is not opened."""
         fds = [os.dup(self.fd)]
         if with_indexes:
-            for f in (self._index_file.sync_fd(), self._time_file.sync_fd(), self.txn_index.sync_fd()):
-                if f is not None:
-                    fds.append(f)
+            fds += self.index_sync_fds()
+        return fds
+
+    def index_sync_fds(self) -> list[int]:
+        """Fresh fds of the index files to fdatasync, owned by the caller (see :meth:`sync_fds`)."""
+        fds = []
+        for f in (self._index_file.sync_fd(), self._time_file.sync_fd(), self.txn_index.sync_fd()):
+            if f is not None:
+                fds.append(f)
         return fds
 
     def close(self) -> None:
@@ -496,8 +502,13 @@ class Segment:
             os.close(self.fd)
         self.fd = -1
 
-    def delete(self) -> None:
-        self.close()
+    def delete(self, *, keep_log_fd: bool = False) -> None:
+        """Close the files and remove them. ``keep_log_fd``: leave the ``.log``
+        descriptor open (a running fdatasync uses it; its owner closes it later)."""
+        if keep_log_fd:
+            self.release_index_files()
+        else:
+            self.close()
         for path in (self.log_path, self.index_path, self.timeindex_path):
             path.unlink(missing_ok=True)
         self.txn_index.delete()
