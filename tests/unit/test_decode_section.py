@@ -338,3 +338,22 @@ def test_consumer_hands_out_the_same_with_and_without_numpy(numpy: bool) -> None
         assert st_.consumed == 40
     finally:
         reader.HAVE_NUMPY = saved
+
+
+@needs_numpy
+@pytest.mark.parametrize("sizes", [[5, 5, 5, 5], [5, 3, 7], [5, 7, 3, 5], [70, 60, 80], [0, 0], [3, 1, 2]])
+def test_spans_equal_size_guess_checked(sizes: list[int]) -> None:
+    """A batch whose section is as many times its first record's size as it has records is decoded
+    as records of that size only if they are ([5, 3, 7]: the sizes add up, but the records differ;
+    the guess is refuted and the batch walked record by record), also next to other batches."""
+    rs = [Record(None, bytes([65 + i]) * n) for i, n in enumerate(sizes)]
+    blob = (encode_record_batch([Record(b"k", b"first")], base_offset=0)
+            + encode_record_batch(rs, base_offset=10, base_timestamp=0))
+    spans = spans_of(blob)
+    want: tuple[list, list, list, list, list] = ([], [], [], [], [])
+    for start, end, hdr in spans:
+        decode_section(blob, start, end, hdr, *want)
+    got = decode_spans(blob, spans)
+    assert got is not None
+    assert got[:4] == want[:4] and got[2:4] == ([b"k"] + [None] * len(sizes), [b"first"] + [r.value for r in rs])
+    assert decode_spans(blob, spans, False) == got

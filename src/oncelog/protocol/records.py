@@ -744,14 +744,17 @@ def _record_end(buf: bytes, p: int) -> int:
     return p + 1
 
 
-def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]]
+def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]], guess: bool = True
                  ) -> tuple[list[int], list[int], list[bytes | None], list[bytes | None], list[int]] | None:
     """The records of several uncompressed records sections ``buf[start:end]`` (``spans``:
     ``(start, end, header)``, e.g. every batch of one Fetch answer) decoded at once, with
     numpy for the fields: ``(offsets, timestamps, keys, values, records per span)``.
 
     One Python loop finds the record boundaries; numpy reads every record's varints in
-    bulk; keys and values are slices of ``buf``. Returns None when this path does not
+    bulk; keys and values are slices of ``buf``. A batch whose section is exactly as many
+    times the first record's size as it has records is assumed to hold records of that size
+    (no hop; ``guess=False``: never), and walked after all if the numpy check refutes it.
+    Returns None when this path does not
     apply: numpy is not installed, a record has headers, a length takes more than three
     bytes, or anything does not add up (a damaged batch): the caller then decodes the
     batches one by one with :func:`decode_section`, which gives the same results and
@@ -764,14 +767,24 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]]
     sapp = starts.append
     counts: list[int] = []
     last: list[int] = []  # where each span's records end
+    guessed = False
     try:
         for p, end, hdr in spans:
             counts.append(hdr.records_count)
             # a record without headers ends in a zero header count: a batch whose first or last record
             # does not gives up here, before walking every record (a topic with headers: each batch)
-            if hdr.records_count and (buf[end - 1] or buf[_record_end(buf, p) - 1]):
+            count = hdr.records_count
+            if count and (buf[end - 1] or buf[(first := _record_end(buf, p)) - 1]):
                 return None
-            for _ in range(hdr.records_count):  # the only per-record Python: hop from length to length
+            if guess and count > 1 and (size := first - p) > 1 and size * count == end - p:
+                # as many records as would fit if all had the first one's size: assume they do (fixed-size
+                # records) and skip the hop; the numpy check below that each record ends where the next
+                # begins proves it (from the first, whose start is certain), else all is walked again
+                starts.extend(range(p, end, size))
+                last.append(end)
+                guessed = True
+                continue
+            for _ in range(count):  # the only per-record Python: hop from length to length
                 sapp(p)
                 b = buf[p]
                 if b < 0x80:
@@ -801,7 +814,7 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]]
         nxt[:-1] = rs[1:]
         nxt[np.cumsum(cnt)[cnt > 0] - 1] = [x for x, c in zip(last, counts) if c]
         if (length < 0).any() or not np.array_equal(e, nxt):
-            return None
+            return decode_spans(buf, spans, False) if guessed else None
         ts, p = _np_varints(arr, a + 1)  # after the attributes byte
         off, p = _np_varints(arr, p)
         klen, p = _np_varints(arr, p)
