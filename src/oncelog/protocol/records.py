@@ -744,6 +744,30 @@ def _record_end(buf: bytes, p: int) -> int:
     return p + 1
 
 
+# the offset deltas from which a record's offsetDelta varint takes 1, 2, 3 bytes (zigzag)
+_DELTA_WIDTHS = ((0, 1), (64, 2), (8192, 3), (1 << 20, 4))
+
+
+def _equal_size_starts(p: int, end: int, size: int, count: int) -> list[int] | None:
+    """Where the ``count`` records of the section ``[p, end)`` begin if they are all the size of the
+    first (``size``, its offset delta 0) but for their offset deltas 0, 1, 2 ... written as varints of
+    1 to 4 bytes (fixed-size records as a producer writes them); None if their sizes would not add up
+    to the section's. A guess for the caller to check."""
+    if size < 2:
+        return None
+    out: list[int] = []
+    q = p
+    for k, (lo, width) in enumerate(_DELTA_WIDTHS):
+        if count <= lo:
+            break
+        hi = _DELTA_WIDTHS[k + 1][0] if k + 1 < len(_DELTA_WIDTHS) else count
+        step = size - 1 + width
+        stop = q + (min(count, hi) - lo) * step
+        out += range(q, stop, step)
+        q = stop
+    return out if q == end and len(out) == count else None
+
+
 def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]], guess: bool = True
                  ) -> tuple[list[int], list[int], list[bytes | None], list[bytes | None], list[int]] | None:
     """The records of several uncompressed records sections ``buf[start:end]`` (``spans``:
@@ -751,9 +775,10 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]], guess: b
     numpy for the fields: ``(offsets, timestamps, keys, values, records per span)``.
 
     One Python loop finds the record boundaries; numpy reads every record's varints in
-    bulk; keys and values are slices of ``buf``. A batch whose section is exactly as many
-    times the first record's size as it has records is assumed to hold records of that size
-    (no hop; ``guess=False``: never), and walked after all if the numpy check refutes it.
+    bulk; keys and values are slices of ``buf``. A batch whose section is exactly as long as
+    its records would be if they all had the first one's size (but for the offset delta's varint)
+    is assumed to hold such records (no hop; ``guess=False``: never), and walked after all if
+    the numpy check refutes it.
     Returns None when this path does not
     apply: numpy is not installed, a record has headers, a length takes more than three
     bytes, or anything does not add up (a damaged batch): the caller then decodes the
@@ -776,11 +801,12 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]], guess: b
             count = hdr.records_count
             if count and (buf[end - 1] or buf[(first := _record_end(buf, p)) - 1]):
                 return None
-            if guess and count > 1 and (size := first - p) > 1 and size * count == end - p:
-                # as many records as would fit if all had the first one's size: assume they do (fixed-size
-                # records) and skip the hop; the numpy check below that each record ends where the next
-                # begins proves it (from the first, whose start is certain), else all is walked again
-                starts.extend(range(p, end, size))
+            if guess and count > 1 and (got := _equal_size_starts(p, end, first - p, count)) is not None:
+                # the records may all be the first one's size but for their offset delta's varint:
+                # their starts are then known without the hop; the numpy check below that each
+                # record ends where the next begins proves it (from the first, whose start is
+                # certain), else all is walked again
+                starts += got
                 last.append(end)
                 guessed = True
                 continue
