@@ -63,6 +63,7 @@ from oncelog.client.aio.transactions import ConsumerGroupMetadata
 from oncelog.client.config import ClientConfig, ConfigError, parse_config
 from oncelog.client.errors import (
     ClientClosedError,
+    KafkaConnectionError,
     KafkaError,
     OffsetOutOfRangeError,
     error_for,
@@ -81,6 +82,7 @@ from oncelog.client.reader import (
     list_offsets_request,
 )
 from oncelog.protocol.errors import ErrorCode
+from oncelog.protocol.fetch import FetchDecodeError, decode_fetch_response
 
 __all__ = ["Consumer", "Message", "TopicPartition"]
 
@@ -89,7 +91,7 @@ _generations = itertools.count(1)
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 FETCH, LIST_OFFSETS = 1, 2
-FETCH_VERSIONS = (4, 12)  # v13+ address topics by id only
+FETCH_VERSIONS = (4, 12)  # v13+ address topics by id only (protocol.fetch decodes v4-v12)
 LIST_OFFSETS_VERSIONS = (2, 8)
 OFFSET_OUT_OF_RANGE = int(ErrorCode.offset_out_of_range.value)
 CORRUPT_MESSAGE = int(ErrorCode.corrupt_message.value)
@@ -959,7 +961,13 @@ class Consumer:
                                  min_bytes=cfg["fetch.min.bytes"], max_bytes=cfg["fetch.max.bytes"],
                                  partition_max_bytes=cfg["max.partition.fetch.bytes"])
             timeout = cfg["request.timeout.ms"] / 1000 + cfg["fetch.max.wait.ms"] / 1000
-            resp = await conn.request(FETCH, v, body, timeout=timeout)
+            frame, at = await conn.send(FETCH, v, body, timeout=timeout, raw_buffer=True)
+            try:  # by hand from the receive buffer: each partition's records copied out once
+                resp = decode_fetch_response(frame, at, v)
+            except FetchDecodeError as exc:  # as a response kio cannot parse: the connection is unusable
+                conn.close()
+                raise KafkaConnectionError(f"cannot decode response to API {FETCH} v{v}: {exc}") from None
+            del frame
             if int(resp.error_code):
                 raise error_for(int(resp.error_code), "Fetch")
             got = False
