@@ -877,16 +877,15 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]], guess: b
             fixed = np.array([h.max_timestamp for _s, _e, h in spans], np.int64)
             stamps = np.where(np.repeat(np.array(lat, bool), cnt), np.repeat(fixed, cnt),
                               ts + np.repeat(base_ts, cnt)).tolist()
-    get = buf.__getitem__
-    vs = vstart.tolist()
-    values: list[bytes | None] = list(map(get, map(slice, vs, (vstart + np.maximum(vlen, 0)).tolist())))
+    # a comprehension slices without a slice object per record (map(slice, ...) made one: 0.04 us)
+    values: list[bytes | None] = [buf[a:b] for a, b in zip(vstart.tolist(), (vstart + np.maximum(vlen, 0)).tolist())]
     for i in np.flatnonzero(vlen < 0).tolist():
         values[i] = None
     knull = klen < 0
     if knull.all():
         keys: list[bytes | None] = [None] * n
     else:
-        keys = list(map(get, map(slice, kstart.tolist(), (kstart + np.maximum(klen, 0)).tolist())))
+        keys = [buf[a:b] for a, b in zip(kstart.tolist(), (kstart + np.maximum(klen, 0)).tolist())]
         for i in np.flatnonzero(knull).tolist():
             keys[i] = None
     return offsets, stamps, keys, values, counts
