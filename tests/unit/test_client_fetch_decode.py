@@ -221,3 +221,59 @@ def test_a_dropped_buffer_frees_the_fetch_data_without_the_cycle_collector(drop:
         tracemalloc.stop()
         if enabled:
             gc.enable()
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+@pytest.mark.parametrize("isolation", [READ_UNCOMMITTED, READ_COMMITTED])
+def test_consumer_decompresses_at_hand_out_in_groups(codec: int, isolation: int, monkeypatch: Any) -> None:
+    """The consumer keeps a Fetch answer's compressed batches compressed until their group of about
+    GROUP_RECORDS records is handed out (decompressed once each), and hands out the same messages as
+    fetched_records, with the groups split (GROUP_RECORDS patched small) or not."""
+    import oncelog.client.aio.consumer as consumer_mod
+
+    data = b"".join(compressed(codec, b) if i % 2 == 0 else b for i, b in enumerate(LOG))
+    want = fetched_records(data, 0, 0, isolation, ABORTED)[0]
+    calls: list[int] = []
+    real = compression.decompress_buffer
+    monkeypatch.setattr(compression, "decompress_buffer", lambda c, d: calls.append(c) or real(c, d))
+    for group in (2048, 3):
+        monkeypatch.setattr(consumer_mod, "GROUP_RECORDS", group)
+        c = Consumer({"bootstrap.servers": "127.0.0.1:1",
+                      "isolation.level": "read_committed" if isolation == READ_COMMITTED else "read_uncommitted"})
+        c.assign([("t", 0, 0)])
+        st = c._parts[("t", 0)]
+        calls.clear()
+        assert c._apply(st, response(data, ABORTED))
+        assert calls == []  # data batches not decompressed yet (control batches are read as they come)
+        chunks = list(st.buffer)
+        groups = {id(ch.group) for ch in chunks}
+        got = c.take_nowait(100)
+        assert got is not None and [(m.offset, m.key, m.value, m.headers) for m in got] == [
+            (r.offset, r.key, r.value, r.headers) for r in want]
+        assert all(ch.batch is None for ch in chunks)  # all decoded
+        # compressed data batches: 0..2 (aborted: read_committed skips it undecompressed), 4..6, 8..9
+        assert len(calls) == (3 if isolation == READ_UNCOMMITTED else 2)
+        # GROUP_RECORDS=3: a group is closed once it holds 3 records: [0..2] [4..6] [8, 9, 10..12], or
+        # under read_committed [4..6] [8, 9, 10..12]
+        assert len(groups) == (1 if group == 2048 else 3 if isolation == READ_UNCOMMITTED else 2)
+
+
+def test_a_compressed_batch_that_does_not_decompress_fails_at_hand_out_after_the_records_before_it() -> None:
+    """Decompressed when handed out, a damaged compressed batch fails there, as a batch that does not
+    decode: the records before it are handed out, the position stays at it."""
+    import asyncio
+
+    from oncelog.client.errors import KafkaError
+
+    gz = bytearray(compressed(1, txn(3, 9, 3, transactional=False)))
+    gz[HEADER_SIZE + 12] ^= 0xFF  # corrupt the gzip stream, CRC recomputed so only decompression fails
+    update_crc(gz)
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
+    c.assign([("t", 0, 1)])
+    st = c._parts[("t", 0)]
+    assert c._apply(st, response(txn(0, 9, 3, transactional=False) + bytes(gz) + txn(6, 9, 3, transactional=False)))
+    got = c.take_nowait(100)
+    assert got is not None and [m.offset for m in got] == [1, 2]
+    assert st.consumed == st.fetch_pos == 3
+    with pytest.raises(KafkaError, match="CORRUPT_MESSAGE|batch at offset 3"):
+        asyncio.run(c.consume(10, 0.1))

@@ -95,6 +95,7 @@ FETCH_VERSIONS = (4, 12)  # v13+ address topics by id only (protocol.fetch decod
 LIST_OFFSETS_VERSIONS = (2, 8)
 OFFSET_OUT_OF_RANGE = int(ErrorCode.offset_out_of_range.value)
 CORRUPT_MESSAGE = int(ErrorCode.corrupt_message.value)
+GROUP_RECORDS = 2048  # records decoded together (numpy) at most, plus the last batch's
 
 
 @dataclass(frozen=True, slots=True)
@@ -1020,13 +1021,26 @@ class Consumer:
         assert pos is not None
         try:  # CRC checks, decompression, the read_committed filter; records are decoded at hand-out
             kept, _batches, _skipped, next_pos = fetched_batches(
-                bytes(p.records or b""), st.partition, pos, self.isolation, aborted, self.config["check.crcs"])
+                bytes(p.records or b""), st.partition, pos, self.isolation, aborted, self.config["check.crcs"],
+                defer=True)
         except ReaderError as exc:
             st.error = error_for(CORRUPT_MESSAGE, str(exc))
             return True
+        # decoded together in groups of about GROUP_RECORDS records: a compressed batch is decompressed
+        # when its group is decoded, so what is decompressed, copied and sliced stays cache-sized
+        # (one group per partition decompressed 1 MiB of lz4 into ~50 MB at once, faulting in fresh memory)
+        chunks: list[_Chunk] = []
         group: list[weakref.ref[_Chunk]] = []
-        chunks = [_Chunk(b, pos, group) for b in kept if b.header.records_count > 0]
-        group.extend(map(weakref.ref, chunks))
+        n = 0
+        for b in kept:
+            k = b.header.records_count
+            if k > 0:
+                if n >= GROUP_RECORDS:
+                    group, n = [], 0
+                ch = _Chunk(b, pos, group)
+                group.append(weakref.ref(ch))
+                chunks.append(ch)
+                n += k
         with self._lock:
             st.buffer.extend(chunks)
             if not chunks and not st.buffer:
