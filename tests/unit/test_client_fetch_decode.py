@@ -277,3 +277,35 @@ def test_a_compressed_batch_that_does_not_decompress_fails_at_hand_out_after_the
     assert st.consumed == st.fetch_pos == 3
     with pytest.raises(KafkaError, match="CORRUPT_MESSAGE|batch at offset 3"):
         asyncio.run(c.consume(10, 0.1))
+
+
+@pytest.mark.parametrize("codec", [0, 3])
+@pytest.mark.parametrize("isolation", [READ_UNCOMMITTED, READ_COMMITTED])
+@pytest.mark.parametrize("numpy", [True, False])
+@pytest.mark.parametrize("with_log", [True, False])
+def test_consumer_reads_a_view_of_the_receive_buffer(codec: int, isolation: int, numpy: bool, with_log: bool,
+                                                     monkeypatch: Any) -> None:
+    """The consumer is given each partition's records as a view of the Fetch answer's receive buffer
+    (not copied when the answer arrives): it hands out what fetched_records reads from bytes, with and
+    without numpy, and the messages own their bytes (the buffer rewritten afterwards changes nothing)."""
+    from oncelog.client import reader as reader_mod
+
+    monkeypatch.setattr(reader_mod, "HAVE_NUMPY", numpy and reader_mod.HAVE_NUMPY)
+    plain = [encode_record_batch([Record(None if i % 2 else b"k%d" % j, b"v%d" % j * (j + 1)) for j in range(i + 2)],
+                                 base_offset=20 + 10 * i, base_timestamp=1000 + i) for i in range(3)]
+    # with headers and markers (decoded batch by batch), or without (decoded together, with numpy)
+    log = LOG + plain if with_log else plain
+    data = b"".join(compressed(codec, b) if codec and i % 2 == 0 else b for i, b in enumerate(log))
+    want = fetched_records(data, 0, 1, isolation, ABORTED)[0]
+    frame = bytearray(b"\x00" * 7 + data + b"\x00" * 5)
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1",
+                  "isolation.level": "read_committed" if isolation == READ_COMMITTED else "read_uncommitted"})
+    c.assign([("t", 0, 1)])
+    st = c._parts[("t", 0)]
+    assert c._apply(st, response(memoryview(frame)[7:7 + len(data)], ABORTED))  # type: ignore[arg-type]
+    got = c.take_nowait(100)
+    frame[:] = b"\xff" * len(frame)
+    assert got is not None and [(m.offset, m.key, m.value, m.headers, m.timestamp) for m in got] == [
+        (r.offset, r.key, r.value, r.headers, r.timestamp) for r in want]
+    assert all(type(m.value) is bytes and type(m.key) in (bytes, type(None)) for m in got)
+    assert [m.offset for m in got][-4:] == [40, 41, 42, 43]

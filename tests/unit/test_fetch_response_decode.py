@@ -79,3 +79,17 @@ def test_damage_raises_decode_error(version: int) -> None:
     for bad in (3, 13):
         with pytest.raises(FetchDecodeError, match="not decoded here"):
             decode_fetch_response(body, 0, bad)
+
+
+@settings(max_examples=50, deadline=None)
+@given(version=st.sampled_from([4, 11, 12]), topics=st.lists(_topic, max_size=2))
+def test_views_instead_of_copies(version: int, topics: list[dict]) -> None:
+    """copy=False: each partition's records is a view of the buffer, with the same bytes."""
+    entity = materialize(response_type(1, version), {"throttle_time": 0, "error_code": 0, "session_id": 0,
+                                                     "responses": topics})
+    body = bytearray(encode_response(entity))
+    got = decode_fetch_response(body, 0, version, copy=False)
+    want = decode_fetch_response(bytes(body), 0, version)
+    assert fields_of(got, version) == fields_of(want, version)
+    views = [p.records for t in got.responses for p in t.partitions if p.records is not None]
+    assert all(type(v) is memoryview and v.obj is body for v in views)

@@ -151,9 +151,13 @@ def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True, reco
     with ``share=True`` as well, ``section`` instead of ``raw``: the records section without
     a copy of the batch (for :func:`~oncelog.protocol.records.decode_section`); with
     ``defer=True`` too, a compressed data batch is not decompressed here: it carries ``packed``
-    instead of ``section`` (:func:`section_of` decompresses it).
+    instead of ``section`` (:func:`section_of` decompresses it), and ``data`` may be a
+    ``memoryview`` (of a Fetch answer's receive buffer) that is not copied: an uncompressed
+    batch's ``section`` is then a view, copied when the batch is decoded (batch_section,
+    group_sections), so that its bytes are in the cache as they are read.
     """
-    data = bytes(data)
+    if not (defer and type(data) is memoryview):
+        data = bytes(data)
     out: list[Batch] = []
     for hdr, start, end in iter_batch_headers(data):
         if hdr.magic != MAGIC_V2:
@@ -166,7 +170,8 @@ def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True, reco
         try:
             if hdr.is_control:
                 if hdr.compression == COMPRESSION_NONE and hdr.records_count > 0:
-                    m = read_control_marker(data, start)
+                    m = read_control_marker(data if type(data) is bytes else bytes(data[start:end]),
+                                            start if type(data) is bytes else 0)
                 else:
                     m = read_control_marker(compression.decompressed_batch(data, start, end))
                 batch.marker = Marker(partition, hdr.base_offset, hdr.producer_id, hdr.producer_epoch,
@@ -300,11 +305,13 @@ def batch_section(batch: Batch, partition: int, position: int
     keys: list[bytes | None] = []
     values: list[bytes | None] = []
     hs: list[list[tuple[str, bytes | None]] | None] = []
-    buf = sec[0]
-    if type(buf) is not bytes:  # a decompressed batch in the codec's buffer: values are slices of bytes
-        buf = bytes(buf)
+    buf, start, end = sec
+    if type(buf) is not bytes:  # a decompressed batch in the codec's buffer, or a view of the receive
+        # buffer (defer): copied into bytes (values are slices of bytes)
+        buf = bytes(memoryview(buf)[start:end])
+        start, end = 0, len(buf)
     try:
-        decode_section(buf, sec[1], sec[2], batch.header, offs, stamps, keys, values, hs)
+        decode_section(buf, start, end, batch.header, offs, stamps, keys, values, hs)
     except InvalidRecordError as exc:
         raise ReaderError(f"partition {partition}: batch at offset {batch.header.base_offset}: "
                           f"{exc.message}") from None
@@ -339,8 +346,9 @@ def group_sections(batches: list[Batch], position: int
     if type(buf) is bytes and all(sec[0] is buf for sec in secs):  # type: ignore[index]
         # uncompressed: all in the Fetch blob, decoded in place
         spans = [(sec[1], sec[2], b.header) for sec, b in zip(secs, batches)]  # type: ignore[index]
-    else:  # decompressed bodies in the codec's buffers: joined into one bytes (the copy
-        # into bytes that batch_section would make anyway), then one numpy pass
+    else:  # decompressed bodies in the codec's buffers, or views of the receive buffer (defer):
+        # joined into one bytes (the copy into bytes that batch_section would make anyway, made as
+        # the records are read: hot in the cache), then one numpy pass
         spans = []
         pos = 0
         for sec, b in zip(secs, batches):

@@ -109,16 +109,20 @@ def _skip_tags(buf: Any, pos: int) -> int:
     return pos
 
 
-def decode_fetch_response(buf: bytes | bytearray, pos: int, version: int) -> FetchResponse:
+def decode_fetch_response(buf: bytes | bytearray, pos: int, version: int, copy: bool = True) -> FetchResponse:
     """The Fetch response body at ``buf[pos:]`` (after the response header), version ``version``
     (4-12); the whole rest of ``buf`` must be the body. Each partition's ``records`` is a ``bytes``
-    copy (None when null)."""
+    copy (None when null); with ``copy=False`` a ``memoryview`` of ``buf`` instead (the consumer
+    copies each batch when it decodes it, so the bytes are hot in the cache as they are read)."""
     if not VERSIONS[0] <= version <= VERSIONS[1]:
         raise FetchDecodeError(f"Fetch v{version} is not decoded here")
     flexible = version >= 12
     n = len(buf)
     view = memoryview(buf)
-    copy = buf.__getitem__ if type(buf) is bytes else (lambda s: bytes(view[s]))
+    if not copy:
+        take = view.__getitem__
+    else:
+        take = buf.__getitem__ if type(buf) is bytes else (lambda s: bytes(view[s]))
     try:
         (throttle,) = _I32.unpack_from(buf, pos)
         pos += 4
@@ -191,11 +195,11 @@ def decode_fetch_response(buf: bytes | bytearray, pos: int, version: int) -> Fet
                 else:
                     (size,) = _I32.unpack_from(buf, pos)
                     pos += 4
-                records: bytes | None = None
+                records: bytes | memoryview | None = None
                 if size >= 0:
                     if pos + size > n:
                         raise FetchDecodeError("records run past the end of the response")
-                    records = copy(slice(pos, pos + size))
+                    records = take(slice(pos, pos + size))
                     pos += size
                 elif size < -1:
                     raise FetchDecodeError(f"bad records length {size}")
@@ -212,7 +216,8 @@ def decode_fetch_response(buf: bytes | bytearray, pos: int, version: int) -> Fet
     except UnicodeDecodeError:
         raise FetchDecodeError("topic name is not UTF-8") from None
     finally:
-        view.release()
+        if copy:
+            view.release()
     if pos != n:
         raise FetchDecodeError(f"{n - pos} bytes after the Fetch response")
     return FetchResponse(throttle, error_code, session_id, topics)

@@ -964,7 +964,7 @@ class Consumer:
             timeout = cfg["request.timeout.ms"] / 1000 + cfg["fetch.max.wait.ms"] / 1000
             frame, at = await conn.send(FETCH, v, body, timeout=timeout, raw_buffer=True)
             try:  # by hand from the receive buffer: each partition's records copied out once
-                resp = decode_fetch_response(frame, at, v)
+                resp = decode_fetch_response(frame, at, v, copy=False)  # records: views of the frame
             except FetchDecodeError as exc:  # as a response kio cannot parse: the connection is unusable
                 conn.close()
                 raise KafkaConnectionError(f"cannot decode response to API {FETCH} v{v}: {exc}") from None
@@ -1020,9 +1020,11 @@ class Consumer:
         pos = st.fetch_pos
         assert pos is not None
         try:  # CRC checks, decompression, the read_committed filter; records are decoded at hand-out
+            # a view of the receive buffer, copied batch group by batch group as they are decoded (hot in
+            # the cache then: copied here, a Fetch answer's megabytes were cold by the time they were read)
             kept, _batches, _skipped, next_pos = fetched_batches(
-                bytes(p.records or b""), st.partition, pos, self.isolation, aborted, self.config["check.crcs"],
-                defer=True)
+                p.records if p.records is not None else b"", st.partition, pos, self.isolation, aborted,
+                self.config["check.crcs"], defer=True)
         except ReaderError as exc:
             st.error = error_for(CORRUPT_MESSAGE, str(exc))
             return True
