@@ -33,6 +33,12 @@ Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
   producer relies on it). Returns a future of the decoded response (``None``
   for ``expect_response=False``, i.e. Produce with acks=0).
 
+Answers are received straight into buffers (``asyncio.BufferedProtocol`` and
+:class:`~oncelog.protocol.framing.FrameReader`, plain TCP and TLS alike): a
+large one into a ``bytearray`` of its size, decoded from there (no pieces
+joined); ``send(..., raw_buffer=True)`` hands that buffer out as it is (the
+consumer's Fetch), any other caller gets ``bytes``.
+
 Any number of requests may be in flight; responses are matched to them by
 correlation id (Kafka answers in order, so a response for anything but the
 oldest in-flight request is a protocol error that closes the connection).

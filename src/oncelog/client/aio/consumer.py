@@ -11,12 +11,17 @@ Internal design (for the group consumer that builds on it):
   would commit) and a buffer of fetched, not yet returned messages.
 * One fetcher task keeps, per leader broker, at most one Fetch in flight for
   the partitions of that broker whose buffer is empty. Fetch v4-v12 (topics
-  by name); CRC checks, decompression of all four codecs and the
-  read_committed filter are :func:`oncelog.client.reader.fetched_batches`
-  when the answer arrives, and the batches of one answer are decoded together
-  (:func:`~oncelog.client.reader.group_sections`, numpy; else batch by batch,
-  :func:`~oncelog.client.reader.batch_section`) when the first of their records
-  is handed out, so the next Fetch goes out while records are decoded.
+  by name), decoded by hand from the connection's receive buffer
+  (:mod:`oncelog.protocol.fetch`): each partition's records stay a view of it.
+  CRC checks and the read_committed filter are
+  :func:`oncelog.client.reader.fetched_batches` when the answer arrives; the
+  batches of one answer are decoded in groups of about ``GROUP_RECORDS``
+  records (:func:`~oncelog.client.reader.group_sections`, numpy; else batch by
+  batch, :func:`~oncelog.client.reader.batch_section`) when the first of their
+  records is handed out, so the next Fetch goes out while records are decoded.
+  A group's batches are copied out of the receive buffer, or decompressed (all
+  four codecs), only then: the bytes are still in the cache when their values
+  are sliced. The receive buffer lives until its last group is decoded.
 * ``consume`` hands out one partition's buffer until it is empty before the
   next partition's (Java's fetch buffer), so partitions drain and are
   refetched one after another. ``take_nowait`` is the same hand-out callable
