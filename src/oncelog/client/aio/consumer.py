@@ -452,6 +452,21 @@ class Consumer:
             st = self._parts.get((tp.topic, tp.partition))
             if st is not None:
                 st.paused = True
+                self._detach(st)
+
+    def _detach(self, st: _PartitionState) -> None:
+        """Copy the undecoded batches of a partition that may stay buffered a long time (paused) out
+        of their Fetch answer's receive buffer, which they would otherwise keep alive (up to
+        ``fetch.max.bytes``, for the other partitions' records long handed out)."""
+        with self._lock:
+            for ch in st.buffer:
+                b = ch.batch
+                if b is None:
+                    continue
+                for name in ("section", "packed"):
+                    sec = getattr(b, name)
+                    if sec is not None and type(sec[0]) is memoryview:
+                        setattr(b, name, (bytes(sec[0][sec[1]:sec[2]]), 0, sec[2] - sec[1]))
 
     def resume(self, partitions: Iterable[Any]) -> None:
         """Fetch and return these partitions again."""
