@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                 rates[c].append(rate)
                 cpus[c].append(cpu)
                 bcpus[c].append(bcpu)
-                print(f"round {rnd} {c}: {rate:,.0f} records/s, {cpu:.4f} client CPU s/MB, "
+                print(f"round {rnd} {c}: {rate:,.0f} records/s, {cpu:.5f} client CPU s/MB, "
                       f"{bcpu:.4f} broker CPU s/MB ({nbytes:,} B)", file=sys.stderr)
     meta = run_metadata()
     def ref_of(client: str, name: str) -> str:

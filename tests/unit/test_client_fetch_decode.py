@@ -221,3 +221,112 @@ def test_a_dropped_buffer_frees_the_fetch_data_without_the_cycle_collector(drop:
         tracemalloc.stop()
         if enabled:
             gc.enable()
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+@pytest.mark.parametrize("isolation", [READ_UNCOMMITTED, READ_COMMITTED])
+def test_consumer_decompresses_at_hand_out_in_groups(codec: int, isolation: int, monkeypatch: Any) -> None:
+    """The consumer keeps a Fetch answer's compressed batches compressed until their group of about
+    GROUP_RECORDS records is handed out (decompressed once each), and hands out the same messages as
+    fetched_records, with the groups split (GROUP_RECORDS patched small) or not."""
+    import oncelog.client.aio.consumer as consumer_mod
+
+    data = b"".join(compressed(codec, b) if i % 2 == 0 else b for i, b in enumerate(LOG))
+    want = fetched_records(data, 0, 0, isolation, ABORTED)[0]
+    calls: list[int] = []
+    real = compression.decompress_buffer
+    monkeypatch.setattr(compression, "decompress_buffer", lambda c, d: calls.append(c) or real(c, d))
+    for group in (2048, 3):
+        monkeypatch.setattr(consumer_mod, "GROUP_RECORDS", group)
+        c = Consumer({"bootstrap.servers": "127.0.0.1:1",
+                      "isolation.level": "read_committed" if isolation == READ_COMMITTED else "read_uncommitted"})
+        c.assign([("t", 0, 0)])
+        st = c._parts[("t", 0)]
+        calls.clear()
+        assert c._apply(st, response(data, ABORTED))
+        assert calls == []  # data batches not decompressed yet (control batches are read as they come)
+        chunks = list(st.buffer)
+        groups = {id(ch.group) for ch in chunks}
+        got = c.take_nowait(100)
+        assert got is not None and [(m.offset, m.key, m.value, m.headers) for m in got] == [
+            (r.offset, r.key, r.value, r.headers) for r in want]
+        assert all(ch.batch is None for ch in chunks)  # all decoded
+        # compressed data batches: 0..2 (aborted: read_committed skips it undecompressed), 4..6, 8..9
+        assert len(calls) == (3 if isolation == READ_UNCOMMITTED else 2)
+        # GROUP_RECORDS=3: a group is closed once it holds 3 records: [0..2] [4..6] [8, 9, 10..12], or
+        # under read_committed [4..6] [8, 9, 10..12]
+        assert len(groups) == (1 if group == 2048 else 3 if isolation == READ_UNCOMMITTED else 2)
+
+
+def test_a_compressed_batch_that_does_not_decompress_fails_at_hand_out_after_the_records_before_it() -> None:
+    """Decompressed when handed out, a damaged compressed batch fails there, as a batch that does not
+    decode: the records before it are handed out, the position stays at it."""
+    import asyncio
+
+    from oncelog.client.errors import KafkaError
+
+    gz = bytearray(compressed(1, txn(3, 9, 3, transactional=False)))
+    gz[HEADER_SIZE + 12] ^= 0xFF  # corrupt the gzip stream, CRC recomputed so only decompression fails
+    update_crc(gz)
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
+    c.assign([("t", 0, 1)])
+    st = c._parts[("t", 0)]
+    assert c._apply(st, response(txn(0, 9, 3, transactional=False) + bytes(gz) + txn(6, 9, 3, transactional=False)))
+    got = c.take_nowait(100)
+    assert got is not None and [m.offset for m in got] == [1, 2]
+    assert st.consumed == st.fetch_pos == 3
+    with pytest.raises(KafkaError, match="CORRUPT_MESSAGE|batch at offset 3"):
+        asyncio.run(c.consume(10, 0.1))
+
+
+@pytest.mark.parametrize("codec", [0, 3])
+@pytest.mark.parametrize("isolation", [READ_UNCOMMITTED, READ_COMMITTED])
+@pytest.mark.parametrize("numpy", [True, False])
+@pytest.mark.parametrize("with_log", [True, False])
+def test_consumer_reads_a_view_of_the_receive_buffer(codec: int, isolation: int, numpy: bool, with_log: bool,
+                                                     monkeypatch: Any) -> None:
+    """The consumer is given each partition's records as a view of the Fetch answer's receive buffer
+    (not copied when the answer arrives): it hands out what fetched_records reads from bytes, with and
+    without numpy, and the messages own their bytes (the buffer rewritten afterwards changes nothing)."""
+    from oncelog.client import reader as reader_mod
+
+    monkeypatch.setattr(reader_mod, "HAVE_NUMPY", numpy and reader_mod.HAVE_NUMPY)
+    plain = [encode_record_batch([Record(None if i % 2 else b"k%d" % j, b"v%d" % j * (j + 1)) for j in range(i + 2)],
+                                 base_offset=20 + 10 * i, base_timestamp=1000 + i) for i in range(3)]
+    # with headers and markers (decoded batch by batch), or without (decoded together, with numpy)
+    log = LOG + plain if with_log else plain
+    data = b"".join(compressed(codec, b) if codec and i % 2 == 0 else b for i, b in enumerate(log))
+    want = fetched_records(data, 0, 1, isolation, ABORTED)[0]
+    frame = bytearray(b"\x00" * 7 + data + b"\x00" * 5)
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1",
+                  "isolation.level": "read_committed" if isolation == READ_COMMITTED else "read_uncommitted"})
+    c.assign([("t", 0, 1)])
+    st = c._parts[("t", 0)]
+    assert c._apply(st, response(memoryview(frame)[7:7 + len(data)], ABORTED))  # type: ignore[arg-type]
+    got = c.take_nowait(100)
+    frame[:] = b"\xff" * len(frame)
+    assert got is not None and [(m.offset, m.key, m.value, m.headers, m.timestamp) for m in got] == [
+        (r.offset, r.key, r.value, r.headers, r.timestamp) for r in want]
+    assert all(type(m.value) is bytes and type(m.key) in (bytes, type(None)) for m in got)
+    assert [m.offset for m in got][-4:] == [40, 41, 42, 43]
+
+
+@pytest.mark.parametrize("codec", [0, 3])
+def test_pause_copies_the_partitions_records_out_of_the_receive_buffer(codec: int) -> None:
+    """A paused partition's undecoded batches no longer point into the Fetch answer's receive
+    buffer (which they would keep alive while paused): rewritten afterwards, the records handed
+    out after resume are still the fetched ones."""
+    plain = [encode_record_batch([Record(b"k%d" % j, b"v%d" % j) for j in range(3)], base_offset=3 * i)
+             for i in range(3)]
+    data = b"".join(compressed(codec, b) if codec else b for b in plain)
+    frame = bytearray(data)
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
+    c.assign([("t", 0, 0)])
+    st = c._parts[("t", 0)]
+    assert c._apply(st, response(memoryview(frame)))  # type: ignore[arg-type]
+    c.pause([("t", 0)])
+    frame[:] = b"\xff" * len(frame)
+    c.resume([("t", 0)])
+    got = c.take_nowait(100)
+    assert got is not None and [(m.offset, m.key, m.value) for m in got] == [
+        (j, b"k%d" % (j % 3), b"v%d" % (j % 3)) for j in range(9)]

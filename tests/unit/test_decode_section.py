@@ -38,6 +38,8 @@ from oncelog.protocol.records import (
     InvalidRecordError,
     Record,
     _encode_record,
+    _equal_size_starts,
+    _record_end,
     HAVE_NUMPY,
     decode_section,
     decode_spans,
@@ -338,3 +340,50 @@ def test_consumer_hands_out_the_same_with_and_without_numpy(numpy: bool) -> None
         assert st_.consumed == 40
     finally:
         reader.HAVE_NUMPY = saved
+
+
+def _walk(buf: bytes, p: int, end: int) -> list[int]:
+    out = []
+    while p < end:
+        out.append(p)
+        p = _record_end(buf, p)
+    return out
+
+
+_SIZES = [[5] * 4, [5, 3, 7], [5, 7, 3, 5], [70, 60, 80], [0, 0], [3, 1, 2], [9] * 64, [9] * 65, [9] * 200,
+          [9] * 10 + [8] + [9] * 60 + [10] + [9] * 3, [9] * 63 + [8, 10]]
+
+
+@pytest.mark.parametrize("sizes", _SIZES)
+def test_equal_size_starts(sizes: list[int]) -> None:
+    """The guessed record starts of a batch of equal-size values (offset deltas 0, 1, ... whose varints
+    grow from one to two bytes at 64) are the true ones; unequal values whose sizes add up the same
+    give a guess the check must refute (decode_spans below)."""
+    batch = encode_record_batch([Record(None, b"v" * n) for n in sizes], base_timestamp=0)
+    hdr = parse_batch_header(batch)
+    true = _walk(batch, RECORDS_OFFSET, hdr.size)
+    guess = _equal_size_starts(RECORDS_OFFSET, hdr.size, _record_end(batch, RECORDS_OFFSET) - RECORDS_OFFSET,
+                               len(sizes))
+    if len(set(sizes)) == 1:
+        assert guess == true
+    elif guess is not None:
+        assert guess != true
+
+
+@needs_numpy
+@pytest.mark.parametrize("sizes", _SIZES)
+def test_spans_equal_size_guess_checked(sizes: list[int]) -> None:
+    """A batch whose section is as long as its records would be if all had the first one's size is
+    decoded as such records only if they are ([5, 3, 7]: the sizes add up, but the records differ;
+    the guess is refuted and the batch walked record by record), also next to other batches."""
+    rs = [Record(None, bytes([65 + i % 26]) * n) for i, n in enumerate(sizes)]
+    blob = (encode_record_batch([Record(b"k", b"first")], base_offset=0)
+            + encode_record_batch(rs, base_offset=10, base_timestamp=0))
+    spans = spans_of(blob)
+    want: tuple[list, list, list, list, list] = ([], [], [], [], [])
+    for start, end, hdr in spans:
+        decode_section(blob, start, end, hdr, *want)
+    got = decode_spans(blob, spans)
+    assert got is not None
+    assert got[:4] == want[:4] and got[2:4] == ([b"k"] + [None] * len(sizes), [b"first"] + [r.value for r in rs])
+    assert decode_spans(blob, spans, False) == got

@@ -108,6 +108,9 @@ class Batch:
     # with share=True instead of raw: the uncompressed records section as (buffer, start, end),
     # the Fetch blob itself for an uncompressed batch (no copy), the decompressed body otherwise
     section: tuple[bytes, int, int] | None = None
+    # with defer=True, a compressed data batch instead: its compressed records section as (buffer,
+    # start, end), decompressed when decoded (section_of)
+    packed: tuple[bytes, int, int] | None = None
 
 
 @dataclass
@@ -140,15 +143,21 @@ def decompress(codec: int, data: bytes) -> bytes:
 
 
 def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True, records: bool = True,
-                   share: bool = False) -> list[Batch]:
+                   share: bool = False, defer: bool = False) -> list[Batch]:
     """Decode every complete v2 batch in a Fetch ``records`` blob (a partial tail is ignored).
 
     ``records=False`` leaves data batches' ``records`` empty and keeps the
     uncompressed batch in ``raw`` instead (for :func:`~oncelog.protocol.records.decode_columns`);
     with ``share=True`` as well, ``section`` instead of ``raw``: the records section without
-    a copy of the batch (for :func:`~oncelog.protocol.records.decode_section`).
+    a copy of the batch (for :func:`~oncelog.protocol.records.decode_section`); with
+    ``defer=True`` too, a compressed data batch is not decompressed here: it carries ``packed``
+    instead of ``section`` (:func:`section_of` decompresses it), and ``data`` may be a
+    ``memoryview`` (of a Fetch answer's receive buffer) that is not copied: an uncompressed
+    batch's ``section`` is then a view, copied when the batch is decoded (batch_section,
+    group_sections), so that its bytes are in the cache as they are read.
     """
-    data = bytes(data)
+    if not (defer and type(data) is memoryview):
+        data = bytes(data)
     out: list[Batch] = []
     for hdr, start, end in iter_batch_headers(data):
         if hdr.magic != MAGIC_V2:
@@ -161,7 +170,8 @@ def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True, reco
         try:
             if hdr.is_control:
                 if hdr.compression == COMPRESSION_NONE and hdr.records_count > 0:
-                    m = read_control_marker(data, start)
+                    m = read_control_marker(data if type(data) is bytes else bytes(data[start:end]),
+                                            start if type(data) is bytes else 0)
                 else:
                     m = read_control_marker(compression.decompressed_batch(data, start, end))
                 batch.marker = Marker(partition, hdr.base_offset, hdr.producer_id, hdr.producer_epoch,
@@ -171,6 +181,8 @@ def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True, reco
                     batch.raw = compression.decompressed_batch(data, start, end)
                 elif hdr.compression == COMPRESSION_NONE:
                     batch.section = (data, start + RECORDS_OFFSET, end)
+                elif defer:
+                    batch.packed = (data, start + RECORDS_OFFSET, end)
                 else:
                     body = compression.decompress_buffer(hdr.compression,
                                                          memoryview(data)[start + RECORDS_OFFSET:end])
@@ -249,7 +261,7 @@ def _select_batches(decoded: Iterable[Batch], position: int, isolation_level: in
 
 
 def fetched_batches(data: bytes, partition: int, position: int, isolation_level: int,
-                    aborted: list[tuple[int, int]], check_crc: bool = True
+                    aborted: list[tuple[int, int]], check_crc: bool = True, defer: bool = False
                     ) -> tuple[list[Batch], list[Batch], int, int]:
     """The first half of :func:`fetched_columns`: CRC checks, decompression and the
     read_committed filter, without decoding the records (C work, no per-record Python).
@@ -257,10 +269,27 @@ def fetched_batches(data: bytes, partition: int, position: int, isolation_level:
     Returns ``(kept data batches with ``section`` set, batches decoded, skipped aborted
     batches, next position)``; :func:`batch_columns` decodes a kept batch. The consumer
     decodes each batch when it hands its records out, so a Fetch answer is processed at
-    once and the next Fetch goes out while the records are decoded.
+    once and the next Fetch goes out while the records are decoded. ``defer=True``: compressed
+    data batches are decompressed when decoded, not here (``packed``, :func:`section_of`).
     """
-    return _select_batches(decode_batches(data, partition, check_crc, records=False, share=True), position,
-                           isolation_level, aborted)
+    return _select_batches(decode_batches(data, partition, check_crc, records=False, share=True, defer=defer),
+                           position, isolation_level, aborted)
+
+
+def section_of(batch: Batch, partition: int) -> tuple[Any, int, int]:
+    """A batch's uncompressed records section ``(buffer, start, end)``: its ``section``, or its
+    ``packed`` body decompressed (ReaderError if it cannot be)."""
+    sec = batch.section
+    if sec is not None:
+        return sec
+    assert batch.packed is not None
+    buf, start, end = batch.packed
+    try:
+        body = compression.decompress_buffer(batch.header.compression, memoryview(buf)[start:end])
+    except InvalidRecordError as exc:
+        raise ReaderError(f"partition {partition}: batch at offset {batch.header.base_offset}: "
+                          f"{exc.message}") from None
+    return body, 0, len(body)
 
 
 def batch_section(batch: Batch, partition: int, position: int
@@ -270,18 +299,19 @@ def batch_section(batch: Batch, partition: int, position: int
     ``(offsets, timestamps, keys, values, headers)``, a record without headers has None in
     ``headers``; cut to the offsets at or after ``position`` (may be empty: compaction can
     leave a batch without such records)."""
-    sec = batch.section
-    assert sec is not None
+    sec = section_of(batch, partition)
     offs: list[int] = []
     stamps: list[int] = []
     keys: list[bytes | None] = []
     values: list[bytes | None] = []
     hs: list[list[tuple[str, bytes | None]] | None] = []
-    buf = sec[0]
-    if type(buf) is not bytes:  # a decompressed batch in the codec's buffer: values are slices of bytes
-        buf = bytes(buf)
+    buf, start, end = sec
+    if type(buf) is not bytes:  # a decompressed batch in the codec's buffer, or a view of the receive
+        # buffer (defer): copied into bytes (values are slices of bytes)
+        buf = bytes(memoryview(buf)[start:end])
+        start, end = 0, len(buf)
     try:
-        decode_section(buf, sec[1], sec[2], batch.header, offs, stamps, keys, values, hs)
+        decode_section(buf, start, end, batch.header, offs, stamps, keys, values, hs)
     except InvalidRecordError as exc:
         raise ReaderError(f"partition {partition}: batch at offset {batch.header.base_offset}: "
                           f"{exc.message}") from None
@@ -302,15 +332,23 @@ def group_sections(batches: list[Batch], position: int
     :func:`batch_section`, which gives the same records and raises the precise error."""
     if not HAVE_NUMPY or not batches:
         return None
-    secs = [b.section for b in batches]
-    if any(sec is None for sec in secs):
-        return None
+    secs = []
+    for b in batches:  # compressed batches (defer=True) are decompressed here, as their records are read
+        sec = b.section
+        if sec is None:
+            try:
+                sec = b.section = section_of(b, 0)  # kept: batch_section does not decompress it again
+            except ReaderError:
+                return None  # batch_section raises the precise error
+            b.packed = None
+        secs.append(sec)
     buf = secs[0][0]  # type: ignore[index]
     if type(buf) is bytes and all(sec[0] is buf for sec in secs):  # type: ignore[index]
         # uncompressed: all in the Fetch blob, decoded in place
         spans = [(sec[1], sec[2], b.header) for sec, b in zip(secs, batches)]  # type: ignore[index]
-    else:  # decompressed bodies in the codec's buffers: joined into one bytes (the copy
-        # into bytes that batch_section would make anyway), then one numpy pass
+    else:  # decompressed bodies in the codec's buffers, or views of the receive buffer (defer):
+        # joined into one bytes (the copy into bytes that batch_section would make anyway, made as
+        # the records are read: hot in the cache), then one numpy pass
         spans = []
         pos = 0
         for sec, b in zip(secs, batches):

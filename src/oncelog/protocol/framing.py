@@ -133,6 +133,82 @@ class FrameDecoder:
         return len(self._buf) + (4 + sum(map(len, self._parts)) if self._need else 0)
 
 
+class FrameReader:
+    """Framing for a reader that receives straight into buffers (``asyncio.BufferedProtocol``).
+
+    :meth:`get_buffer` gives the writable space to receive into, :meth:`updated` takes the
+    number of bytes received there and returns the frames it completed (bodies only). A frame
+    that fits the ``chunk``-sized receive buffer is cut from it as ``bytes``; a larger one (a
+    Fetch answer of megabytes) gets its own ``bytearray`` of exactly its size, received into
+    directly and returned as that ``bytearray``: no joining of pieces, no fresh 256 KiB read
+    buffer per read. ``max_frame_bytes`` as :class:`FrameDecoder`'s (checked before anything
+    of the frame's body is allocated). Only the client's connection uses it.
+    """
+
+    __slots__ = ("max_frame_bytes", "_buf", "_view", "_start", "_end", "_big", "_fill")
+
+    def __init__(self, max_frame_bytes: int = 100 * 1024 * 1024, chunk: int = 64 * 1024) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray(chunk)
+        self._view = memoryview(self._buf)
+        self._start = 0  # the first byte not yet framed in _buf
+        self._end = 0  # the end of the bytes received in _buf
+        self._big: bytearray | None = None  # the large frame being received
+        self._fill = 0  # bytes of it received
+
+    def get_buffer(self) -> memoryview:
+        big = self._big
+        if big is not None:
+            return memoryview(big)[self._fill:]
+        return self._view[self._end:]
+
+    def updated(self, n: int) -> list[bytes | bytearray]:
+        """``n`` bytes were received into the last :meth:`get_buffer`; the frames completed."""
+        big = self._big
+        if big is not None:
+            self._fill += n
+            if self._fill < len(big):
+                return []
+            self._big = None
+            return [big]
+        end = self._end = self._end + n
+        buf = self._buf
+        pos = self._start
+        frames: list[bytes | bytearray] = []
+        while end - pos >= 4:
+            (size,) = _LEN.unpack_from(buf, pos)
+            if size < 0:
+                raise FrameError(f"negative frame size {size}")
+            if size > self.max_frame_bytes:
+                raise FrameError(f"frame of {size} bytes exceeds socket.request.max.bytes={self.max_frame_bytes}")
+            if end - pos - 4 >= size:
+                frames.append(bytes(self._view[pos + 4:pos + 4 + size]))
+                pos += 4 + size
+                continue
+            if size + 4 > len(buf):  # does not fit: its own buffer, with what arrived of it so far
+                have = end - pos - 4
+                big = self._big = bytearray(size)
+                big[:have] = self._view[pos + 4:end]
+                self._fill = have
+                pos = end
+            break
+        rest = end - pos
+        if not rest:
+            self._start = self._end = 0
+        elif pos + (4 if rest < 4 else 4 + _LEN.unpack_from(buf, pos)[0]) > len(buf):
+            # the start of a frame that fits the buffer, but not from where it starts: moved to the front
+            buf[:rest] = self._view[pos:end]
+            self._start, self._end = 0, rest
+        else:
+            self._start = pos
+        return frames
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received that do not yet form a whole frame."""
+        return (self._end - self._start) + (4 + self._fill if self._big is not None else 0)
+
+
 def frame(payload_parts: list[bytes | memoryview]) -> list[bytes | memoryview]:
     """Prefix ``payload_parts`` with their total length; returns the parts to write."""
     total = sum(len(p) for p in payload_parts)

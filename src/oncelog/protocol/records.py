@@ -744,14 +744,42 @@ def _record_end(buf: bytes, p: int) -> int:
     return p + 1
 
 
-def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]]
+# the offset deltas from which a record's offsetDelta varint takes 1, 2, 3 bytes (zigzag)
+_DELTA_WIDTHS = ((0, 1), (64, 2), (8192, 3), (1 << 20, 4))
+
+
+def _equal_size_starts(p: int, end: int, size: int, count: int) -> list[int] | None:
+    """Where the ``count`` records of the section ``[p, end)`` begin if they are all the size of the
+    first (``size``, its offset delta 0) but for their offset deltas 0, 1, 2 ... written as varints of
+    1 to 4 bytes (fixed-size records as a producer writes them); None if their sizes would not add up
+    to the section's. A guess for the caller to check."""
+    if size < 2:
+        return None
+    out: list[int] = []
+    q = p
+    for k, (lo, width) in enumerate(_DELTA_WIDTHS):
+        if count <= lo:
+            break
+        hi = _DELTA_WIDTHS[k + 1][0] if k + 1 < len(_DELTA_WIDTHS) else count
+        step = size - 1 + width
+        stop = q + (min(count, hi) - lo) * step
+        out += range(q, stop, step)
+        q = stop
+    return out if q == end and len(out) == count else None
+
+
+def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]], guess: bool = True
                  ) -> tuple[list[int], list[int], list[bytes | None], list[bytes | None], list[int]] | None:
     """The records of several uncompressed records sections ``buf[start:end]`` (``spans``:
     ``(start, end, header)``, e.g. every batch of one Fetch answer) decoded at once, with
     numpy for the fields: ``(offsets, timestamps, keys, values, records per span)``.
 
     One Python loop finds the record boundaries; numpy reads every record's varints in
-    bulk; keys and values are slices of ``buf``. Returns None when this path does not
+    bulk; keys and values are slices of ``buf``. A batch whose section is exactly as long as
+    its records would be if they all had the first one's size (but for the offset delta's varint)
+    is assumed to hold such records (no hop; ``guess=False``: never), and walked after all if
+    the numpy check refutes it.
+    Returns None when this path does not
     apply: numpy is not installed, a record has headers, a length takes more than three
     bytes, or anything does not add up (a damaged batch): the caller then decodes the
     batches one by one with :func:`decode_section`, which gives the same results and
@@ -764,14 +792,25 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]]
     sapp = starts.append
     counts: list[int] = []
     last: list[int] = []  # where each span's records end
+    guessed = False
     try:
         for p, end, hdr in spans:
             counts.append(hdr.records_count)
             # a record without headers ends in a zero header count: a batch whose first or last record
             # does not gives up here, before walking every record (a topic with headers: each batch)
-            if hdr.records_count and (buf[end - 1] or buf[_record_end(buf, p) - 1]):
+            count = hdr.records_count
+            if count and (buf[end - 1] or buf[(first := _record_end(buf, p)) - 1]):
                 return None
-            for _ in range(hdr.records_count):  # the only per-record Python: hop from length to length
+            if guess and count > 1 and (got := _equal_size_starts(p, end, first - p, count)) is not None:
+                # the records may all be the first one's size but for their offset delta's varint:
+                # their starts are then known without the hop; the numpy check below that each
+                # record ends where the next begins proves it (from the first, whose start is
+                # certain), else all is walked again
+                starts += got
+                last.append(end)
+                guessed = True
+                continue
+            for _ in range(count):  # the only per-record Python: hop from length to length
                 sapp(p)
                 b = buf[p]
                 if b < 0x80:
@@ -801,7 +840,7 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]]
         nxt[:-1] = rs[1:]
         nxt[np.cumsum(cnt)[cnt > 0] - 1] = [x for x, c in zip(last, counts) if c]
         if (length < 0).any() or not np.array_equal(e, nxt):
-            return None
+            return decode_spans(buf, spans, False) if guessed else None
         ts, p = _np_varints(arr, a + 1)  # after the attributes byte
         off, p = _np_varints(arr, p)
         klen, p = _np_varints(arr, p)
@@ -838,16 +877,15 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]]
             fixed = np.array([h.max_timestamp for _s, _e, h in spans], np.int64)
             stamps = np.where(np.repeat(np.array(lat, bool), cnt), np.repeat(fixed, cnt),
                               ts + np.repeat(base_ts, cnt)).tolist()
-    get = buf.__getitem__
-    vs = vstart.tolist()
-    values: list[bytes | None] = list(map(get, map(slice, vs, (vstart + np.maximum(vlen, 0)).tolist())))
+    # a comprehension slices without a slice object per record (map(slice, ...) made one: 0.04 us)
+    values: list[bytes | None] = [buf[a:b] for a, b in zip(vstart.tolist(), (vstart + np.maximum(vlen, 0)).tolist())]
     for i in np.flatnonzero(vlen < 0).tolist():
         values[i] = None
     knull = klen < 0
     if knull.all():
         keys: list[bytes | None] = [None] * n
     else:
-        keys = list(map(get, map(slice, kstart.tolist(), (kstart + np.maximum(klen, 0)).tolist())))
+        keys = [buf[a:b] for a, b in zip(kstart.tolist(), (kstart + np.maximum(klen, 0)).tolist())]
         for i in np.flatnonzero(knull).tolist():
             keys[i] = None
     return offsets, stamps, keys, values, counts

@@ -33,6 +33,12 @@ Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
   producer relies on it). Returns a future of the decoded response (``None``
   for ``expect_response=False``, i.e. Produce with acks=0).
 
+Answers are received straight into buffers (``asyncio.BufferedProtocol`` and
+:class:`~oncelog.protocol.framing.FrameReader`, plain TCP and TLS alike): a
+large one into a ``bytearray`` of its size, decoded from there (no pieces
+joined); ``send(..., raw_buffer=True)`` hands that buffer out as it is (the
+consumer's Fetch), any other caller gets ``bytes``.
+
 Any number of requests may be in flight; responses are matched to them by
 correlation id (Kafka answers in order, so a response for anything but the
 oldest in-flight request is a protocol error that closes the connection).
@@ -64,7 +70,7 @@ from oncelog.client.errors import (
 from oncelog.protocol.build import materialize
 from oncelog.protocol.codec import decode_response, encode_request, is_flexible, request_type
 from oncelog.protocol.conditional import feature_supported
-from oncelog.protocol.framing import FrameDecoder, FrameError
+from oncelog.protocol.framing import FrameError, FrameReader
 from oncelog.protocol.headers import API_VERSIONS_KEY, skip_tagged_fields
 from oncelog.protocol.sasl import SaslError, ScramClient, plain_message
 
@@ -94,17 +100,18 @@ def _tls_failure(exc: ssl.SSLError, where: str) -> KafkaError:
 
 
 class _Pending:
-    __slots__ = ("api_key", "version", "future", "timer", "raw")
+    __slots__ = ("api_key", "version", "future", "timer", "raw", "buffer")
 
-    def __init__(self, api_key: int, version: int, future: asyncio.Future[Any], raw: bool) -> None:
+    def __init__(self, api_key: int, version: int, future: asyncio.Future[Any], raw: bool, buffer: bool) -> None:
         self.api_key = api_key
         self.version = version
         self.future = future
         self.timer: asyncio.TimerHandle | None = None
         self.raw = raw
+        self.buffer = buffer
 
 
-class BrokerConnection(asyncio.Protocol):
+class BrokerConnection(asyncio.BufferedProtocol):
     """See the module docstring."""
 
     def __init__(self, host: str, port: int, *, node_id: int = -1, client_id: str = "oncelog-python",
@@ -120,7 +127,9 @@ class BrokerConnection(asyncio.Protocol):
         self.conditional_produce = False
         self.features: dict[str, int] = {}  # finalized feature -> max version level (ApiVersions v3+)
         self._transport: asyncio.Transport | None = None
-        self._decoder = FrameDecoder(max_frame_bytes=1 << 30)
+        # answers are received straight into buffers (a large one into its own, of its size: no
+        # pieces joined, no fresh read buffer per socket read), plain TCP and TLS alike
+        self._reader = FrameReader(max_frame_bytes=1 << 30)
         self._inflight: OrderedDict[int, _Pending] = OrderedDict()
         self._corr = 0
         self._closed = False
@@ -238,8 +247,11 @@ class BrokerConnection(asyncio.Protocol):
     # -- requests ---------------------------------------------------------------------
 
     def send(self, api_key: int, version: int, body: Any, *, expect_response: bool = True,
-             timeout: float | None = None, raw_response: bool = False) -> asyncio.Future[Any]:
-        """Write one request now; see the module docstring."""
+             timeout: float | None = None, raw_response: bool = False, raw_buffer: bool = False
+             ) -> asyncio.Future[Any]:
+        """Write one request now; see the module docstring. ``raw_response``: the future's result
+        is ``(frame, position after the response header)``, the frame as ``bytes``; ``raw_buffer``:
+        the same, but a large frame is the ``bytearray`` it was received into (no copy)."""
         loop = self._loop or asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         if self._closed or self._transport is None:
@@ -263,7 +275,7 @@ class BrokerConnection(asyncio.Protocol):
         if not expect_response:
             fut.set_result(None)
             return fut
-        p = _Pending(api_key, version, fut, raw_response)
+        p = _Pending(api_key, version, fut, raw_response or raw_buffer, raw_buffer)
         p.timer = loop.call_later(self.request_timeout if timeout is None else timeout, self._timed_out, corr)
         self._inflight[corr] = p
         return fut
@@ -294,12 +306,19 @@ class BrokerConnection(asyncio.Protocol):
         self.close(KafkaConnectionError(f"connection to {self.host}:{self.port} lost"
                                         f"{': ' + str(exc) if exc else ''}"))
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._reader.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            frames = self._decoder.feed(data)
+            frames = self._reader.updated(nbytes)
         except FrameError as exc:
             self.close(KafkaConnectionError(f"bad frame from {self.host}:{self.port}: {exc}"))
             return
+        if frames:
+            self._answers(frames)
+
+    def _answers(self, frames: list[bytes | bytearray]) -> None:
         for frame in frames:
             if len(frame) < 4:
                 self.close(KafkaConnectionError("response shorter than its header"))
@@ -317,6 +336,8 @@ class BrokerConnection(asyncio.Protocol):
                 p.timer.cancel()
             if p.future.done():
                 continue
+            if type(frame) is not bytes and not p.buffer:
+                frame = bytes(frame)  # a large answer's own buffer: kio and raw readers get bytes
             try:
                 pos = 4
                 if p.api_key != API_VERSIONS_KEY and is_flexible(p.api_key, p.version):

@@ -11,12 +11,17 @@ Internal design (for the group consumer that builds on it):
   would commit) and a buffer of fetched, not yet returned messages.
 * One fetcher task keeps, per leader broker, at most one Fetch in flight for
   the partitions of that broker whose buffer is empty. Fetch v4-v12 (topics
-  by name); CRC checks, decompression of all four codecs and the
-  read_committed filter are :func:`oncelog.client.reader.fetched_batches`
-  when the answer arrives, and the batches of one answer are decoded together
-  (:func:`~oncelog.client.reader.group_sections`, numpy; else batch by batch,
-  :func:`~oncelog.client.reader.batch_section`) when the first of their records
-  is handed out, so the next Fetch goes out while records are decoded.
+  by name), decoded by hand from the connection's receive buffer
+  (:mod:`oncelog.protocol.fetch`): each partition's records stay a view of it.
+  CRC checks and the read_committed filter are
+  :func:`oncelog.client.reader.fetched_batches` when the answer arrives; the
+  batches of one answer are decoded in groups of about ``GROUP_RECORDS``
+  records (:func:`~oncelog.client.reader.group_sections`, numpy; else batch by
+  batch, :func:`~oncelog.client.reader.batch_section`) when the first of their
+  records is handed out, so the next Fetch goes out while records are decoded.
+  A group's batches are copied out of the receive buffer, or decompressed (all
+  four codecs), only then: the bytes are still in the cache when their values
+  are sliced. The receive buffer lives until its last group is decoded.
 * ``consume`` hands out one partition's buffer until it is empty before the
   next partition's (Java's fetch buffer), so partitions drain and are
   refetched one after another. ``take_nowait`` is the same hand-out callable
@@ -63,6 +68,7 @@ from oncelog.client.aio.transactions import ConsumerGroupMetadata
 from oncelog.client.config import ClientConfig, ConfigError, parse_config
 from oncelog.client.errors import (
     ClientClosedError,
+    KafkaConnectionError,
     KafkaError,
     OffsetOutOfRangeError,
     error_for,
@@ -81,6 +87,7 @@ from oncelog.client.reader import (
     list_offsets_request,
 )
 from oncelog.protocol.errors import ErrorCode
+from oncelog.protocol.fetch import FetchDecodeError, decode_fetch_response
 
 __all__ = ["Consumer", "Message", "TopicPartition"]
 
@@ -89,10 +96,11 @@ _generations = itertools.count(1)
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 FETCH, LIST_OFFSETS = 1, 2
-FETCH_VERSIONS = (4, 12)  # v13+ address topics by id only
+FETCH_VERSIONS = (4, 12)  # v13+ address topics by id only (protocol.fetch decodes v4-v12)
 LIST_OFFSETS_VERSIONS = (2, 8)
 OFFSET_OUT_OF_RANGE = int(ErrorCode.offset_out_of_range.value)
 CORRUPT_MESSAGE = int(ErrorCode.corrupt_message.value)
+GROUP_RECORDS = 2048  # records decoded together (numpy) at most, plus the last batch's
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,6 +455,21 @@ class Consumer:
             st = self._parts.get((tp.topic, tp.partition))
             if st is not None:
                 st.paused = True
+                self._detach(st)
+
+    def _detach(self, st: _PartitionState) -> None:
+        """Copy the undecoded batches of a partition that may stay buffered a long time (paused) out
+        of their Fetch answer's receive buffer, which they would otherwise keep alive (up to
+        ``fetch.max.bytes``, for the other partitions' records long handed out)."""
+        with self._lock:
+            for ch in st.buffer:
+                b = ch.batch
+                if b is None:
+                    continue
+                for name in ("section", "packed"):
+                    sec = getattr(b, name)
+                    if sec is not None and type(sec[0]) is memoryview:
+                        setattr(b, name, (bytes(sec[0][sec[1]:sec[2]]), 0, sec[2] - sec[1]))
 
     def resume(self, partitions: Iterable[Any]) -> None:
         """Fetch and return these partitions again."""
@@ -962,7 +985,13 @@ class Consumer:
                                  min_bytes=cfg["fetch.min.bytes"], max_bytes=cfg["fetch.max.bytes"],
                                  partition_max_bytes=cfg["max.partition.fetch.bytes"])
             timeout = cfg["request.timeout.ms"] / 1000 + cfg["fetch.max.wait.ms"] / 1000
-            resp = await conn.request(FETCH, v, body, timeout=timeout)
+            frame, at = await conn.send(FETCH, v, body, timeout=timeout, raw_buffer=True)
+            try:  # by hand from the receive buffer: each partition's records copied out once
+                resp = decode_fetch_response(frame, at, v, copy=False)  # records: views of the frame
+            except FetchDecodeError as exc:  # as a response kio cannot parse: the connection is unusable
+                conn.close()
+                raise KafkaConnectionError(f"cannot decode response to API {FETCH} v{v}: {exc}") from None
+            del frame
             if int(resp.error_code):
                 raise error_for(int(resp.error_code), "Fetch")
             got = False
@@ -1014,14 +1043,29 @@ class Consumer:
         pos = st.fetch_pos
         assert pos is not None
         try:  # CRC checks, decompression, the read_committed filter; records are decoded at hand-out
+            # a view of the receive buffer, copied batch group by batch group as they are decoded (hot in
+            # the cache then: copied here, a Fetch answer's megabytes were cold by the time they were read)
             kept, _batches, _skipped, next_pos = fetched_batches(
-                bytes(p.records or b""), st.partition, pos, self.isolation, aborted, self.config["check.crcs"])
+                p.records if p.records is not None else b"", st.partition, pos, self.isolation, aborted,
+                self.config["check.crcs"], defer=True)
         except ReaderError as exc:
             st.error = error_for(CORRUPT_MESSAGE, str(exc))
             return True
+        # decoded together in groups of about GROUP_RECORDS records: a compressed batch is decompressed
+        # when its group is decoded, so what is decompressed, copied and sliced stays cache-sized
+        # (one group per partition decompressed 1 MiB of lz4 into ~50 MB at once, faulting in fresh memory)
+        chunks: list[_Chunk] = []
         group: list[weakref.ref[_Chunk]] = []
-        chunks = [_Chunk(b, pos, group) for b in kept if b.header.records_count > 0]
-        group.extend(map(weakref.ref, chunks))
+        n = 0
+        for b in kept:
+            k = b.header.records_count
+            if k > 0:
+                if n >= GROUP_RECORDS:
+                    group, n = [], 0
+                ch = _Chunk(b, pos, group)
+                group.append(weakref.ref(ch))
+                chunks.append(ch)
+                n += k
         with self._lock:
             st.buffer.extend(chunks)
             if not chunks and not st.buffer:

@@ -1,0 +1,223 @@
+"""The Fetch response (v4-v12) decoded by hand, for the consumer's hot path.
+
+The consumer's connection reads a large answer straight into one ``bytearray``
+(:class:`~oncelog.protocol.framing.FrameReader`); :func:`decode_fetch_response`
+walks it and copies each partition's records out as ``bytes`` (values and keys
+are later sliced from those), the only copy of the fetched data after the
+socket's. Generic decoding (kio) would need the frame as ``bytes`` first, a
+second copy of every byte.
+
+The fields and their order are Kafka's ``FetchResponse.json`` for the versions
+that address topics by name (v13+ use topic ids): ``throttle_time_ms`` (v1+),
+``error_code`` and ``session_id`` (v7+), then per topic its name and per
+partition ``partition_index``, ``error_code``, ``high_watermark``,
+``last_stable_offset`` (v4+), ``log_start_offset`` (v5+),
+``aborted_transactions`` (v4+, nullable), ``preferred_read_replica`` (v11+),
+``records`` (nullable). v12 is flexible (compact strings and arrays, tagged
+fields); its tagged fields (``diverging_epoch``, ``current_leader``,
+``snapshot_id``) are skipped. Anything short or inconsistent raises
+:class:`FetchDecodeError`. The objects carry the names kio's entities use, so
+the two are interchangeable for a reader of these fields.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+__all__ = ["FetchDecodeError", "FetchResponse", "FetchTopic", "FetchPartition", "AbortedTxn",
+           "decode_fetch_response", "VERSIONS"]
+
+VERSIONS = (4, 12)
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_I32I16 = struct.Struct(">ih")
+_PART_HEAD = struct.Struct(">ihq")  # partition_index, error_code, high_watermark
+_I64I64 = struct.Struct(">qq")
+
+
+class FetchDecodeError(ValueError):
+    """The bytes are not a well-formed Fetch response of that version."""
+
+
+class AbortedTxn:
+    __slots__ = ("producer_id", "first_offset")
+
+    def __init__(self, producer_id: int, first_offset: int) -> None:
+        self.producer_id = producer_id
+        self.first_offset = first_offset
+
+
+class FetchPartition:
+    __slots__ = ("partition_index", "error_code", "high_watermark", "last_stable_offset", "log_start_offset",
+                 "aborted_transactions", "preferred_read_replica", "records")
+
+    def __init__(self, partition_index: int, error_code: int, high_watermark: int, last_stable_offset: int,
+                 log_start_offset: int, aborted_transactions: list[AbortedTxn] | None,
+                 preferred_read_replica: int, records: bytes | None) -> None:
+        self.partition_index = partition_index
+        self.error_code = error_code
+        self.high_watermark = high_watermark
+        self.last_stable_offset = last_stable_offset
+        self.log_start_offset = log_start_offset
+        self.aborted_transactions = aborted_transactions
+        self.preferred_read_replica = preferred_read_replica
+        self.records = records
+
+
+class FetchTopic:
+    __slots__ = ("topic", "partitions")
+
+    def __init__(self, topic: str, partitions: list[FetchPartition]) -> None:
+        self.topic = topic
+        self.partitions = partitions
+
+
+class FetchResponse:
+    __slots__ = ("throttle_time_ms", "error_code", "session_id", "responses")
+
+    def __init__(self, throttle_time_ms: int, error_code: int, session_id: int, responses: list[FetchTopic]) -> None:
+        self.throttle_time_ms = throttle_time_ms
+        self.error_code = error_code
+        self.session_id = session_id
+        self.responses = responses
+
+
+def _uvarint(buf: Any, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 28:
+            raise FetchDecodeError("unsigned varint longer than 5 bytes")
+
+
+def _skip_tags(buf: Any, pos: int) -> int:
+    count, pos = _uvarint(buf, pos)
+    for _ in range(count):
+        _tag, pos = _uvarint(buf, pos)
+        size, pos = _uvarint(buf, pos)
+        pos += size
+    if pos > len(buf):
+        raise FetchDecodeError("tagged field runs past the end")
+    return pos
+
+
+def decode_fetch_response(buf: bytes | bytearray, pos: int, version: int, copy: bool = True) -> FetchResponse:
+    """The Fetch response body at ``buf[pos:]`` (after the response header), version ``version``
+    (4-12); the whole rest of ``buf`` must be the body. Each partition's ``records`` is a ``bytes``
+    copy (None when null); with ``copy=False`` a ``memoryview`` of ``buf`` instead (the consumer
+    copies each batch when it decodes it, so the bytes are hot in the cache as they are read)."""
+    if not VERSIONS[0] <= version <= VERSIONS[1]:
+        raise FetchDecodeError(f"Fetch v{version} is not decoded here")
+    flexible = version >= 12
+    n = len(buf)
+    view = memoryview(buf)
+    if not copy:
+        take = view.__getitem__
+    else:
+        take = buf.__getitem__ if type(buf) is bytes else (lambda s: bytes(view[s]))
+    try:
+        (throttle,) = _I32.unpack_from(buf, pos)
+        pos += 4
+        error_code = session_id = 0
+        if version >= 7:
+            error_code, session_id = _I16.unpack_from(buf, pos)[0], _I32.unpack_from(buf, pos + 2)[0]
+            pos += 6
+        if flexible:
+            ntopics, pos = _uvarint(buf, pos)
+            ntopics -= 1
+        else:
+            (ntopics,) = _I32.unpack_from(buf, pos)
+            pos += 4
+        if ntopics < 0:
+            raise FetchDecodeError("null topic array")
+        topics: list[FetchTopic] = []
+        for _ in range(ntopics):
+            if flexible:
+                size, pos = _uvarint(buf, pos)
+                size -= 1
+            else:
+                (size,) = _I16.unpack_from(buf, pos)
+                pos += 2
+            if size < 0 or pos + size > n:
+                raise FetchDecodeError("bad topic name length")
+            name = bytes(view[pos:pos + size]).decode()
+            pos += size
+            if flexible:
+                nparts, pos = _uvarint(buf, pos)
+                nparts -= 1
+            else:
+                (nparts,) = _I32.unpack_from(buf, pos)
+                pos += 4
+            if nparts < 0:
+                raise FetchDecodeError("null partition array")
+            parts: list[FetchPartition] = []
+            for _ in range(nparts):
+                index, code, hw = _PART_HEAD.unpack_from(buf, pos)
+                pos += 14
+                (lso,) = _I64.unpack_from(buf, pos)
+                pos += 8
+                lstart = -1
+                if version >= 5:
+                    (lstart,) = _I64.unpack_from(buf, pos)
+                    pos += 8
+                if flexible:
+                    naborted, pos = _uvarint(buf, pos)
+                    naborted -= 1
+                else:
+                    (naborted,) = _I32.unpack_from(buf, pos)
+                    pos += 4
+                aborted: list[AbortedTxn] | None = None
+                if naborted >= 0:
+                    aborted = []
+                    for _ in range(naborted):
+                        pid, first = _I64I64.unpack_from(buf, pos)
+                        pos += 16
+                        if flexible:
+                            pos = _skip_tags(buf, pos)
+                        aborted.append(AbortedTxn(pid, first))
+                elif naborted < -1:
+                    raise FetchDecodeError("bad aborted transactions count")
+                replica = -1
+                if version >= 11:
+                    (replica,) = _I32.unpack_from(buf, pos)
+                    pos += 4
+                if flexible:
+                    size, pos = _uvarint(buf, pos)
+                    size -= 1
+                else:
+                    (size,) = _I32.unpack_from(buf, pos)
+                    pos += 4
+                records: bytes | memoryview | None = None
+                if size >= 0:
+                    if pos + size > n:
+                        raise FetchDecodeError("records run past the end of the response")
+                    records = take(slice(pos, pos + size))
+                    pos += size
+                elif size < -1:
+                    raise FetchDecodeError(f"bad records length {size}")
+                if flexible:
+                    pos = _skip_tags(buf, pos)
+                parts.append(FetchPartition(index, code, hw, lso, lstart, aborted, replica, records))
+            if flexible:
+                pos = _skip_tags(buf, pos)
+            topics.append(FetchTopic(name, parts))
+        if flexible:
+            pos = _skip_tags(buf, pos)
+    except (struct.error, IndexError):
+        raise FetchDecodeError("Fetch response runs past its end") from None
+    except UnicodeDecodeError:
+        raise FetchDecodeError("topic name is not UTF-8") from None
+    finally:
+        if copy:
+            view.release()
+    if pos != n:
+        raise FetchDecodeError(f"{n - pos} bytes after the Fetch response")
+    return FetchResponse(throttle, error_code, session_id, topics)
