@@ -26,7 +26,7 @@ Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
 * ``await conn.request(api_key, version, body)``: ``body`` is a dict with
   Kafka's field names (built into the kio entity of that version), a kio
   entity, or already-encoded body bytes (or a list of byte parts, written
-  with ``writelines`` without joining them); returns the decoded response entity.
+  without joining the large ones); returns the decoded response entity.
 * ``conn.send(api_key, version, body, expect_response=True)``: the same
   without awaiting; the request is written *now*, so requests issued one
   after another go out, and are answered, in that order (the idempotent
@@ -91,6 +91,29 @@ def _tls_failure(exc: ssl.SSLError, where: str) -> KafkaError:
                                     f"({getattr(exc, 'reason', None) or exc})")
     reason = getattr(exc, "verify_message", None) or getattr(exc, "reason", None) or str(exc)
     return SslAuthenticationError(f"TLS handshake with {where} failed: {reason}")
+
+
+_BIG_PART = 65536
+
+
+def _write_parts(transport: Any, small: list[Any], parts: list[Any]) -> None:
+    """Write ``small`` then ``parts`` in order, copying large parts once at most.
+
+    ``writelines`` (Python 3.11) joins everything into one ``bytes`` (a copy), and a partial ``send``
+    then slices the rest (a second copy) before the transport buffers it (a third). Here runs of small
+    parts are joined, and each part of ``_BIG_PART`` bytes or more (a large batch's records) is written
+    on its own as a ``memoryview``: sent from where it is, and only its unsent rest is buffered."""
+    write = transport.write
+    for part in parts:
+        if len(part) >= _BIG_PART:
+            if small:
+                write(b"".join(small))
+                small = []
+            write(memoryview(part))
+        else:
+            small.append(part)
+    if small:
+        write(b"".join(small))
 
 
 class _Pending:
@@ -257,7 +280,7 @@ class BrokerConnection(asyncio.Protocol):
         size = sum(map(len, parts)) if parts is not None else len(payload)
         head = _HDR.pack(10 + len(cid) + (1 if flexible else 0) + size, api_key, version, corr, len(cid))
         if parts is not None:
-            self._transport.writelines([head, cid, b"\x00" if flexible else b"", *parts])
+            _write_parts(self._transport, [head, cid, b"\x00" if flexible else b""], parts)
         else:
             self._transport.writelines((head, cid, b"\x00" if flexible else b"", payload))
         if not expect_response:
