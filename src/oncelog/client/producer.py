@@ -194,6 +194,11 @@ class Producer:
         self._closed = False
         self._buffer_memory = self.config["buffer.memory"]
         self._core.complete_many = _complete_many
+        # set by the loop thread when records complete (bytes leave buffer.memory) while a produce() waits
+        # for space: it wakes then, not at its next poll tick
+        self._space = threading.Event()
+        self._space_waiters = 0
+        self._core.on_complete = self._released
         try:
             self._lt.run(self._core.start(), self.config["max.block.ms"] / 1000 + 5)
         except BaseException:
@@ -376,12 +381,31 @@ class Producer:
         except RuntimeError:  # the loop is closed (the producer was closed meanwhile)
             pass
 
+    def _released(self, nbytes: int) -> None:
+        """(On the loop thread.) Records completed and their bytes left ``buffer.memory``."""
+        if self._space_waiters:
+            self._space.set()
+
     def _wait_for_space(self) -> None:
+        """Wait (serving callbacks) until ``buffer.memory`` has room, up to ``max.block.ms``: woken when the
+        loop thread completes records (Java's BufferPool wait), not at a fixed tick."""
         deadline = time.monotonic() + self.config["max.block.ms"] / 1000
-        while self._core.buffered_bytes + self._staged_bytes > self.config["buffer.memory"]:
-            if time.monotonic() > deadline:
-                raise BufferError("buffer.memory is full and max.block.ms passed")
-            self.poll(0.01)
+        space, limit = self._space, self._buffer_memory
+        with self._lock:
+            self._space_waiters += 1
+        try:
+            while self._core.buffered_bytes + self._staged_bytes > limit:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BufferError("buffer.memory is full and max.block.ms passed")
+                space.clear()
+                self.poll(0)
+                if self._core.buffered_bytes + self._staged_bytes <= limit:  # freed before the clear
+                    break
+                space.wait(min(0.05, left))
+        finally:
+            with self._lock:
+                self._space_waiters -= 1
 
     def _drain(self) -> None:
         """(On the loop thread.) Hand everything over now (flush, close, transactions, produce_batch)."""
