@@ -289,7 +289,9 @@ class Producer:
                         b.futures.append(b.group)  # the batch's records complete through it (not one by one)
                         b.builder.append(timestamp, key, value, headers)
                         self._open[(topic, partition)] = b
-                        if not self._scheduled:  # the loop thread learns the new batch's linger deadline
+                        # the loop thread learns the new batch's linger deadline (at its next pass; none is
+                        # needed now when an answer it waits for starts one first)
+                        if not self._scheduled and not core.answer_pending(topic, partition):
                             self._scheduled = True
                             self._wake()
                     # the record's future shares its batch's completion; the batch does not hold it
@@ -300,7 +302,7 @@ class Producer:
                     self._staged += 1
                     if b.builder.size >= self._batch_size:
                         self._seal(b, n)
-                        if not self._scheduled:
+                        if not self._scheduled and not core.answer_pending(topic, partition):
                             self._scheduled = True
                             self._wake()
                     return fut

@@ -633,6 +633,15 @@ class ProducerCore:
         self._close_open(p)
         self._kick()
 
+    def answer_pending(self, topic: str, partition: int) -> bool:
+        """(Callable from any thread; it only reads.) True when a sender pass is sure to run before the
+        partition's next batch could be sent anyway: the partition has a request in flight and its broker
+        has ``max.in.flight`` unanswered, so the next answer (or failure) of that broker, which kicks the
+        sender, comes first. The blocking facade then skips waking the loop thread for a batch that fills
+        or opens: that wake-up would find nothing it may send."""
+        p = self.partitions.get((topic, partition))
+        return p is not None and p.inflight > 0 and self._node_inflight.get(p.node, 0) >= self.max_in_flight
+
     def adopt(self, b: _Batch) -> None:
         """Take a closed batch filled outside the loop (the blocking facade's callers), behind the
         partition's records placed before it; it is sent like any other ready batch."""
