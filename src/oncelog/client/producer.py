@@ -385,8 +385,9 @@ class Producer:
 
     def _released(self, nbytes: int) -> None:
         """(On the loop thread.) Records completed and their bytes left ``buffer.memory``."""
-        if self._space_waiters:
-            self._space.set()
+        if self._space_waiters and not self._space.is_set() and \
+                self._core.buffered_bytes + self._staged_bytes <= self._buffer_memory:
+            self._space.set()  # once per wait, when there is room (not at every batch completed)
 
     def _wait_for_space(self) -> None:
         """Wait (serving callbacks) until ``buffer.memory`` has room, up to ``max.block.ms``: woken when the
