@@ -688,8 +688,8 @@ class ProducerCore:
         p.open = None
         p.ready.append(b)
         if b.builder.count:
-            self.sticky.next(p.topic, self.cluster.topic(p.topic).partitions if self.cluster.topic(p.topic) else 1,
-                             p.partition)
+            info = self.cluster.topic(p.topic)
+            self.sticky.next(p.topic, info.partitions if info else 1, p.partition)
 
     # -- completion -----------------------------------------------------------------
 
@@ -856,8 +856,10 @@ class ProducerCore:
                 for _ in range(max(1, self.max_in_flight)):
                     requests = self.stats["requests"]
                     wait = self._pass(time.monotonic())
-                    if self.stats["requests"] == requests:
-                        break
+                    if self.stats["requests"] == requests or \
+                            min(self._node_inflight.values(), default=0) >= self.max_in_flight:
+                        break  # nothing sent, or every broker has max.in.flight requests out: the next pass
+                        # could send nothing (each answer starts one)
             except Exception as exc:  # a bug must not silently stop all delivery
                 self._fatal = KafkaError(f"producer sender failed: {exc!r}")
                 raise
