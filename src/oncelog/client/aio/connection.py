@@ -333,7 +333,11 @@ class BrokerConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
-        backlog, write = self._backlog, self._transport.write  # type: ignore[union-attr]
+        backlog = self._backlog
+        if self._closed:  # closed meanwhile: its requests have failed, nothing more goes out
+            backlog.clear()
+            return
+        write = self._transport.write  # type: ignore[union-attr]
         while backlog and not self._paused:  # write() pauses us again when the socket takes only part
             write(backlog.popleft())
 
