@@ -18,8 +18,9 @@ Internal design (for the transactions work that builds on it):
   ``max.in.flight.requests.per.connection`` unanswered requests per broker.
   A full batch wakes it at once; each wake-up repeats the pass while it sends
   something, so a backlog goes out as up to that many pipelined requests.
-  Requests go to the socket as parts (batch header and body apart), joined
-  by nobody but the transport.
+  Requests go to the connection as parts (batch header and body apart);
+  it joins only the small ones, and large bodies reach the socket uncopied
+  (:func:`oncelog.client.aio.connection._write_parts`).
 * ``produce_batch`` (:func:`produce_batch_into`) encodes a partition's values
   in bulk (:func:`~oncelog.client.batch.encode_sections`: every batch of the
   call in one pass) and puts one
