@@ -521,3 +521,34 @@ def test_full_batches_go_out_without_linger_while_answers_drive_the_sender(broke
         assert time.monotonic() - t0 < 25
         assert not any(f.done() for fs in futs.values() for f in fs[-3:])  # the open batches linger
         assert p.flush(30) == 0
+
+
+def test_produce_waiting_for_buffer_memory_is_woken_by_completions(broker: EmbeddedBroker, kit: Any,
+                                                                   monkeypatch: Any) -> None:
+    """With ``buffer.memory`` full, ``produce()`` waits (up to ``max.block.ms``) until the loop thread
+    completes records, and is woken by that (Java's BufferPool wait), not by polling in 5-10 ms sleep
+    ticks (it was: with 1 MB batches the default 32 MB fills, and the caller slept while batches were
+    acknowledged). 1 MB goes through a 64 KiB buffer, every record once and in order."""
+    import threading
+    import time
+
+    kit.create_topic(broker.bootstrap, "bufmem", 1)
+    with Producer({"bootstrap.servers": broker.bootstrap, "buffer.memory": 65536, "linger.ms": 1}) as p:
+        p.produce("bufmem", b"warm", partition=0)
+        assert p.flush(30) == 0
+        me, sleeps, real_sleep = threading.get_ident(), [], time.sleep
+
+        def sleep(s: float) -> None:
+            if threading.get_ident() == me:
+                sleeps.append(s)
+            real_sleep(s)
+
+        monkeypatch.setattr(time, "sleep", sleep)
+        futs = [p.produce("bufmem", b"%05d" % i + b"x" * 1019, partition=0) for i in range(1000)]
+        monkeypatch.undo()
+        assert p.flush(30) == 0
+        assert [f.result(10).offset for f in futs] == list(range(1, 1001))
+        assert not sleeps, f"produce() slept {len(sleeps)} times waiting for buffer.memory"
+    ends = {0: kit.confluent_watermarks(broker.bootstrap, "bufmem", 1)[0][1]}
+    got = kit.confluent_consume_all(broker.bootstrap, "bufmem", ends)[0]
+    assert [m.value()[:5] for m in got[1:]] == [b"%05d" % i for i in range(1000)]

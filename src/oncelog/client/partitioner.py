@@ -86,7 +86,10 @@ class StickyPartitioner:
     def next(self, topic: str, partitions: int, previous: int) -> None:
         """The batch of ``previous`` is done: pick another partition (a different one if there are several).
 
-        Two threads finishing the same batch at once move it once: the second sees it moved."""
+        Two threads finishing the same batch at once move it once: the second sees it moved. A batch of a
+        partition the topic is not stuck to (explicit partitions, keyed records) takes no lock."""
+        if self._current.get(topic) != previous:
+            return
         with self._lock:
             if self._current.get(topic) != previous:
                 return

@@ -199,6 +199,11 @@ class Producer:
         self._closed = False
         self._buffer_memory = self.config["buffer.memory"]
         self._core.complete_many = _complete_many
+        # set by the loop thread when records complete (bytes leave buffer.memory) while a produce() waits
+        # for space: it wakes then, not at its next poll tick
+        self._space = threading.Event()
+        self._space_waiters = 0
+        self._core.on_complete = self._released
         try:
             self._lt.run(self._core.start(), self.config["max.block.ms"] / 1000 + 5)
         except BaseException:
@@ -289,7 +294,9 @@ class Producer:
                         b.futures.append(b.group)  # the batch's records complete through it (not one by one)
                         b.builder.append(timestamp, key, value, headers)
                         self._open[(topic, partition)] = b
-                        if not self._scheduled:  # the loop thread learns the new batch's linger deadline
+                        # the loop thread learns the new batch's linger deadline (at its next pass; none is
+                        # needed now when an answer it waits for starts one first)
+                        if not self._scheduled and not core.answer_pending(topic, partition):
                             self._scheduled = True
                             self._wake()
                     # the record's future shares its batch's completion; the batch does not hold it
@@ -300,7 +307,7 @@ class Producer:
                     self._staged += 1
                     if b.builder.size >= self._batch_size:
                         self._seal(b, n)
-                        if not self._scheduled:
+                        if not self._scheduled and not core.answer_pending(topic, partition):
                             self._scheduled = True
                             self._wake()
                     return fut
@@ -381,12 +388,32 @@ class Producer:
         except RuntimeError:  # the loop is closed (the producer was closed meanwhile)
             pass
 
+    def _released(self, nbytes: int) -> None:
+        """(On the loop thread.) Records completed and their bytes left ``buffer.memory``."""
+        if self._space_waiters and not self._space.is_set() and \
+                self._core.buffered_bytes + self._staged_bytes <= self._buffer_memory:
+            self._space.set()  # once per wait, when there is room (not at every batch completed)
+
     def _wait_for_space(self) -> None:
+        """Wait (serving callbacks) until ``buffer.memory`` has room, up to ``max.block.ms``: woken when the
+        loop thread completes records (Java's BufferPool wait), not at a fixed tick."""
         deadline = time.monotonic() + self.config["max.block.ms"] / 1000
-        while self._core.buffered_bytes + self._staged_bytes > self.config["buffer.memory"]:
-            if time.monotonic() > deadline:
-                raise BufferError("buffer.memory is full and max.block.ms passed")
-            self.poll(0.01)
+        space, limit = self._space, self._buffer_memory
+        with self._lock:
+            self._space_waiters += 1
+        try:
+            while self._core.buffered_bytes + self._staged_bytes > limit:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BufferError("buffer.memory is full and max.block.ms passed")
+                space.clear()
+                self.poll(0)
+                if self._core.buffered_bytes + self._staged_bytes <= limit:  # freed before the clear
+                    break
+                space.wait(min(0.05, left))
+        finally:
+            with self._lock:
+                self._space_waiters -= 1
 
     def _drain(self) -> None:
         """(On the loop thread.) Hand everything over now (flush, close, transactions, produce_batch)."""

@@ -26,7 +26,7 @@ Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
 * ``await conn.request(api_key, version, body)``: ``body`` is a dict with
   Kafka's field names (built into the kio entity of that version), a kio
   entity, or already-encoded body bytes (or a list of byte parts, written
-  with ``writelines`` without joining them); returns the decoded response entity.
+  without joining the large ones); returns the decoded response entity.
 * ``conn.send(api_key, version, body, expect_response=True)``: the same
   without awaiting; the request is written *now*, so requests issued one
   after another go out, and are answered, in that order (the idempotent
@@ -55,7 +55,7 @@ import asyncio
 import os
 import ssl
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 from oncelog.client.errors import (
@@ -99,6 +99,33 @@ def _tls_failure(exc: ssl.SSLError, where: str) -> KafkaError:
     return SslAuthenticationError(f"TLS handshake with {where} failed: {reason}")
 
 
+_BIG_PART = 65536
+_CHUNK = 262144
+
+
+def _write_parts(write: Any, small: list[Any], parts: list[Any]) -> None:
+    """Write ``small`` then ``parts`` in order, copying large parts once at most.
+
+    ``writelines`` (Python 3.11) joins everything into one ``bytes`` (a copy), and a partial ``send``
+    then slices the rest (a second copy) before the transport buffers it (a third). Here runs of small
+    parts are joined, and each part of ``_BIG_PART`` bytes or more (a large batch's records) is written
+    as ``memoryview`` chunks of up to ``_CHUNK`` bytes: sent from where they are; the connection's
+    :meth:`BrokerConnection._write` keeps chunks the transport has no room for (see there)."""
+    for part in parts:
+        n = len(part)
+        if n >= _BIG_PART:
+            if small:
+                write(b"".join(small))
+                small = []
+            view = memoryview(part)
+            for i in range(0, n, _CHUNK):
+                write(view[i:i + _CHUNK])
+        else:
+            small.append(part)
+    if small:
+        write(b"".join(small))
+
+
 class _Pending:
     __slots__ = ("api_key", "version", "future", "timer", "raw", "buffer")
 
@@ -136,6 +163,9 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self._close_error: KafkaError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drained: asyncio.Event | None = None
+        # writes the transport has no room for yet, uncopied, in order (see _write)
+        self._backlog: deque[Any] = deque()
+        self._paused = False
         self.closed_future: asyncio.Future[None] | None = None
 
     def __repr__(self) -> str:
@@ -269,9 +299,9 @@ class BrokerConnection(asyncio.BufferedProtocol):
         size = sum(map(len, parts)) if parts is not None else len(payload)
         head = _HDR.pack(10 + len(cid) + (1 if flexible else 0) + size, api_key, version, corr, len(cid))
         if parts is not None:
-            self._transport.writelines([head, cid, b"\x00" if flexible else b"", *parts])
+            _write_parts(self._write, [head, cid, b"\x00" if flexible else b""], parts)
         else:
-            self._transport.writelines((head, cid, b"\x00" if flexible else b"", payload))
+            self._write(b"".join((head, cid, b"\x00" if flexible else b"", payload)))
         if not expect_response:
             fut.set_result(None)
             return fut
@@ -296,6 +326,32 @@ class BrokerConnection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        if transport.get_extra_info("sslcontext") is None:
+            # a plain socket's transport pauses us as soon as it buffers anything and resumes us once it
+            # has sent it all: meanwhile writes wait in _backlog as they are, so the transport copies at
+            # most the unsent rest of one chunk (with 1 MB batches it copied most of every 8 MB request
+            # into its buffer). TLS keeps asyncio's limits (its writes are encrypted copies anyway).
+            transport.set_write_buffer_limits(high=0, low=0)  # type: ignore[attr-defined]
+
+    def _write(self, data: Any) -> None:
+        """Hand ``data`` to the transport, or keep it (in order, uncopied) while the transport is paused."""
+        if self._paused or self._backlog:
+            self._backlog.append(data)
+        else:
+            self._transport.write(data)  # type: ignore[union-attr]
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        backlog = self._backlog
+        if self._closed:  # closed meanwhile: its requests have failed, nothing more goes out
+            backlog.clear()
+            return
+        write = self._transport.write  # type: ignore[union-attr]
+        while backlog and not self._paused:  # write() pauses us again when the socket takes only part
+            write(backlog.popleft())
 
     def connection_lost(self, exc: Exception | None) -> None:
         if isinstance(exc, ssl.SSLError) and not self.versions and _is_alert(exc):

@@ -18,8 +18,9 @@ Internal design (for the transactions work that builds on it):
   ``max.in.flight.requests.per.connection`` unanswered requests per broker.
   A full batch wakes it at once; each wake-up repeats the pass while it sends
   something, so a backlog goes out as up to that many pipelined requests.
-  Requests go to the socket as parts (batch header and body apart), joined
-  by nobody but the transport.
+  Requests go to the connection as parts (batch header and body apart);
+  it joins only the small ones, and large bodies reach the socket uncopied
+  (:func:`oncelog.client.aio.connection._write_parts`).
 * ``produce_batch`` (:func:`produce_batch_into`) encodes a partition's values
   in bulk (:func:`~oncelog.client.batch.encode_sections`: every batch of the
   call in one pass) and puts one
@@ -633,6 +634,15 @@ class ProducerCore:
         self._close_open(p)
         self._kick()
 
+    def answer_pending(self, topic: str, partition: int) -> bool:
+        """(Callable from any thread; it only reads.) True when a sender pass is sure to run before the
+        partition's next batch could be sent anyway: the partition has a request in flight and its broker
+        has ``max.in.flight`` unanswered, so the next answer (or failure) of that broker, which kicks the
+        sender, comes first. The blocking facade then skips waking the loop thread for a batch that fills
+        or opens: that wake-up would find nothing it may send."""
+        p = self.partitions.get((topic, partition))
+        return p is not None and p.inflight > 0 and self._node_inflight.get(p.node, 0) >= self.max_in_flight
+
     def adopt(self, b: _Batch) -> None:
         """Take a closed batch filled outside the loop (the blocking facade's callers), behind the
         partition's records placed before it; it is sent like any other ready batch."""
@@ -679,8 +689,8 @@ class ProducerCore:
         p.open = None
         p.ready.append(b)
         if b.builder.count:
-            self.sticky.next(p.topic, self.cluster.topic(p.topic).partitions if self.cluster.topic(p.topic) else 1,
-                             p.partition)
+            info = self.cluster.topic(p.topic)
+            self.sticky.next(p.topic, info.partitions if info else 1, p.partition)
 
     # -- completion -----------------------------------------------------------------
 
@@ -847,8 +857,10 @@ class ProducerCore:
                 for _ in range(max(1, self.max_in_flight)):
                     requests = self.stats["requests"]
                     wait = self._pass(time.monotonic())
-                    if self.stats["requests"] == requests:
-                        break
+                    if self.stats["requests"] == requests or \
+                            min(self._node_inflight.values(), default=0) >= self.max_in_flight:
+                        break  # nothing sent, or every broker has max.in.flight requests out: the next pass
+                        # could send nothing (each answer starts one)
             except Exception as exc:  # a bug must not silently stop all delivery
                 self._fatal = KafkaError(f"producer sender failed: {exc!r}")
                 raise
