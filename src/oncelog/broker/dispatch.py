@@ -41,7 +41,11 @@ async def handle_frame(
     listener: until it is complete only ApiVersions, SaslHandshake and
     SaslAuthenticate are served, anything else closes the connection (Kafka's
     SaslServerAuthenticator); after a SaslHandshake v0 the frames are bare
-    SASL tokens, answered bare."""
+    SASL tokens, answered bare. A SaslHandshake the server armed for
+    re-authentication (KIP-368) resets ``auth`` to the handshake state here,
+    once every request before it has been dispatched."""
+    if auth is not None and auth.reauth_armed and auth.complete and frame[:2] == b"\x00\x11":
+        auth.begin_reauthentication()
     if auth is not None and not auth.complete and auth.raw_tokens:
         return sasl_authenticate.raw_token(auth, frame)
     try:
