@@ -124,11 +124,23 @@ def _login(b: EmbeddedBroker, user: str = "alice") -> socket.socket:
     return s
 
 
-def test_session_lifetime_reauthentication_and_expiry_on_the_wire(broker: EmbeddedBroker) -> None:
-    """SaslAuthenticate v1 carries the lifetime; a re-authentication on the live connection is accepted and
-    renews it; a second start within a second is ILLEGAL_SASL_STATE (34) on a connection that stays open;
-    requests pipelined before a re-authentication are answered in order; once expired, any request but a
-    SaslHandshake closes the connection unanswered, while a re-authentication after expiry is accepted."""
+def test_session_lifetime_reauthentication_and_expiry_on_the_wire(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """SaslAuthenticate v1 carries the lifetime (0 by default, and then no re-authentication); a
+    re-authentication on the live connection is accepted and renews it; a second start within a second is
+    ILLEGAL_SASL_STATE (34) on a connection that stays open; requests pipelined before a re-authentication
+    are answered in order; once expired, any request but a SaslHandshake closes the connection unanswered,
+    while a re-authentication after expiry is accepted."""
+    with EmbeddedBroker(data_dir=tmp_path / "d", log_path=tmp_path / "b.log", config={
+            "listeners": "SASL_PLAINTEXT://127.0.0.1:0", "sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": JAAS}) as default:
+        with socket.create_connection((default.host, default.port), timeout=10) as s:
+            s.sendall(_handshake(1) + _plain(2))
+            assert _head(_recv(s)) == (1, 0)
+            assert _auth_answer(_recv(s)) == (2, 0, None, 0)
+            s.sendall(_handshake(3))  # no re-authentication without a lifetime
+            assert _head(_recv(s)) == (3, 34)
+            s.sendall(_metadata(4))
+            assert _head(_recv(s))[0] == 4
     with _login(broker) as s:
         s.sendall(_handshake(3) + _plain(4))  # at once: the first re-authentication may come any time
         assert _head(_recv(s)) == (3, 0)
@@ -215,20 +227,6 @@ def test_a_long_poll_in_flight_is_answered_before_the_reauthentication(broker: E
         assert time.monotonic() - started > 0.7
         assert _head(_recv(s)) == (4, 0)
         assert _auth_answer(_recv(s)) == (5, 0, None, PLAIN_LIFETIME_MS)
-
-
-def test_default_is_no_session_lifetime(tmp_path: Path) -> None:
-    with EmbeddedBroker(data_dir=tmp_path / "d", log_path=tmp_path / "b.log", config={
-            "listeners": "SASL_PLAINTEXT://127.0.0.1:0", "sasl.enabled.mechanisms": "PLAIN",
-            "listener.name.sasl_plaintext.plain.sasl.jaas.config": JAAS}) as b:
-        with socket.create_connection((b.host, b.port), timeout=10) as s:
-            s.sendall(_handshake(1) + _plain(2))
-            assert _head(_recv(s)) == (1, 0)
-            assert _auth_answer(_recv(s)) == (2, 0, None, 0)
-            s.sendall(_handshake(3))  # no re-authentication without a lifetime
-            assert _head(_recv(s)) == (3, 34)
-            s.sendall(_metadata(4))
-            assert _head(_recv(s))[0] == 4
 
 
 # -- our client ------------------------------------------------------------------------------------------

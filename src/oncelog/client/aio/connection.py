@@ -247,7 +247,8 @@ class BrokerConnection(asyncio.Protocol):
 
     @property
     def in_flight(self) -> int:
-        return len(self._inflight)
+        """Requests not yet answered, those held during a re-authentication included."""
+        return len(self._inflight) + (len(self._held) if self._held else 0)
 
     def close(self, error: KafkaError | None = None) -> None:
         """Close now; every in-flight request fails with ``error`` (default: connection closed)."""
