@@ -319,6 +319,23 @@ def test_changed_credentials_on_reauthentication_are_the_typed_auth_error(broker
     asyncio.run(main())
 
 
+def test_blocking_connection_reauthenticates(broker: EmbeddedBroker) -> None:
+    """The blocking connection behind verify and the Spark source: a request after the session's end logs
+    in again first instead of being closed."""
+    from oncelog.client.connection import Connection
+
+    sec = parse_config(_conf(broker, "SCRAM-SHA-256"), "consumer").security
+    before = _log(broker)
+    with Connection(broker.bootstrap, security=sec) as conn:
+        conn.negotiate()
+        for _ in range(2):
+            time.sleep(1.05 * LIFETIME_MS / 1000)
+            assert conn.request(3, 1, {"topics": None}).brokers
+    log = _log(broker)[len(before):]
+    assert log.count("re-authenticated as User:alice with SCRAM-SHA-256") == 2, log
+    assert "session expired" not in log
+
+
 # -- other clients ---------------------------------------------------------------------------------------
 
 

@@ -297,6 +297,9 @@ class BrokerConnection(asyncio.Protocol):
                 self._held = []
                 self._reauth_at = None
                 self._reauth_task = loop.create_task(self._reauthenticate())
+            if type(body) is list or isinstance(body, (bytearray, memoryview)):
+                # written later: a copy, as the caller may reuse its buffers once send() returns
+                body = [bytes(part) for part in body] if type(body) is list else bytes(body)
             self._held.append((fut, (api_key, version, body),
                                {"expect_response": expect_response, "timeout": timeout, "raw_response": raw_response}))
             return fut
