@@ -296,6 +296,52 @@ def test_oncelog_producer_and_consumer_across_reauthentications(broker: Embedded
     assert "session expired" not in log
 
 
+def test_in_flight_and_held_requests_keep_their_order(broker: EmbeddedBroker) -> None:
+    """Our connection re-authenticates while a long-poll Fetch is in flight: the Fetch is answered first,
+    the requests sent during the re-authentication are held and then answered in the order sent, with
+    increasing correlation ids."""
+    topic = f"io-{uuid.uuid4().hex[:6]}"
+    admin = Admin(_conf(broker, "PLAIN"))
+    try:
+        admin.create_topics([NewTopic(topic, 1)])
+    finally:
+        admin.close()
+    fetch = {"replica_id": -1, "max_wait": 1500, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+             "topics": [{"topic": topic, "partitions": [{"partition": 0, "fetch_offset": 0,
+                                                         "partition_max_bytes": 1 << 20}]}]}
+
+    async def main() -> list[str]:
+        conn = BrokerConnection(broker.host, broker.port, security=parse_config(_conf(broker, "SCRAM-SHA-256"),
+                                                                                "consumer").security)
+        await conn.connect()
+        logged_in = time.monotonic()
+        done: list[str] = []
+        try:
+            await asyncio.sleep(1.2)
+            long_poll = conn.send(1, 4, fetch)
+            long_poll.add_done_callback(lambda _f: done.append("fetch"))
+            await asyncio.sleep(max(0.0, logged_in + 0.96 * LIFETIME_MS / 1000 - time.monotonic()))
+            assert not long_poll.done()
+            first_corr = conn._corr
+            futs = []
+            for n in range(5):
+                futs.append(conn.send(3, 1, {"topics": None}))
+                futs[-1].add_done_callback(lambda _f, n=n: done.append(f"metadata {n}"))
+            assert conn.in_flight == 6  # the Fetch and the five held requests
+            results = await asyncio.gather(long_poll, *futs)
+            assert all(r.brokers for r in results[1:])
+            # handshake and two SCRAM rounds, then the five held requests
+            assert conn._corr == first_corr + 3 + 5
+        finally:
+            conn.close()
+        return done
+
+    before = _log(broker)
+    assert asyncio.run(main()) == ["fetch"] + [f"metadata {n}" for n in range(5)]
+    log = _log(broker)[len(before):]
+    assert "re-authenticated as User:alice with SCRAM-SHA-256" in log and "session expired" not in log
+
+
 def test_changed_credentials_on_reauthentication_are_the_typed_auth_error(broker: EmbeddedBroker) -> None:
     """A connection whose re-authentication is refused (another principal, then a wrong password) fails the
     request that was waiting for it with SaslAuthenticationFailedError and is closed, as a refused login."""
