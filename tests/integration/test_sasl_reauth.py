@@ -174,14 +174,35 @@ def test_session_lifetime_reauthentication_and_expiry_on_the_wire(broker: Embedd
     assert "its SASL session expired" in _log(broker)
 
 
+def _topic_and_long_poll(b: EmbeddedBroker, wait_ms: int) -> bytes:
+    """A new empty topic, and a Fetch v4 of its partition 0 that waits ``wait_ms`` for data."""
+    conf = {"bootstrap.servers": b.bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+            "sasl.username": "alice", "sasl.password": USERS["alice"]}
+    topic = f"lp-{uuid.uuid4().hex[:6]}"
+    admin = Admin(conf)
+    try:
+        admin.create_topics([NewTopic(topic, 1)])
+    finally:
+        admin.close()
+    # replica -1, max_wait, min_bytes 1, max_bytes, isolation 0, [topic [partition 0 at offset 0]]
+    return struct.pack(">iiiib", -1, wait_ms, 1, 1 << 20, 0) + struct.pack(">i", 1) + _string(topic) \
+        + struct.pack(">iiqi", 1, 0, 0, 1 << 20)
+
+
 def test_requests_before_an_expired_request_are_answered(broker: EmbeddedBroker) -> None:
-    """Requests received before the session expired are answered; the first one after it closes the
-    connection (nothing after it is served)."""
+    """Requests received before the session expired are answered, a long poll still waiting included; the
+    first one after it closes the connection once they are (nothing after it is served)."""
+    fetch = _topic_and_long_poll(broker, 1500)
     with _login(broker) as s:
+        logged_in = time.monotonic()
         s.sendall(_metadata(3) + _metadata(4))
-        time.sleep(PLAIN_LIFETIME_MS / 1000 + 0.2)
-        s.sendall(_metadata(5) + _metadata(6))
         assert [_head(_recv(s))[0] for _ in range(2)] == [3, 4]
+        time.sleep(max(0.0, logged_in + PLAIN_LIFETIME_MS / 1000 - 0.7 - time.monotonic()))
+        s.sendall(_request(1, 4, 5, fetch))  # waits until about 0.8 s after the session's end
+        time.sleep(max(0.0, logged_in + PLAIN_LIFETIME_MS / 1000 + 0.2 - time.monotonic()))
+        s.sendall(_metadata(6) + _metadata(7))
+        resp = _recv(s)
+        assert resp is not None and struct.unpack_from(">i", resp)[0] == 5
         assert _recv(s) is None
 
 
@@ -209,21 +230,12 @@ def test_changed_principal_or_mechanism_is_refused(broker: EmbeddedBroker) -> No
 
 
 def test_a_long_poll_in_flight_is_answered_before_the_reauthentication(broker: EmbeddedBroker) -> None:
-    conf = {"bootstrap.servers": broker.bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-            "sasl.username": "alice", "sasl.password": USERS["alice"]}
-    topic = f"lp-{uuid.uuid4().hex[:6]}"
-    admin = Admin(conf)
-    try:
-        admin.create_topics([NewTopic(topic, 1)])
-    finally:
-        admin.close()
-    # Fetch v4: replica -1, max_wait 800 ms, min_bytes 1, max_bytes, isolation 0, [topic [partition 0 at 0]]
-    fetch = struct.pack(">iiiib", -1, 800, 1, 1 << 20, 0) + struct.pack(">i", 1) + _string(topic) \
-        + struct.pack(">iiqi", 1, 0, 0, 1 << 20)
+    fetch = _topic_and_long_poll(broker, 800)
     with _login(broker) as s:
         started = time.monotonic()
         s.sendall(_request(1, 4, 3, fetch) + _handshake(4) + _plain(5))
-        assert _recv(s) is not None  # the Fetch, after its wait
+        resp = _recv(s)  # the Fetch, after its wait
+        assert resp is not None and struct.unpack_from(">i", resp)[0] == 3
         assert time.monotonic() - started > 0.7
         assert _head(_recv(s)) == (4, 0)
         assert _auth_answer(_recv(s)) == (5, 0, None, PLAIN_LIFETIME_MS)
