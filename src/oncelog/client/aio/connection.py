@@ -210,18 +210,20 @@ class BrokerConnection(asyncio.Protocol):
         failure closes the connection with its error (the held requests fail with it too)."""
         sec = self.security
         error: KafkaError | None = None
+        ok = False
         try:
             await self._authenticate(sec.sasl_mechanism, sec.sasl_username, sec.sasl_password)
+            ok = True
         except KafkaError as exc:
             error = exc
         except Exception as exc:  # noqa: BLE001 - anything else leaves the connection unusable too
             error = KafkaConnectionError(f"re-authentication with {self.host}:{self.port} failed: {exc}")
         finally:
             held, self._held = self._held or [], None
-            if error is not None or self._closed:
-                if error is not None:
-                    self.close(error)
-                error = error or self._close_error or KafkaConnectionError("connection closed")
+            if not ok or self._closed:
+                error = error or self._close_error or KafkaConnectionError(
+                    f"connection to {self.host}:{self.port} closed during re-authentication")
+                self.close(error)
                 for item in held:
                     if not item[0].done():
                         item[0].set_exception(type(error)(error.message))
