@@ -572,7 +572,7 @@ def test_raw_sasl_protocol(brokers: dict[str, EmbeddedBroker]) -> None:
         s.sendall(_request(3, 1, 6, struct.pack(">i", -1)))
         resp = _recv(s)
         assert resp is not None and struct.unpack_from(">i", resp) == (6,)
-        # re-authentication is not supported: ILLEGAL_SASL_STATE (34)
+        # no re-authentication without connections.max.reauth.ms: ILLEGAL_SASL_STATE (34)
         s.sendall(_request(17, 1, 7, _string("PLAIN")))
         resp = _recv(s)
         assert resp is not None and struct.unpack_from(">ih", resp) == (7, 34)

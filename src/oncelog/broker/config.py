@@ -263,6 +263,11 @@ def _check(key: str, value: str, spec: _Spec) -> int | bool | str:
     return n
 
 
+def check_long(key: str, value: str) -> int:
+    """``value`` as Kafka's LONG type, or ConfigError naming ``key``."""
+    return int(_check(key, value, _LONG))
+
+
 def _shown(value: object) -> str:
     """A value as Kafka prints it (doubles as Java's Double.toString: 1.7976931348623157E308)."""
     if isinstance(value, float):
@@ -295,6 +300,7 @@ _INTS: dict[str, tuple[str, _Spec]] = {
     "socket.request.max.bytes": ("socket_request_max_bytes", _POS_INT),
     "sasl.server.max.receive.size": ("sasl_server_max_receive_size", _POS_INT),
     "connections.max.idle.ms": ("connections_max_idle_ms", _LONG),
+    "connections.max.reauth.ms": ("connections_max_reauth_ms", _LONG),
     "log.flush.interval.messages": ("log_flush_interval_messages", _POS_LONG),
     "log.flush.interval.ms": ("log_flush_interval_ms", _LONG),
     "log.retention.check.interval.ms": ("log_retention_check_interval_ms", _POS_LONG),
@@ -382,6 +388,9 @@ class BrokerConfig:
     # a connection that reads and writes nothing for this long is closed, authenticated or not (Kafka's
     # Selector idle expiry; negative: never)
     connections_max_idle_ms: int = 600000
+    # SASL session lifetime (KIP-368; 0: no re-authentication); the listener's per-mechanism values, which
+    # listener-prefixed keys may override, are in security.sasl.max_reauth_ms
+    connections_max_reauth_ms: int = 0
     # 1 = fsync before every acknowledgement (group commit); larger values leave
     # data in the page cache and flush every log_flush_interval_ms, as Kafka does.
     log_flush_interval_messages: int = 1

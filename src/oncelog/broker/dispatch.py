@@ -46,7 +46,12 @@ async def handle_frame(
     else before the handshake closes the connection without an answer; after a
     SaslHandshake v1 it is answered with ILLEGAL_SASL_STATE (its own response
     type, :func:`_illegal_sasl_state`), then the connection closes; after a
-    SaslHandshake v0 the frames are bare SASL tokens, answered bare."""
+    SaslHandshake v0 the frames are bare SASL tokens, answered bare. A
+    SaslHandshake the server armed for re-authentication (KIP-368) resets
+    ``auth`` to the handshake state here, once every request before it has
+    been dispatched."""
+    if auth is not None and auth.reauth_armed and auth.complete and frame[:2] == b"\x00\x11":
+        auth.begin_reauthentication()
     if auth is not None and not auth.complete and auth.raw_tokens:
         return sasl_authenticate.raw_token(auth, frame)
     try:

@@ -17,6 +17,10 @@ Configuration (read by :mod:`oncelog.broker.config`, see docs/configuration.md):
   users: their SCRAM credentials (random salt, 4096 iterations) are derived
   from those passwords at startup, where Kafka would read them from its
   metadata (``kafka-configs --alter --add-config 'SCRAM-SHA-256=[...]'``).
+* Re-authentication (KIP-368): ``connections.max.reauth.ms`` (default 0, off),
+  also as ``listener.name.<listener>.connections.max.reauth.ms`` and
+  ``listener.name.<listener>.<mechanism>.connections.max.reauth.ms`` (the
+  mechanism in lower case), the most specific winning, as Kafka reads it.
 
 Every key may carry Kafka's listener prefix ``listener.name.<listener>.``,
 which wins over the plain key. Anything wrong is a ConfigError (one line).
@@ -24,7 +28,12 @@ which wins over the plain key. Anything wrong is a ConfigError (one line).
 :class:`SaslSession` is one connection's authentication state, driven by the
 SaslHandshake and SaslAuthenticate handlers and by the dispatcher, which
 serves nothing but ApiVersions, SaslHandshake and SaslAuthenticate before
-the session is complete (Kafka's SaslServerAuthenticator).
+the session is complete (Kafka's SaslServerAuthenticator). With
+``connections.max.reauth.ms`` > 0 a session lasts that long: SaslAuthenticate
+tells the client (``session_lifetime_ms``), a SaslHandshake on the live
+connection starts a re-authentication (same mechanism and principal, at most
+one a second, as Kafka's KafkaChannel), and the server closes a connection
+whose session expired when it sends anything else.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import os
 import re
 import ssl
 import tempfile
+import time
 from dataclasses import dataclass, field
 from oncelog.protocol.sasl import (
     SCRAM_MECHANISMS,
@@ -59,7 +69,7 @@ SSL_KEYS = (
     "ssl.keystore.key", "ssl.key.password", "ssl.truststore.type", "ssl.truststore.location",
     "ssl.truststore.password", "ssl.truststore.certificates", "ssl.client.auth",
 )
-SASL_KEYS = ("sasl.enabled.mechanisms",)
+SASL_KEYS = ("sasl.enabled.mechanisms", "connections.max.reauth.ms")
 _PREFIXED = re.compile(r"^listener\.name\.([^.]+)\.(.+)$")
 
 
@@ -69,7 +79,7 @@ def is_security_key(key: str) -> bool:
     rest = m.group(2) if m else key
     if rest in SSL_KEYS or rest in SASL_KEYS:
         return True
-    return bool(m) and rest.endswith(".sasl.jaas.config")
+    return bool(m) and (rest.endswith(".sasl.jaas.config") or rest.endswith(".connections.max.reauth.ms"))
 
 
 def _config_error(message: str) -> Exception:
@@ -83,6 +93,7 @@ class SaslSettings:
     mechanisms: tuple[str, ...]
     users: dict[str, str]  # PLAIN: name -> password
     scram: dict[str, dict[str, ScramCredential]] = field(default_factory=dict)  # mechanism -> name -> credential
+    max_reauth_ms: dict[str, int] = field(default_factory=dict)  # mechanism -> connections.max.reauth.ms
 
 
 @dataclass
@@ -282,11 +293,24 @@ def _sasl_settings(look: _Lookup, props: dict[str, str], listener: str) -> SaslS
     for mech in mechanisms:
         if mech in SCRAM_MECHANISMS:
             settings.scram[mech] = {name: scram_credential(mech, pw) for name, pw in users.items()}
+        settings.max_reauth_ms[mech] = _max_reauth_ms(look, mech)
     return settings
 
 
+def _max_reauth_ms(look: _Lookup, mechanism: str) -> int:
+    """connections.max.reauth.ms for one mechanism: the listener-and-mechanism prefixed key, then the listener
+    prefixed one, then the plain key (Kafka's per-mechanism lookup); a long, 0 or less meaning off."""
+    from oncelog.broker.config import check_long
+
+    for key in (f"{look.prefix}{mechanism.lower()}.connections.max.reauth.ms",
+                f"{look.prefix}connections.max.reauth.ms", "connections.max.reauth.ms"):
+        if key in look.props:
+            return check_long(key, look.props[key])
+    return 0
+
+
 class SaslSession:
-    """One connection's SASL state (Kafka's SaslServerAuthenticator, without re-authentication)."""
+    """One connection's SASL state (Kafka's SaslServerAuthenticator and its re-authentication)."""
 
     HANDSHAKE, AUTHENTICATE, COMPLETE, FAILED = "handshake", "authenticate", "complete", "failed"
 
@@ -300,10 +324,45 @@ class SaslSession:
         self.close_after_response = False
         self.api_versions_done = False  # one ApiVersions before the handshake (Kafka's SaslServerAuthenticator)
         self._scram: ScramServer | None = None
+        # KIP-368: the session's end (time.monotonic()) when connections.max.reauth.ms > 0, else None
+        self.session_lifetime_ms = 0
+        self.expires_at: float | None = None
+        self.reauth_armed = False  # a SaslHandshake received on the live session starts a re-authentication
+        self._last_reauth_start = 0.0
+        self._previous: tuple[str, str] | None = None  # (mechanism, principal) being re-authenticated
+        self._bad_mechanism: str | None = None
 
     @property
     def complete(self) -> bool:
         return self.state == self.COMPLETE
+
+    @property
+    def reauthenticating(self) -> bool:
+        return self._previous is not None
+
+    def expired(self, now: float) -> bool:
+        """The session has outlived its lifetime (Kafka's serverAuthenticationSessionExpired)."""
+        return self.expires_at is not None and now > self.expires_at
+
+    def arm_reauthentication(self, now: float) -> bool:
+        """A SaslHandshake arrived on the authenticated connection at ``now``: whether it starts a
+        re-authentication (Kafka's maybeBeginServerReauthentication: only when the session has a lifetime,
+        and not within a second of the previous start). If not, it is served as any request: with
+        ILLEGAL_SASL_STATE, or by closing the connection when the session has expired."""
+        if self.expires_at is None or (self._last_reauth_start and now - self._last_reauth_start < 1.0):
+            return False
+        self._last_reauth_start = now
+        self.reauth_armed = True
+        return True
+
+    def begin_reauthentication(self) -> None:
+        """The armed SaslHandshake is being handled: back to the handshake state, remembering who logged in."""
+        assert self.mechanism is not None and self.principal is not None
+        self._previous = (self.mechanism, self.principal)
+        self.reauth_armed = False
+        self.state = self.HANDSHAKE
+        self.api_versions_done = True  # re-authentication starts with the SaslHandshake itself
+        self._scram = None
 
     def handshake(self, mechanism: str, version: int) -> int:
         """0, or UNSUPPORTED_SASL_MECHANISM (33) after which the connection closes."""
@@ -312,15 +371,27 @@ class SaslSession:
             self.state = self.FAILED
             self.close_after_response = True
             return 33
-        self.mechanism = mechanism
         self.raw_tokens = version == 0
         self.state = self.AUTHENTICATE
+        if self._previous is not None and mechanism != self._previous[0]:
+            # answered NONE, as Kafka does; the first token then closes the connection
+            self._bad_mechanism = (f"SASL mechanism '{mechanism}' requested by client is not supported for "
+                                   f"re-authentication of mechanism '{self._previous[0]}'")
+            return 0
+        self.mechanism = mechanism
         if mechanism in SCRAM_MECHANISMS:
             self._scram = ScramServer(mechanism)
         return 0
 
     def evaluate(self, token: bytes) -> bytes:
-        """The server's answer to one client token; SaslError (its message goes to the client) on failure."""
+        """The server's answer to one client token; SaslError (its message goes to the client) on failure,
+        CloseConnection (no answer) for a re-authentication that changed mechanism."""
+        if self._bad_mechanism is not None:
+            from oncelog.broker.context import CloseConnection
+
+            self.state = self.FAILED
+            log.warning("closing connection from %s: %s", self.peer, self._bad_mechanism)
+            raise CloseConnection(self._bad_mechanism)
         try:
             if self.mechanism == "PLAIN":
                 _authzid, user, password = parse_plain(token)
@@ -340,21 +411,35 @@ class SaslSession:
         except SaslError as exc:
             self.state = self.FAILED
             self.close_after_response = True
-            log.warning("authentication of %s with %s failed: %s", self.peer, self.mechanism, exc)
+            log.warning("%s of %s with %s failed: %s", "re-authentication" if self._previous else "authentication",
+                        self.peer, self.mechanism, exc)
             raise
 
     def _done(self, user: str) -> None:
+        previous = self._previous
+        if previous is not None and previous[1] != user:
+            raise SaslAuthenticationError(f"Cannot change principals during re-authentication from "
+                                          f"User.{previous[1]}: User.{user}")
         self.state = self.COMPLETE
         self.principal = user
-        log.info("%s authenticated as User:%s with %s", self.peer, user, self.mechanism)
+        assert self.mechanism is not None
+        lifetime = self.settings.max_reauth_ms.get(self.mechanism, 0)
+        self.session_lifetime_ms = max(lifetime, 0)
+        self.expires_at = time.monotonic() + lifetime / 1000 if lifetime > 0 else None
+        self._previous = None
+        if previous is None:
+            log.info("%s authenticated as User:%s with %s", self.peer, user, self.mechanism)
+        else:
+            log.info("%s re-authenticated as User:%s with %s", self.peer, user, self.mechanism)
 
 
-def failure_message(mechanism: str | None, exc: SaslError) -> str:
+def failure_message(mechanism: str | None, exc: SaslError, reauthenticating: bool = False) -> str:
     """What Kafka tells the client (SaslServerAuthenticator): the message of a SaslAuthenticationError,
     otherwise a fixed text, so that, e.g., an unknown SCRAM user and a wrong password look the same."""
     if isinstance(exc, SaslAuthenticationError):
         return str(exc)
-    return f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
+    during = "re-authentication" if reauthenticating else "authentication"
+    return f"Authentication failed during {during} due to invalid credentials with SASL mechanism {mechanism}"
 
 
 def describe(settings: SecuritySettings) -> str:

@@ -18,8 +18,12 @@ each connection carries a :class:`~oncelog.broker.security.SaslSession`:
 until it is complete only ApiVersions, SaslHandshake and SaslAuthenticate are
 served (see :func:`oncelog.broker.dispatch.handle_frame`), one request at a
 time (reading paused while it is handled, the bytes after it not parsed), and
-a refused login is answered and then the connection is closed. A connection
-idle for ``connections.max.idle.ms`` is closed, authenticated or not.
+a refused login is answered and then the connection is closed. With
+``connections.max.reauth.ms`` (KIP-368) each request is checked when it
+arrives, as Kafka's SocketServer does: a SaslHandshake may start a
+re-authentication, anything else on an expired session closes the
+connection once the requests before it are answered. A connection idle for
+``connections.max.idle.ms`` is closed, authenticated or not.
 
 Responses that become ready in the same event-loop pass (the produces
 released by one group-commit round) are written with one ``writelines``,
@@ -77,6 +81,8 @@ class KafkaConnection(asyncio.Protocol):
         # SaslServerAuthenticator): the bytes after it stay unparsed, bounded by one read
         self._one_at_a_time = False
         self.last_active = time.monotonic()  # connections.max.idle.ms
+        # a request on an expired SASL session: the connection closes once those before it are answered
+        self._expired_task: asyncio.Task[Any] | None = None
 
     # -- asyncio.Protocol ---------------------------------------------------
 
@@ -109,6 +115,8 @@ class KafkaConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
+        if self._expired_task is not None:
+            return
         auth = self.auth
         if auth is not None and not auth.complete:
             self.decoder.add(data)
@@ -144,7 +152,13 @@ class KafkaConnection(asyncio.Protocol):
 
     def _start(self, frames: list[bytes]) -> None:
         loop = asyncio.get_running_loop()
+        auth = self.auth
         for body in frames:
+            if auth is not None and auth.expires_at is not None and auth.complete and not auth.reauth_armed:
+                now = time.monotonic()
+                if not (body[:2] == b"\x00\x11" and auth.arm_reauthentication(now)) and auth.expired(now):
+                    self._close_expired(loop)
+                    return
             applied: asyncio.Future[None] = loop.create_future()
             task = loop.create_task(self._handle(body, self.last_applied, applied))
             self.last_applied = applied
@@ -153,6 +167,22 @@ class KafkaConnection(asyncio.Protocol):
         if len(self.pending) >= MAX_IN_FLIGHT and not self.reading_paused and self.transport:
             self.transport.pause_reading()
             self.reading_paused = True
+
+    def _close_expired(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A request other than a re-authentication on an expired SASL session (Kafka's SocketServer closes
+        the channel): nothing more is read, and the connection closes after the answers to the requests
+        before it."""
+        log.info("closing connection from %s: its SASL session expired (connections.max.reauth.ms) and it did "
+                 "not re-authenticate", self.peer)
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+        async def after_earlier() -> None:
+            return None
+
+        task = self._expired_task = loop.create_task(after_earlier())
+        self.pending.append(task)  # type: ignore[arg-type]
+        task.add_done_callback(self._on_done)
 
     # -- request processing ---------------------------------------------------
 
@@ -201,8 +231,10 @@ class KafkaConnection(asyncio.Protocol):
         if self.reading_paused and len(pending) < MAX_IN_FLIGHT // 2 and self.transport and not self.closed:
             self.transport.resume_reading()
             self.reading_paused = False
-        if self._one_at_a_time and not pending and not self.closed and not self._close_after_flush \
-                and self._closing_task is None and self.auth is not None:
+        if not pending and self.auth is not None and (self._one_at_a_time or not self.auth.complete) \
+                and not self.closed and not self._close_after_flush and self._closing_task is None \
+                and self._expired_task is None:
+            # the requests after a login or after a re-authentication's SaslHandshake (KIP-368)
             if self.auth.complete:  # the requests that came after the login, under socket.request.max.bytes
                 self._one_at_a_time = False
                 if self.transport is not None:
@@ -219,10 +251,11 @@ class KafkaConnection(asyncio.Protocol):
             if self.closed or task.cancelled():
                 continue
             parts = task.result()
-            if task is self._closing_task:
+            if task is self._closing_task or task is self._expired_task:
                 self._close_after_flush = True
             if parts is not None and self.transport is not None:
                 self._out += frame(parts)
+            if (parts is not None or self._close_after_flush) and self.transport is not None:
                 if not self._flush_scheduled:
                     # after the other tasks finished in this pass: one send for all their responses
                     self._flush_scheduled = True

@@ -11,7 +11,10 @@ SaslHandshake v1 and SaslAuthenticate (PLAIN, SCRAM-SHA-256/512). A failed
 handshake raises :class:`~oncelog.client.errors.SslAuthenticationError`, a
 refused login the SASL error of Kafka's code (``SaslAuthenticationFailedError``,
 ``UnsupportedSaslMechanismError``): KafkaErrors, not OSErrors, so a caller that
-tries the next bootstrap server on an OSError does not hide them.
+tries the next bootstrap server on an OSError does not hide them. When the
+broker gives a SASL session lifetime (KIP-368), the first request after 85-95%
+of it logs in again first (requests here are one at a time, so nothing is in
+flight then), as :mod:`oncelog.client.aio.connection` does.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import socket
 import ssl
 import struct
+import time
 from typing import Any
 
 from oncelog.protocol.build import materialize
@@ -55,9 +59,12 @@ class Connection:
         self.client_id = client_id
         self.correlation_id = 0
         self.versions: dict[int, tuple[int, int]] = {}
+        self._where = f"{host}:{port}"
+        self._security = security
+        self._reauth_at: float | None = None  # time.monotonic() from which a request re-authenticates first
         if security is not None and security.sasl:
             try:
-                self._authenticate(f"{host}:{port}", security.sasl_mechanism, security.sasl_username,
+                self._authenticate(self._where, security.sasl_mechanism, security.sasl_username,
                                    security.sasl_password)
             except BaseException:
                 self.sock.close()
@@ -66,29 +73,37 @@ class Connection:
     def _authenticate(self, where: str, mechanism: str, username: str, password: str) -> None:
         """ApiVersions, SaslHandshake v1, then SaslAuthenticate round trips (KIP-152)."""
         from oncelog.client.errors import SaslAuthenticationFailedError, error_for
+        from oncelog.client.security import reauthentication_delay
+        from oncelog.protocol.build import to_ms
 
+        self._reauth_at = None
         resp = self.request(SASL_HANDSHAKE, self.best_version(SASL_HANDSHAKE, (1, 1)), {"mechanism": mechanism})
         if int(resp.error_code):
             enabled = ", ".join(resp.mechanisms) or "none"
             raise error_for(int(resp.error_code), f"broker {where} does not enable SASL mechanism {mechanism} "
                                                   f"(enabled: {enabled})")
         version = self.best_version(SASL_AUTHENTICATE, (0, 2))
+        lifetime_ms = 0
 
         def step(token: bytes) -> bytes:
+            nonlocal lifetime_ms
             r = self.request(SASL_AUTHENTICATE, version, {"auth_bytes": token})
             if int(r.error_code):
                 raise error_for(int(r.error_code), f"{where}: {r.error_message or 'authentication failed'}")
+            lifetime_ms = to_ms(getattr(r, "session_lifetime", 0))  # v1+
             return bytes(r.auth_bytes)
 
         if mechanism == "PLAIN":
             step(plain_message(username, password))
-            return
-        scram = ScramClient(mechanism, username, password)
-        try:
-            server_first = step(scram.first())
-            scram.verify(step(scram.final(server_first)))
-        except SaslError as exc:
-            raise SaslAuthenticationFailedError(f"{where}: {exc}") from None
+        else:
+            scram = ScramClient(mechanism, username, password)
+            try:
+                server_first = step(scram.first())
+                scram.verify(step(scram.final(server_first)))
+            except SaslError as exc:
+                raise SaslAuthenticationFailedError(f"{where}: {exc}") from None
+        if lifetime_ms > 0:
+            self._reauth_at = time.monotonic() + reauthentication_delay(lifetime_ms)
 
     def close(self) -> None:
         self.sock.close()
@@ -120,6 +135,13 @@ class Connection:
 
     def request(self, api_key: int, version: int, body: dict[str, Any] | Any) -> Any:
         """Send a request given as a dict (or kio entity); return the decoded response."""
+        if self._reauth_at is not None and time.monotonic() >= self._reauth_at:
+            sec = self._security
+            try:
+                self._authenticate(self._where, sec.sasl_mechanism, sec.sasl_username, sec.sasl_password)
+            except BaseException:
+                self.sock.close()  # refused (the typed error, as at login) or broken: unusable
+                raise
         entity = materialize(request_type(api_key, version), body) if isinstance(body, dict) else body
         flexible = is_flexible(api_key, version)
         self.correlation_id += 1

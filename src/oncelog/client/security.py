@@ -13,6 +13,7 @@ first connection.
 from __future__ import annotations
 
 import os
+import random
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import Any
 
 from oncelog.protocol import tls
 
-__all__ = ["SASL_MECHANISMS", "Security", "build_security"]
+__all__ = ["SASL_MECHANISMS", "Security", "build_security", "reauthentication_delay"]
 
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
@@ -37,6 +38,14 @@ class Security:
     @property
     def sasl(self) -> bool:
         return self.sasl_mechanism is not None
+
+
+def reauthentication_delay(session_lifetime_ms: int, rand: float | None = None) -> float:
+    """Seconds after a login before the connection re-authenticates (KIP-368): a random point between 85%
+    and 95% of the session lifetime the broker gave, as the Java client picks it (room for network latency
+    and clock drift, and connections of one client spread out)."""
+    fraction = 0.85 + 0.10 * (random.random() if rand is None else rand)
+    return session_lifetime_ms * fraction / 1000
 
 
 def _readable(name: str, path: str) -> str:

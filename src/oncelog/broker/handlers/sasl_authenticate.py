@@ -6,13 +6,17 @@ client-final; :mod:`oncelog.protocol.sasl`). A refused login gets
 SASL_AUTHENTICATION_FAILED (58) with an error message (PLAIN's own; for SCRAM
 Kafka's fixed text, which does not say whether the user exists), and the
 connection is closed after that answer, as Kafka does; other connections are
-not affected. ``session_lifetime_ms`` is 0: no re-authentication (KIP-368 is
-not implemented). After authentication, or on a listener without SASL, the
-answer is ILLEGAL_SASL_STATE (34) (Kafka's KafkaApis).
+not affected. ``session_lifetime_ms`` is the listener's
+``connections.max.reauth.ms`` for the mechanism, 0 (no re-authentication) by
+default (KIP-368; :class:`oncelog.broker.security.SaslSession`). A
+re-authentication that changes the principal is refused the same way, with
+Kafka's "Cannot change principals during re-authentication" message; one
+that changed mechanism in its SaslHandshake is closed at its first token
+without an answer, as Kafka does. After authentication, or on a listener
+without SASL, the answer is ILLEGAL_SASL_STATE (34) (Kafka's KafkaApis).
 
 Version notes:
-- v0-v2 are handled; v1 adds ``session_lifetime_ms`` (always 0 here), v2 is
-  flexible.
+- v0-v2 are handled; v1 adds ``session_lifetime_ms``, v2 is flexible.
 """
 
 from __future__ import annotations
@@ -38,13 +42,15 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
     if auth is None or auth.complete:
         return {"error_code": ILLEGAL_SASL_STATE, "error_message": "SaslAuthenticate request received after "
                 "successful authentication" if auth is not None else "SASL is not enabled on this listener",
-                "auth_bytes": b"", "session_lifetime_ms": 0}
+                "auth_bytes": b"", "session_lifetime": 0}
     try:
         answer = auth.evaluate(bytes(request.auth_bytes))
     except SaslError as exc:
-        return {"error_code": SASL_AUTHENTICATION_FAILED, "error_message": failure_message(auth.mechanism, exc),
-                "auth_bytes": b"", "session_lifetime_ms": 0}
-    return {"error_code": 0, "error_message": None, "auth_bytes": answer, "session_lifetime_ms": 0}
+        return {"error_code": SASL_AUTHENTICATION_FAILED,
+                "error_message": failure_message(auth.mechanism, exc, auth.reauthenticating),
+                "auth_bytes": b"", "session_lifetime": 0}
+    return {"error_code": 0, "error_message": None, "auth_bytes": answer,
+            "session_lifetime": auth.session_lifetime_ms if auth.complete else 0}
 
 
 def raw_token(auth: Any, token: bytes) -> list[bytes] | None:

@@ -3,10 +3,13 @@
 Behavior: on a SASL listener, before authentication, the client names its
 mechanism; an enabled one gets NONE and the list of enabled mechanisms, any
 other UNSUPPORTED_SASL_MECHANISM (33) with that list, and the connection is
-closed after the answer (Kafka's SaslServerAuthenticator). After
-authentication, or on a listener without SASL, the answer is
-ILLEGAL_SASL_STATE (34), as Kafka's KafkaApis gives (re-authentication,
-KIP-368, is not implemented).
+closed after the answer (Kafka's SaslServerAuthenticator). On an
+authenticated connection whose session has a lifetime
+(``connections.max.reauth.ms``), it starts a re-authentication (KIP-368; the
+dispatcher resets the session first, see
+:meth:`oncelog.broker.security.SaslSession.arm_reauthentication`); otherwise,
+or on a listener without SASL, the answer is ILLEGAL_SASL_STATE (34), as
+Kafka's KafkaApis gives.
 
 Version notes:
 - v0: the SASL tokens that follow are sent bare (a 4-byte length, no Kafka

@@ -15,7 +15,15 @@ Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
   A failed TLS handshake raises
   :class:`~oncelog.client.errors.SslAuthenticationError`, a refused login
   :class:`~oncelog.client.errors.SaslAuthenticationFailedError` (or
-  ``UnsupportedSaslMechanismError``), neither retriable.
+  ``UnsupportedSaslMechanismError``), neither retriable. When SaslAuthenticate
+  (v1+) gives a ``session_lifetime_ms`` (the broker's
+  ``connections.max.reauth.ms``, KIP-368), the first request sent after a
+  random point between 85% and 95% of that lifetime (as the Java client)
+  starts a re-authentication (SaslHandshake and SaslAuthenticate again,
+  without a new ApiVersions): the requests already in flight are answered as
+  usual, those sent meanwhile are held and written after it in their order,
+  and a refused re-authentication closes the connection with the same typed
+  error as a refused login, which every in-flight and held request fails with.
 * ``conn.features``: the finalized features from ApiVersions v3+ (name ->
   max version level), e.g. ``transaction.version`` (KIP-890).
 * ``conn.conditional_produce``: whether ApiVersions v3+ advertised the supported
@@ -28,8 +36,9 @@ Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
   entity, or already-encoded body bytes (or a list of byte parts, written
   without joining the large ones); returns the decoded response entity.
 * ``conn.send(api_key, version, body, expect_response=True)``: the same
-  without awaiting; the request is written *now*, so requests issued one
-  after another go out, and are answered, in that order (the idempotent
+  without awaiting; the request is written *now* (during a re-authentication,
+  right after it), so requests issued one after another go out, and are
+  answered, in that order (the idempotent
   producer relies on it). Returns a future of the decoded response (``None``
   for ``expect_response=False``, i.e. Produce with acks=0).
 
@@ -67,7 +76,8 @@ from oncelog.client.errors import (
     UnsupportedApiError,
     error_for,
 )
-from oncelog.protocol.build import materialize
+from oncelog.client.security import reauthentication_delay
+from oncelog.protocol.build import materialize, to_ms
 from oncelog.protocol.codec import decode_response, encode_request, is_flexible, request_type
 from oncelog.protocol.conditional import feature_supported
 from oncelog.protocol.framing import FrameError, FrameReader
@@ -163,10 +173,15 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self._close_error: KafkaError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drained: asyncio.Event | None = None
-        # writes the transport has no room for yet, uncopied, in order (see _write)
+        # writes the transport has no room for yet, uncopied, in order (see _put)
         self._backlog: deque[Any] = deque()
         self._paused = False
         self.closed_future: asyncio.Future[None] | None = None
+        # KIP-368: the loop time from which the next request re-authenticates first, and the requests sent
+        # during a re-authentication (written after it)
+        self._reauth_at: float | None = None
+        self._held: list[tuple[Any, ...]] | None = None
+        self._reauth_task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"<BrokerConnection node {self.node_id} {self.host}:{self.port}{' closed' if self._closed else ''}>"
@@ -196,31 +211,65 @@ class BrokerConnection(asyncio.BufferedProtocol):
             await self._authenticate(sec.sasl_mechanism, sec.sasl_username, sec.sasl_password)
 
     async def _authenticate(self, mechanism: str, username: str, password: str) -> None:
-        """SaslHandshake v1, then SaslAuthenticate round trips (KIP-152)."""
+        """SaslHandshake v1, then SaslAuthenticate round trips (KIP-152); written at once, even during a
+        re-authentication; then the session lifetime (KIP-368) decides when the next one is due."""
         where = f"{self.host}:{self.port}"
-        resp = await self.request(SASL_HANDSHAKE, self.version(SASL_HANDSHAKE, (1, 1)), {"mechanism": mechanism})
+        resp = await self._write(SASL_HANDSHAKE, self.version(SASL_HANDSHAKE, (1, 1)), {"mechanism": mechanism})
         if int(resp.error_code):
             enabled = ", ".join(resp.mechanisms) or "none"
             raise error_for(int(resp.error_code), f"broker {where} does not enable SASL mechanism {mechanism} "
-                                                  f"(enabled: {enabled})")
+                            f"(enabled: {enabled})" if int(resp.error_code) == 33 else
+                            f"broker {where} refused the SASL handshake for {mechanism}")
         version = self.version(SASL_AUTHENTICATE, (0, 2))
+        lifetime_ms = 0
 
         async def step(token: bytes) -> bytes:
-            r = await self.request(SASL_AUTHENTICATE, version, {"auth_bytes": token})
+            nonlocal lifetime_ms
+            r = await self._write(SASL_AUTHENTICATE, version, {"auth_bytes": token})
             if int(r.error_code):
                 raise error_for(int(r.error_code), f"{where}: {r.error_message or 'authentication failed'}")
+            lifetime_ms = to_ms(getattr(r, "session_lifetime", 0))  # v1+ (Kafka's session_lifetime_ms)
             return bytes(r.auth_bytes)
 
         if mechanism == "PLAIN":
             await step(plain_message(username, password))
-            return
-        scram = ScramClient(mechanism, username, password)
+        else:
+            scram = ScramClient(mechanism, username, password)
+            try:
+                server_first = await step(scram.first())
+                server_final = await step(scram.final(server_first))
+                scram.verify(server_final)
+            except SaslError as exc:
+                raise SaslAuthenticationFailedError(f"{where}: {exc}") from None
+        loop = self._loop or asyncio.get_running_loop()
+        self._reauth_at = loop.time() + reauthentication_delay(lifetime_ms) if lifetime_ms > 0 else None
+
+    async def _reauthenticate(self) -> None:
+        """KIP-368: log in again on this connection, then write the requests held meanwhile, in order; a
+        failure closes the connection with its error (the held requests fail with it too)."""
+        sec = self.security
+        error: KafkaError | None = None
+        ok = False
         try:
-            server_first = await step(scram.first())
-            server_final = await step(scram.final(server_first))
-            scram.verify(server_final)
-        except SaslError as exc:
-            raise SaslAuthenticationFailedError(f"{where}: {exc}") from None
+            await self._authenticate(sec.sasl_mechanism, sec.sasl_username, sec.sasl_password)
+            ok = True
+        except KafkaError as exc:
+            error = exc
+        except Exception as exc:  # noqa: BLE001 - anything else leaves the connection unusable too
+            error = KafkaConnectionError(f"re-authentication with {self.host}:{self.port} failed: {exc}")
+        finally:
+            held, self._held = self._held or [], None
+            if not ok or self._closed:
+                error = error or self._close_error or KafkaConnectionError(
+                    f"connection to {self.host}:{self.port} closed during re-authentication")
+                self.close(error)
+                for item in held:
+                    if not item[0].done():
+                        item[0].set_exception(type(error)(error.message))
+            else:
+                for fut, args, kwargs in held:
+                    if not fut.done():
+                        self._write(*args, fut=fut, **kwargs)
 
     async def _negotiate(self) -> None:
         body = {"client_software_name": "oncelog-python", "client_software_version": "0.1"}
@@ -239,7 +288,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
 
     @property
     def in_flight(self) -> int:
-        return len(self._inflight)
+        """Requests not yet answered, those held during a re-authentication included."""
+        return len(self._inflight) + (len(self._held) if self._held else 0)
 
     def close(self, error: KafkaError | None = None) -> None:
         """Close now; every in-flight request fails with ``error`` (default: connection closed)."""
@@ -282,8 +332,31 @@ class BrokerConnection(asyncio.BufferedProtocol):
         """Write one request now; see the module docstring. ``raw_response``: the future's result
         is ``(frame, position after the response header)``, the frame as ``bytes``; ``raw_buffer``:
         the same, but a large frame is the ``bytearray`` it was received into (no copy)."""
+        if self._held is not None or (self._reauth_at is not None and not self._closed
+                                      and (self._loop or asyncio.get_running_loop()).time() >= self._reauth_at):
+            # KIP-368: (re-)authenticate first; this request goes out right after, in order
+            loop = self._loop or asyncio.get_running_loop()
+            fut: asyncio.Future[Any] = loop.create_future()
+            if self._held is None:
+                self._held = []
+                self._reauth_at = None
+                self._reauth_task = loop.create_task(self._reauthenticate())
+            if type(body) is list or isinstance(body, (bytearray, memoryview)):
+                # written later: a copy, as the caller may reuse its buffers once send() returns
+                body = [bytes(part) for part in body] if type(body) is list else bytes(body)
+            self._held.append((fut, (api_key, version, body),
+                               {"expect_response": expect_response, "timeout": timeout, "raw_response": raw_response,
+                                "raw_buffer": raw_buffer}))
+            return fut
+        return self._write(api_key, version, body, expect_response=expect_response, timeout=timeout,
+                           raw_response=raw_response, raw_buffer=raw_buffer)
+
+    def _write(self, api_key: int, version: int, body: Any, *, expect_response: bool = True,
+               timeout: float | None = None, raw_response: bool = False, raw_buffer: bool = False,
+               fut: asyncio.Future[Any] | None = None) -> asyncio.Future[Any]:
         loop = self._loop or asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
+        if fut is None:
+            fut = loop.create_future()
         if self._closed or self._transport is None:
             fut.set_exception(KafkaConnectionError(f"connection to {self.host}:{self.port} is closed"))
             return fut
@@ -299,9 +372,9 @@ class BrokerConnection(asyncio.BufferedProtocol):
         size = sum(map(len, parts)) if parts is not None else len(payload)
         head = _HDR.pack(10 + len(cid) + (1 if flexible else 0) + size, api_key, version, corr, len(cid))
         if parts is not None:
-            _write_parts(self._write, [head, cid, b"\x00" if flexible else b""], parts)
+            _write_parts(self._put, [head, cid, b"\x00" if flexible else b""], parts)
         else:
-            self._write(b"".join((head, cid, b"\x00" if flexible else b"", payload)))
+            self._put(b"".join((head, cid, b"\x00" if flexible else b"", payload)))
         if not expect_response:
             fut.set_result(None)
             return fut
@@ -333,7 +406,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
             # into its buffer). TLS keeps asyncio's limits (its writes are encrypted copies anyway).
             transport.set_write_buffer_limits(high=0, low=0)  # type: ignore[attr-defined]
 
-    def _write(self, data: Any) -> None:
+    def _put(self, data: Any) -> None:
         """Hand ``data`` to the transport, or keep it (in order, uncopied) while the transport is paused."""
         if self._paused or self._backlog:
             self._backlog.append(data)
