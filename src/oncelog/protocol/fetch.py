@@ -109,6 +109,15 @@ def _skip_tags(buf: Any, pos: int) -> int:
     return pos
 
 
+def _length(buf: Any, pos: int, flexible: bool) -> tuple[int, int]:
+    """An array count or bytes length: compact (unsigned varint, plus one) when ``flexible``,
+    else an INT32; -1 is null."""
+    if flexible:
+        size, pos = _uvarint(buf, pos)
+        return size - 1, pos
+    return _I32.unpack_from(buf, pos)[0], pos + 4
+
+
 def decode_fetch_response(buf: bytes | bytearray, pos: int, version: int, copy: bool = True) -> FetchResponse:
     """The Fetch response body at ``buf[pos:]`` (after the response header), version ``version``
     (4-12); the whole rest of ``buf`` must be the body. Each partition's ``records`` is a ``bytes``
@@ -130,12 +139,7 @@ def decode_fetch_response(buf: bytes | bytearray, pos: int, version: int, copy: 
         if version >= 7:
             error_code, session_id = _I16.unpack_from(buf, pos)[0], _I32.unpack_from(buf, pos + 2)[0]
             pos += 6
-        if flexible:
-            ntopics, pos = _uvarint(buf, pos)
-            ntopics -= 1
-        else:
-            (ntopics,) = _I32.unpack_from(buf, pos)
-            pos += 4
+        ntopics, pos = _length(buf, pos, flexible)
         if ntopics < 0:
             raise FetchDecodeError("null topic array")
         topics: list[FetchTopic] = []
@@ -150,12 +154,7 @@ def decode_fetch_response(buf: bytes | bytearray, pos: int, version: int, copy: 
                 raise FetchDecodeError("bad topic name length")
             name = bytes(view[pos:pos + size]).decode()
             pos += size
-            if flexible:
-                nparts, pos = _uvarint(buf, pos)
-                nparts -= 1
-            else:
-                (nparts,) = _I32.unpack_from(buf, pos)
-                pos += 4
+            nparts, pos = _length(buf, pos, flexible)
             if nparts < 0:
                 raise FetchDecodeError("null partition array")
             parts: list[FetchPartition] = []
@@ -168,12 +167,7 @@ def decode_fetch_response(buf: bytes | bytearray, pos: int, version: int, copy: 
                 if version >= 5:
                     (lstart,) = _I64.unpack_from(buf, pos)
                     pos += 8
-                if flexible:
-                    naborted, pos = _uvarint(buf, pos)
-                    naborted -= 1
-                else:
-                    (naborted,) = _I32.unpack_from(buf, pos)
-                    pos += 4
+                naborted, pos = _length(buf, pos, flexible)
                 aborted: list[AbortedTxn] | None = None
                 if naborted >= 0:
                     aborted = []
@@ -189,12 +183,7 @@ def decode_fetch_response(buf: bytes | bytearray, pos: int, version: int, copy: 
                 if version >= 11:
                     (replica,) = _I32.unpack_from(buf, pos)
                     pos += 4
-                if flexible:
-                    size, pos = _uvarint(buf, pos)
-                    size -= 1
-                else:
-                    (size,) = _I32.unpack_from(buf, pos)
-                    pos += 4
+                size, pos = _length(buf, pos, flexible)
                 records: bytes | memoryview | None = None
                 if size >= 0:
                     if pos + size > n:
