@@ -10,13 +10,20 @@ Configuration (read by :mod:`oncelog.broker.config`, see docs/configuration.md):
   ``ssl.truststore.certificates`` (the CAs client certificates are checked
   against); ``ssl.client.auth=none|requested|required``.
 * SASL (``SASL_PLAINTEXT`` and ``SASL_SSL``): ``sasl.enabled.mechanisms``
-  (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) and the users, from Kafka's JAAS
+  (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER) and the users, from Kafka's JAAS
   syntax for PLAIN, ``listener.name.<listener>.plain.sasl.jaas.config=
   org.apache.kafka.common.security.plain.PlainLoginModule required
   user_alice="alice-secret";``. The SCRAM mechanisms authenticate the same
   users: their SCRAM credentials (random salt, 4096 iterations) are derived
   from those passwords at startup, where Kafka would read them from its
   metadata (``kafka-configs --alter --add-config 'SCRAM-SHA-256=[...]'``).
+* OAUTHBEARER (KIP-255): ``listener.name.<listener>.oauthbearer.sasl.jaas.config=
+  org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;`` with Kafka's
+  default, unsecured, validator and its options ``unsecuredValidatorPrincipalClaimName``,
+  ``unsecuredValidatorScopeClaimName``, ``unsecuredValidatorRequiredScope`` and
+  ``unsecuredValidatorAllowableClockSkewMs`` (:class:`oncelog.protocol.oauthbearer.UnsecuredValidator`).
+  A token's expiry bounds its session (KIP-368, as Kafka: the lifetime sent to the client is the
+  token's remaining lifetime, or ``connections.max.reauth.ms`` when that is set and shorter).
 * Re-authentication (KIP-368): ``connections.max.reauth.ms`` (default 0, off),
   also as ``listener.name.<listener>.connections.max.reauth.ms`` and
   ``listener.name.<listener>.<mechanism>.connections.max.reauth.ms`` (the
@@ -56,11 +63,17 @@ from oncelog.protocol.sasl import (
     scram_credential,
 )
 from oncelog.protocol import tls
+from oncelog.protocol.oauthbearer import OAuthBearerServer, UnsecuredValidator, parse_scope
 
 log = logging.getLogger("oncelog.security")
 
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 PLAIN_LOGIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
+OAUTHBEARER_LOGIN_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+# Kafka's settings for other token validators (JWKS, OIDC): refused with OAUTHBEARER enabled rather than
+# ignored, which would accept unsigned tokens where signed ones were meant
+_OAUTH_UNSUPPORTED = re.compile(r"^(?:listener\.name\.[^.]+\.)?(?:[a-z0-9-]+\.)?(?:sasl\.server\.callback\.handler\.class"
+                                r"|sasl\.oauthbearer\..+)$")
 CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 
 # the keys this module reads (each also with a listener.name.<name>. prefix)
@@ -92,6 +105,7 @@ def _config_error(message: str) -> Exception:
 class SaslSettings:
     mechanisms: tuple[str, ...]
     users: dict[str, str]  # PLAIN: name -> password
+    oauthbearer: UnsecuredValidator | None = None  # OAUTHBEARER's validator
     scram: dict[str, dict[str, ScramCredential]] = field(default_factory=dict)  # mechanism -> name -> credential
     max_reauth_ms: dict[str, int] = field(default_factory=dict)  # mechanism -> connections.max.reauth.ms
 
@@ -279,6 +293,21 @@ def _sasl_settings(look: _Lookup, props: dict[str, str], listener: str) -> SaslS
     if bad or not mechanisms:
         raise _config_error(f"invalid value {raw!r} for {look.key('sasl.enabled.mechanisms')}: {', '.join(bad) or 'empty'}"
                             f" not supported (expected some of {', '.join(SASL_MECHANISMS)})")
+    users: dict[str, str] = {}
+    if any(m != "OAUTHBEARER" for m in mechanisms):
+        users = _users(props, listener)
+    settings = SaslSettings(mechanisms, users)
+    if "OAUTHBEARER" in mechanisms:
+        settings.oauthbearer = _oauthbearer_validator(props, listener)
+    for mech in mechanisms:
+        if mech in SCRAM_MECHANISMS:
+            settings.scram[mech] = {name: scram_credential(mech, pw) for name, pw in users.items()}
+        settings.max_reauth_ms[mech] = _max_reauth_ms(look, mech)
+    return settings
+
+
+def _users(props: dict[str, str], listener: str) -> dict[str, str]:
+    """The PLAIN (and SCRAM) users: the PlainLoginModule JAAS entry's user_NAME="PASSWORD" options."""
     jaas_key = f"listener.name.{listener.lower()}.plain.sasl.jaas.config"
     if jaas_key not in props:
         raise _config_error(f"listener {listener} uses SASL but has no users: set {jaas_key}={PLAIN_LOGIN_MODULE} "
@@ -289,12 +318,45 @@ def _sasl_settings(look: _Lookup, props: dict[str, str], listener: str) -> SaslS
     users = {name[5:]: pw for name, pw in options.items() if name.startswith("user_") and len(name) > 5}
     if not users:
         raise _config_error(f"invalid value for {jaas_key}: no user_NAME=\"PASSWORD\" option, so nobody could log in")
-    settings = SaslSettings(mechanisms, users)
-    for mech in mechanisms:
-        if mech in SCRAM_MECHANISMS:
-            settings.scram[mech] = {name: scram_credential(mech, pw) for name, pw in users.items()}
-        settings.max_reauth_ms[mech] = _max_reauth_ms(look, mech)
-    return settings
+    return users
+
+
+def _oauthbearer_validator(props: dict[str, str], listener: str) -> UnsecuredValidator:
+    """OAUTHBEARER's JAAS entry (required, as Kafka needs a login module for every enabled mechanism) and
+    its unsecuredValidator* options (Kafka's OAuthBearerUnsecuredValidatorCallbackHandler; other options,
+    e.g. the broker's own unsecuredLogin* token, do not concern the validator and are ignored)."""
+    for key in props:
+        if _OAUTH_UNSUPPORTED.match(key):
+            raise _config_error(f"{key} is not supported: oncelog validates OAUTHBEARER tokens with Kafka's default "
+                                "unsecured validator only (unsigned JWTs, for development and tests); remove it")
+    jaas_key = f"listener.name.{listener.lower()}.oauthbearer.sasl.jaas.config"
+    if jaas_key not in props:
+        raise _config_error(f"listener {listener} enables OAUTHBEARER but {jaas_key} is not set: set it to "
+                            f"{OAUTHBEARER_LOGIN_MODULE} required;  (with unsecuredValidator* options if needed)")
+    module, options = parse_jaas(props[jaas_key], jaas_key)
+    if module != OAUTHBEARER_LOGIN_MODULE:
+        raise _config_error(f"invalid value for {jaas_key}: the login module must be {OAUTHBEARER_LOGIN_MODULE}, "
+                            f"not {module}")
+
+    def option(name: str, default: str) -> str:
+        value = options.get(name, "")
+        return value.strip() if value.strip() else default
+
+    skew_text = option("unsecuredValidatorAllowableClockSkewMs", "0")
+    try:
+        skew = int(skew_text)
+    except ValueError:
+        raise _config_error(f"invalid value for {jaas_key}: unsecuredValidatorAllowableClockSkewMs={skew_text!r} is "
+                            "not an integer") from None
+    if skew < 0 or skew > 2**31 - 1:
+        raise _config_error(f"invalid value for {jaas_key}: unsecuredValidatorAllowableClockSkewMs must be between 0 "
+                            f"and 2147483647, not {skew}")
+    try:
+        scope = tuple(parse_scope(option("unsecuredValidatorRequiredScope", "")))
+    except ValueError as exc:
+        raise _config_error(f"invalid value for {jaas_key}: unsecuredValidatorRequiredScope: {exc}") from None
+    return UnsecuredValidator(option("unsecuredValidatorPrincipalClaimName", "sub"),
+                              option("unsecuredValidatorScopeClaimName", "scope"), scope, skew)
 
 
 def _max_reauth_ms(look: _Lookup, mechanism: str) -> int:
@@ -324,6 +386,7 @@ class SaslSession:
         self.close_after_response = False
         self.api_versions_done = False  # one ApiVersions before the handshake (Kafka's SaslServerAuthenticator)
         self._scram: ScramServer | None = None
+        self._oauth: OAuthBearerServer | None = None
         # KIP-368: the session's end (time.monotonic()) when connections.max.reauth.ms > 0, else None
         self.session_lifetime_ms = 0
         self.expires_at: float | None = None
@@ -363,6 +426,7 @@ class SaslSession:
         self.state = self.HANDSHAKE
         self.api_versions_done = True  # re-authentication starts with the SaslHandshake itself
         self._scram = None
+        self._oauth = None
 
     def handshake(self, mechanism: str, version: int) -> int:
         """0, or UNSUPPORTED_SASL_MECHANISM (33) after which the connection closes."""
@@ -381,6 +445,10 @@ class SaslSession:
         self.mechanism = mechanism
         if mechanism in SCRAM_MECHANISMS:
             self._scram = ScramServer(mechanism)
+        elif mechanism == "OAUTHBEARER":
+            validator = self.settings.oauthbearer
+            assert validator is not None
+            self._oauth = OAuthBearerServer(lambda value: validator.validate(value, int(time.time() * 1000)))
         return 0
 
     def evaluate(self, token: bytes) -> bytes:
@@ -400,6 +468,15 @@ class SaslSession:
                     raise SaslAuthenticationError("Authentication failed: Invalid username or password")
                 self._done(user)
                 return b""
+            oauth = self._oauth
+            if oauth is not None:
+                answer = oauth.evaluate(token)
+                if oauth.token is not None:
+                    self._done(oauth.token.principal, oauth.token.lifetime_ms)
+                else:  # the token is refused: the JSON error goes out, the client's \x01 ends the exchange
+                    log.warning("%s of %s with OAUTHBEARER: token refused: %s",
+                                "re-authentication" if self._previous else "authentication", self.peer, oauth.failure)
+                return answer
             scram = self._scram
             assert scram is not None and self.mechanism is not None
             creds = self.settings.scram[self.mechanism]
@@ -415,7 +492,7 @@ class SaslSession:
                         self.peer, self.mechanism, exc)
             raise
 
-    def _done(self, user: str) -> None:
+    def _done(self, user: str, credential_expiry_ms: int | None = None) -> None:
         previous = self._previous
         if previous is not None and previous[1] != user:
             raise SaslAuthenticationError(f"Cannot change principals during re-authentication from "
@@ -423,9 +500,17 @@ class SaslSession:
         self.state = self.COMPLETE
         self.principal = user
         assert self.mechanism is not None
-        lifetime = self.settings.max_reauth_ms.get(self.mechanism, 0)
-        self.session_lifetime_ms = max(lifetime, 0)
-        self.expires_at = time.monotonic() + lifetime / 1000 if lifetime > 0 else None
+        # KIP-368, as Kafka's SaslServerAuthenticator: the session lasts connections.max.reauth.ms, or until the
+        # credential expires (an OAUTHBEARER token), whichever comes first; neither: no expiry
+        max_reauth = self.settings.max_reauth_ms.get(self.mechanism, 0)
+        if credential_expiry_ms is None:
+            lifetime = max(max_reauth, 0)
+            self.expires_at = time.monotonic() + lifetime / 1000 if lifetime > 0 else None
+        else:
+            remaining = credential_expiry_ms - int(time.time() * 1000)
+            lifetime = max(0, min(remaining, max_reauth) if max_reauth > 0 else remaining)
+            self.expires_at = time.monotonic() + lifetime / 1000
+        self.session_lifetime_ms = lifetime
         self._previous = None
         if previous is None:
             log.info("%s authenticated as User:%s with %s", self.peer, user, self.mechanism)
@@ -447,5 +532,6 @@ def describe(settings: SecuritySettings) -> str:
     if settings.ssl_context is not None:
         parts.append(f"ssl.client.auth={settings.client_auth}")
     if settings.sasl is not None:
-        parts.append(f"SASL {','.join(settings.sasl.mechanisms)} for {len(settings.sasl.users)} user(s)")
+        users = f" for {len(settings.sasl.users)} user(s)" if settings.sasl.users else ""
+        parts.append(f"SASL {','.join(settings.sasl.mechanisms)}{users}")
     return ", ".join(parts)

@@ -45,7 +45,7 @@ class Property:
     """One configuration property: its type, default, accepted values and roles."""
 
     name: str
-    kind: str  # "str", "int", "bool", "enum", "list", "acks"
+    kind: str  # "str", "int", "bool", "enum", "list", "acks", "callable"
     default: Any
     roles: frozenset[str]
     doc: str
@@ -75,6 +75,8 @@ class Property:
                                   "a list (or comma-separated string) of " + ", ".join(self.choices))
         if self.kind == "acks":
             return "expected all, -1, 0 or 1"
+        if self.kind == "callable":
+            return "expected a callable"
         return "expected a string"
 
 
@@ -146,8 +148,15 @@ def _to_acks(p: Property, v: Any) -> int:
     return int(v)
 
 
+def _to_callable(p: Property, v: Any) -> Any:
+    if v is not None and not callable(v):
+        raise TypeError
+    return v
+
+
 _CONVERTERS: dict[str, Callable[[Property, Any], Any]] = {
     "str": _to_str, "int": _to_int, "bool": _to_bool, "enum": _to_enum, "list": _to_list, "acks": _to_acks,
+    "callable": _to_callable,
 }
 
 ALL = frozenset({"producer", "consumer", "admin"})
@@ -186,9 +195,16 @@ PROPERTIES: dict[str, Property] = _props(
              "name the host connected to; none: no host name check (the chain is still verified)",
              choices=("https", "none")),
     # SASL
-    Property("sasl.mechanism", "str", None, ALL, "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"),
+    Property("sasl.mechanism", "str", None, ALL, "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER"),
     Property("sasl.username", "str", None, ALL, "SASL user name (PLAIN, SCRAM)"),
     Property("sasl.password", "str", None, ALL, "SASL password (PLAIN, SCRAM)"),
+    # OAUTHBEARER (confluent-kafka's names; oncelog.client.oauthbearer)
+    Property("oauth_cb", "callable", None, ALL, "OAUTHBEARER token callback: f(sasl.oauthbearer.config) -> "
+             "(token_str, expiry_seconds_since_epoch[, principal, extensions])"),
+    Property("sasl.oauthbearer.config", "str", None, ALL, "passed to oauth_cb; with "
+             "enable.sasl.oauthbearer.unsecure.jwt: principal=NAME [scope=a,b] [lifeSeconds=N] ..."),
+    Property("enable.sasl.oauthbearer.unsecure.jwt", "bool", False, ALL, "build unsigned JWTs from "
+             "sasl.oauthbearer.config (development and tests only)"),
     # -- producer --------------------------------------------------------------
     Property("acks", "acks", -1, P, "all (-1), 1 or 0"),
     Property("linger.ms", "int", 5, P, "how long a batch waits for more records", lo=0, hi=900000),

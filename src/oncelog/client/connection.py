@@ -7,7 +7,8 @@ the broker's internals, so it works against Apache Kafka too.
 ``parse_config(conf, "consumer").security``) makes it speak TLS and/or SASL as
 the asyncio connection does: the TLS handshake (host name checked unless
 ``ssl.endpoint.identification.algorithm=none``), then ApiVersions, then
-SaslHandshake v1 and SaslAuthenticate (PLAIN, SCRAM-SHA-256/512). A failed
+SaslHandshake v1 and SaslAuthenticate (PLAIN, SCRAM-SHA-256/512, OAUTHBEARER; a blocking
+connection calls ``oauth_cb`` itself, so it must be a plain callable). A failed
 handshake raises :class:`~oncelog.client.errors.SslAuthenticationError`, a
 refused login the SASL error of Kafka's code (``SaslAuthenticationFailedError``,
 ``UnsupportedSaslMechanismError``): KafkaErrors, not OSErrors, so a caller that
@@ -95,6 +96,25 @@ class Connection:
 
         if mechanism == "PLAIN":
             step(plain_message(username, password))
+        elif mechanism == "OAUTHBEARER":
+            from oncelog.client.oauthbearer import TokenError
+            from oncelog.protocol.oauthbearer import OAuthBearerClient
+
+            try:
+                token = self._security.oauth.token()
+            except TokenError as exc:
+                raise SaslAuthenticationFailedError(f"{where}: cannot get an OAUTHBEARER token: {exc}") from None
+            client = OAuthBearerClient(token.value, token.extensions)
+            try:
+                reply = client.answer(step(client.first()))
+                if reply is not None:
+                    step(reply)
+            except SaslAuthenticationFailedError as exc:
+                raise SaslAuthenticationFailedError(f"{exc.message} (the broker refused the OAUTHBEARER token)") \
+                    from None
+            if reply is not None:
+                raise SaslAuthenticationFailedError(f"{where}: the broker refused the OAUTHBEARER token: "
+                                                    f"{client.server_error}")
         else:
             scram = ScramClient(mechanism, username, password)
             try:

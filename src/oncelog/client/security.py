@@ -23,7 +23,7 @@ from oncelog.protocol import tls
 
 __all__ = ["SASL_MECHANISMS", "Security", "build_security", "reauthentication_delay"]
 
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class Security:
     sasl_mechanism: str | None = None
     sasl_username: str = ""
     sasl_password: str = field(default="", repr=False)  # never in a log line or a traceback
+    oauth: Any = None  # OAUTHBEARER: the client's oncelog.client.oauthbearer.TokenSource
 
     @property
     def sasl(self) -> bool:
@@ -104,7 +105,19 @@ def build_security(values: Mapping[str, Any]) -> Security:
         mechanism = raw.strip().upper()
         if mechanism not in SASL_MECHANISMS:
             raise ConfigError(f"sasl.mechanism: {raw!r} is not supported (expected {' or '.join(SASL_MECHANISMS)})")
+        if mechanism == "OAUTHBEARER":
+            from oncelog.client.oauthbearer import token_source
+
+            try:
+                oauth = token_source(values)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            return Security(protocol, ctx, check_hostname, mechanism, oauth=oauth)
         username, password = values["sasl.username"], values["sasl.password"]
         if not username or password is None:
             raise ConfigError(f"sasl.username and sasl.password are required with sasl.mechanism={mechanism}")
+    if values["oauth_cb"] is not None or values["enable.sasl.oauthbearer.unsecure.jwt"]:
+        where = f"sasl.mechanism={mechanism}" if mechanism else f"security.protocol={protocol}"
+        raise ConfigError(f"oauth_cb and enable.sasl.oauthbearer.unsecure.jwt need sasl.mechanism=OAUTHBEARER "
+                          f"(and a SASL_* security.protocol), not {where}")
     return Security(protocol, ctx, check_hostname, mechanism, username or "", password or "")

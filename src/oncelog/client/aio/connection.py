@@ -11,7 +11,8 @@ Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
   checked against the broker's certificate (the bootstrap host, then the
   host each broker advertises in Metadata) unless
   ``ssl.endpoint.identification.algorithm=none``; then, after ApiVersions,
-  SASL: SaslHandshake v1 and SaslAuthenticate (PLAIN, SCRAM-SHA-256/512).
+  SASL: SaslHandshake v1 and SaslAuthenticate (PLAIN, SCRAM-SHA-256/512, OAUTHBEARER with the
+  client's current token, :mod:`oncelog.client.oauthbearer`).
   A failed TLS handshake raises
   :class:`~oncelog.client.errors.SslAuthenticationError`, a refused login
   :class:`~oncelog.client.errors.SaslAuthenticationFailedError` (or
@@ -82,6 +83,7 @@ from oncelog.protocol.codec import decode_response, encode_request, is_flexible,
 from oncelog.protocol.conditional import feature_supported
 from oncelog.protocol.framing import FrameError, FrameReader
 from oncelog.protocol.headers import API_VERSIONS_KEY, skip_tagged_fields
+from oncelog.protocol.oauthbearer import OAuthBearerClient
 from oncelog.protocol.sasl import SaslError, ScramClient, plain_message
 
 __all__ = ["BrokerConnection"]
@@ -233,6 +235,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
 
         if mechanism == "PLAIN":
             await step(plain_message(username, password))
+        elif mechanism == "OAUTHBEARER":
+            await self._oauthbearer(step, where)
         else:
             scram = ScramClient(mechanism, username, password)
             try:
@@ -243,6 +247,27 @@ class BrokerConnection(asyncio.BufferedProtocol):
                 raise SaslAuthenticationFailedError(f"{where}: {exc}") from None
         loop = self._loop or asyncio.get_running_loop()
         self._reauth_at = loop.time() + reauthentication_delay(lifetime_ms) if lifetime_ms > 0 else None
+
+    async def _oauthbearer(self, step: Any, where: str) -> None:
+        """RFC 7628: the initial response with the client's current token (a fresh one once 80% of its
+        lifetime has passed); a refused token is answered with the JSON error, to which we send \\x01 and
+        the broker then fails the exchange (SASL_AUTHENTICATION_FAILED, its message that JSON)."""
+        from oncelog.client.oauthbearer import TokenError
+
+        try:
+            token = await self.security.oauth.atoken()
+        except TokenError as exc:
+            raise SaslAuthenticationFailedError(f"{where}: cannot get an OAUTHBEARER token: {exc}") from None
+        client = OAuthBearerClient(token.value, token.extensions)
+        try:
+            reply = client.answer(await step(client.first()))
+            if reply is not None:
+                await step(reply)
+        except SaslAuthenticationFailedError as exc:
+            raise SaslAuthenticationFailedError(f"{exc.message} (the broker refused the OAUTHBEARER token)") from None
+        if reply is not None:  # the broker accepted the \x01: not a Kafka broker's behaviour
+            raise SaslAuthenticationFailedError(f"{where}: the broker refused the OAUTHBEARER token: "
+                                                f"{client.server_error}")
 
     async def _reauthenticate(self) -> None:
         """KIP-368: log in again on this connection, then write the requests held meanwhile, in order; a

@@ -1,0 +1,234 @@
+"""OAUTHBEARER tokens for the client (``sasl.mechanism=OAUTHBEARER``), confluent-kafka's way.
+
+Two sources, exactly one of which must be configured (checked at construction, :func:`token_source`):
+
+* ``oauth_cb``: a callable taking the ``sasl.oauthbearer.config`` string (None when unset) and
+  returning ``(token_str, expiry_seconds_since_epoch)`` or ``(token_str, expiry, principal,
+  extensions_dict)``, confluent-kafka's contract; an ``async def`` callable is awaited by the asyncio
+  client, a plain one runs in a worker thread there (a token endpoint's HTTP call does not stall the
+  event loop).
+* ``enable.sasl.oauthbearer.unsecure.jwt=true``: librdkafka's unsecured JWT builder, configured by
+  ``sasl.oauthbearer.config`` = space-separated ``principal=NAME`` (required),
+  ``principalClaimName=`` (``sub``), ``scope=a,b`` (comma-separated), ``scopeClaimName=`` (``scope``),
+  ``lifeSeconds=`` (3600) and ``extension_NAME=VALUE``; a JWS with ``alg: none`` that Kafka's default
+  broker-side validator accepts. For development and tests only: anyone can mint one.
+
+:class:`TokenSource` holds the current token for every connection of a client and fetches a new one
+when 80% of its lifetime has passed (librdkafka's and the Java client's refresh point), so a
+re-authentication (KIP-368: the broker bounds the session by the token's expiry) sends a fresh token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from oncelog.protocol.oauthbearer import check_extensions, scope_items, unsecured_jws
+
+__all__ = ["OAuthToken", "TokenSource", "UnsecuredJwtConfig", "parse_unsecured_config", "token_source"]
+
+REFRESH_FRACTION = 0.8
+
+
+class TokenError(Exception):
+    """A token could not be had (oauth_cb raised or returned something unusable)."""
+
+
+@dataclass(frozen=True)
+class OAuthToken:
+    value: str = field(repr=False)
+    expiry: float  # seconds since the epoch
+    principal: str = ""
+    extensions: Mapping[str, str] = field(default_factory=dict)
+    obtained: float = 0.0
+
+    def stale(self, now: float) -> bool:
+        return now >= self.obtained + REFRESH_FRACTION * (self.expiry - self.obtained)
+
+
+@dataclass(frozen=True)
+class UnsecuredJwtConfig:
+    principal: str
+    principal_claim: str = "sub"
+    scope: tuple[str, ...] = ()
+    scope_claim: str = "scope"
+    life_seconds: int = 3600
+    extensions: Mapping[str, str] = field(default_factory=dict)
+
+    def token(self, now: float) -> OAuthToken:
+        # iat and exp with millisecond precision, as librdkafka writes them
+        iat = math.floor(now * 1000) / 1000
+        claims: dict[str, Any] = {self.principal_claim: self.principal, "iat": iat, "exp": iat + self.life_seconds}
+        if self.scope:
+            claims[self.scope_claim] = list(self.scope)
+        return OAuthToken(unsecured_jws(claims), iat + self.life_seconds, self.principal, dict(self.extensions), now)
+
+
+def parse_unsecured_config(text: str | None) -> UnsecuredJwtConfig:
+    """librdkafka's ``sasl.oauthbearer.config`` for its unsecured JWT builder; ValueError with a clear
+    message (librdkafka's wording) on anything wrong."""
+    if text is None or not text.strip():
+        raise ValueError("sasl.oauthbearer.config must give principal=<value> with "
+                         "enable.sasl.oauthbearer.unsecure.jwt=true")
+    values: dict[str, str] = {}
+    extensions: dict[str, str] = {}
+    for item in text.split(" "):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if key.startswith("extension_") and sep:
+            name = key[len("extension_"):]
+            if not name:
+                raise ValueError("Invalid sasl.oauthbearer.config: empty 'extension_' key")
+            extensions[name] = value
+            continue
+        if not sep or key not in ("principal", "principalClaimName", "scope", "scopeClaimName", "lifeSeconds"):
+            raise ValueError(f"Unrecognized sasl.oauthbearer.config beginning at: {item} (expected principal=, "
+                             "principalClaimName=, scope=, scopeClaimName=, lifeSeconds= or extension_NAME=)")
+        if not value:
+            raise ValueError(f"Invalid sasl.oauthbearer.config: empty '{key}='")
+        values[key] = value
+    if "principal" not in values:
+        raise ValueError("Invalid sasl.oauthbearer.config: no principal=<value>")
+    life = values.get("lifeSeconds", "3600")
+    try:
+        life_seconds = int(life)
+    except ValueError:
+        raise ValueError(f"Invalid sasl.oauthbearer.config: non-integral 'lifeSeconds=': {life}") from None
+    if not 0 < life_seconds <= 2**31 - 1:
+        raise ValueError(f"Invalid sasl.oauthbearer.config: value out of range of positive int 'lifeSeconds=': "
+                         f"{life}")
+    try:
+        check_extensions(extensions)
+    except ValueError as exc:
+        raise ValueError(f"Invalid sasl.oauthbearer.config: {exc}") from None
+    return UnsecuredJwtConfig(values["principal"], values.get("principalClaimName", "sub"),
+                              tuple(scope_items(values.get("scope", ""))), values.get("scopeClaimName", "scope"),
+                              life_seconds, extensions)
+
+
+def _token_from_callback(result: Any, now: float) -> OAuthToken:
+    """oauth_cb's answer checked: confluent-kafka's (token_str, expiry[, principal, extensions])."""
+    shape = "oauth_cb must return (token_str, expiry_seconds_since_epoch[, principal, extensions])"
+    if not isinstance(result, tuple) or len(result) not in (2, 4):
+        raise TokenError(f"{shape}, got {type(result).__name__}")
+    token, expiry = result[0], result[1]
+    principal, extensions = (result[2], result[3]) if len(result) == 4 else ("", {})
+    if not isinstance(token, str) or not token or "\x01" in token or " " in token:
+        raise TokenError(f"{shape}: the token must be a non-empty string without spaces")
+    if isinstance(expiry, bool) or not isinstance(expiry, (int, float)) or not math.isfinite(expiry):
+        raise TokenError(f"{shape}: the expiry must be a number of seconds since the epoch, got {expiry!r}")
+    if expiry <= now:
+        raise TokenError(f"oauth_cb returned a token that has already expired (expiry {expiry}, now {now:.3f}): "
+                         "the expiry is in seconds since the epoch")
+    if principal is None:
+        principal = ""
+    if not isinstance(principal, str):
+        raise TokenError(f"{shape}: the principal must be a string")
+    if extensions is None:
+        extensions = {}
+    if not isinstance(extensions, Mapping):
+        raise TokenError(f"{shape}: the extensions must be a dict of str to str")
+    try:
+        check_extensions(extensions)
+    except ValueError as exc:
+        raise TokenError(f"oauth_cb returned an invalid SASL extension: {exc}") from None
+    return OAuthToken(token, float(expiry), principal, dict(extensions), now)
+
+
+class TokenSource:
+    """The current token of one client, shared by its connections (see the module docstring)."""
+
+    def __init__(self, oauth_cb: Callable[..., Any] | None, config: str | None,
+                 unsecured: UnsecuredJwtConfig | None, clock: Callable[[], float] = time.time) -> None:
+        self.oauth_cb = oauth_cb
+        self.config = config
+        self.unsecured = unsecured
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._token: OAuthToken | None = None
+        self._pending: asyncio.Future[OAuthToken] | None = None
+
+    def __repr__(self) -> str:
+        return f"TokenSource({'oauth_cb' if self.oauth_cb is not None else 'unsecured JWT'})"
+
+    def _cached(self) -> OAuthToken | None:
+        with self._lock:
+            token = self._token
+        return token if token is not None and not token.stale(self._clock()) else None
+
+    def _keep(self, token: OAuthToken) -> OAuthToken:
+        with self._lock:
+            self._token = token
+        return token
+
+    def _call(self) -> Any:
+        assert self.oauth_cb is not None
+        try:
+            return self.oauth_cb(self.config)
+        except Exception as exc:  # noqa: BLE001 - the user's callback: its failure becomes one clear error
+            raise TokenError(f"oauth_cb raised {type(exc).__name__}: {exc}") from None
+
+    def token(self) -> OAuthToken:
+        """The current token (blocking): the cached one, or a new one."""
+        cached = self._cached()
+        if cached is not None:
+            return cached
+        if self.unsecured is not None:
+            return self._keep(self.unsecured.token(self._clock()))
+        result = self._call()
+        if inspect.isawaitable(result):
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+            raise TokenError("oauth_cb is a coroutine function: the blocking connection needs a plain callable")
+        return self._keep(_token_from_callback(result, self._clock()))
+
+    async def atoken(self) -> OAuthToken:
+        """The current token (asyncio): concurrent callers share one fetch."""
+        cached = self._cached()
+        if cached is not None:
+            return cached
+        if self.unsecured is not None:
+            return self._keep(self.unsecured.token(self._clock()))
+        loop = asyncio.get_running_loop()
+        pending = self._pending
+        if pending is None or pending.done() or pending.get_loop() is not loop:
+            pending = self._pending = loop.create_task(self._fetch())
+        return await asyncio.shield(pending)
+
+    async def _fetch(self) -> OAuthToken:
+        assert self.oauth_cb is not None
+        if inspect.iscoroutinefunction(self.oauth_cb):
+            try:
+                result = await self.oauth_cb(self.config)
+            except Exception as exc:  # noqa: BLE001
+                raise TokenError(f"oauth_cb raised {type(exc).__name__}: {exc}") from None
+        else:
+            result = await asyncio.get_running_loop().run_in_executor(None, self._call)
+            if inspect.isawaitable(result):
+                result = await result
+        return self._keep(_token_from_callback(result, self._clock()))
+
+
+def token_source(values: Mapping[str, Any]) -> TokenSource:
+    """The TokenSource of ``sasl.mechanism=OAUTHBEARER``; ValueError (the caller's ConfigError) when
+    neither or both of oauth_cb and enable.sasl.oauthbearer.unsecure.jwt are given."""
+    cb, unsecure, config = values["oauth_cb"], values["enable.sasl.oauthbearer.unsecure.jwt"], \
+        values["sasl.oauthbearer.config"]
+    if cb is not None and unsecure:
+        raise ValueError("oauth_cb and enable.sasl.oauthbearer.unsecure.jwt=true are mutually exclusive "
+                         "(as in librdkafka): set one")
+    if cb is None and not unsecure:
+        raise ValueError("sasl.mechanism=OAUTHBEARER needs a token: set oauth_cb (a callable returning "
+                         "(token_str, expiry_seconds_since_epoch)) or enable.sasl.oauthbearer.unsecure.jwt=true "
+                         "with sasl.oauthbearer.config=\"principal=NAME\" (unsigned tokens, for development)")
+    if unsecure:
+        return TokenSource(None, config, parse_unsecured_config(config))
+    return TokenSource(cb, config, None)
