@@ -226,15 +226,18 @@ class UnsecuredValidator:
     def validate(self, token: str, now_ms: int) -> OAuthBearerToken:
         jws = parse_unsecured_jws(token, self.principal_claim, self.scope_claim)
         skew = self.clock_skew_ms
-        if jws.start_ms is not None and jws.start_ms > now_ms + skew:
-            raise TokenValidationError(f"The Issued At value ({jws.start_ms / 1000:f} seconds) was after the indicated "
-                                       f"time ({now_ms} ms) plus allowable clock skew ({skew} ms)")
-        if now_ms - skew >= jws.lifetime_ms:
+        # the claims as given (seconds, maybe fractional), not rounded to milliseconds, as Kafka compares them
+        iat, exp = _number(jws.claims, "iat"), _number(jws.claims, "exp")
+        assert exp is not None
+        if iat is not None and 1000 * iat > now_ms + skew:
+            raise TokenValidationError(f"The Issued At value ({iat:f} seconds) was after the indicated time "
+                                       f"({now_ms} ms) plus allowable clock skew ({skew} ms)")
+        if now_ms - skew >= 1000 * exp:
             raise TokenValidationError(f"The indicated time ({now_ms} ms) minus allowable clock skew ({skew} ms) was on "
-                                       f"or after the Expiration Time value ({jws.lifetime_ms / 1000:f} seconds)")
-        if jws.start_ms is not None and jws.lifetime_ms <= jws.start_ms:
-            raise TokenValidationError(f"The Expiration Time time ({jws.lifetime_ms / 1000:f} seconds) was not after "
-                                       f"the Issued At time ({jws.start_ms / 1000:f} seconds)")
+                                       f"or after the Expiration Time value ({exp:f} seconds)")
+        if iat is not None and exp <= iat:
+            raise TokenValidationError(f"The Expiration Time time ({exp:f} seconds) was not after the Issued At time "
+                                       f"({iat:f} seconds)")
         for item in self.required_scope:
             if item not in jws.scope:
                 required = "[" + ", ".join(self.required_scope) + "]"

@@ -1,0 +1,409 @@
+"""SASL/OAUTHBEARER sans IO: Kafka's unsecured JWS validator, the RFC 7628 initial response, both sides of
+the exchange, the broker's SaslSession (session lifetime bounded by the token) and configuration on both
+sides (oncelog.protocol.oauthbearer, oncelog.broker.security, oncelog.client.oauthbearer)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Any
+
+import pytest
+
+from oncelog.broker.config import BrokerConfig, ConfigError
+from oncelog.broker.security import SaslSession
+from oncelog.client.config import ConfigError as ClientConfigError
+from oncelog.client.config import parse_config
+from oncelog.client.oauthbearer import TokenError, TokenSource, parse_unsecured_config
+from oncelog.protocol.oauthbearer import (
+    OAuthBearerClient,
+    OAuthBearerServer,
+    TokenValidationError,
+    UnsecuredValidator,
+    b64url_decode,
+    client_initial_response,
+    parse_client_initial_response,
+    parse_unsecured_jws,
+    unsecured_jws,
+)
+from oncelog.protocol.sasl import SaslAuthenticationError, SaslError
+
+NOW_MS = 1_700_000_000_000
+NOW = NOW_MS / 1000
+
+
+def _b64(obj: Any) -> str:
+    raw = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _jws(claims: dict[str, Any], header: dict[str, Any] | None = None, signature: str = "") -> str:
+    return f"{_b64(header or {'alg': 'none'})}.{_b64(claims)}.{signature}"
+
+
+GOOD = {"sub": "alice", "iat": NOW - 10, "exp": NOW + 60}
+
+
+# -- the unsecured JWS and Kafka's validator ------------------------------------------------------------
+
+
+def test_valid_token_gives_principal_expiry_and_scope() -> None:
+    token = UnsecuredValidator().validate(_jws({**GOOD, "scope": ["read", " write ", ""]}), NOW_MS)
+    assert token.principal == "alice"
+    assert token.lifetime_ms == round((NOW + 60) * 1000) and token.start_ms == round((NOW - 10) * 1000)
+    assert token.scope == {"read", "write"}
+
+
+@pytest.mark.parametrize("claims,header,signature,reason", [
+    ({**GOOD, "exp": NOW - 1}, None, "", "on or after the Expiration Time"),
+    ({**GOOD, "exp": NOW}, None, "", "on or after the Expiration Time"),  # exp == now is expired
+    ({"iat": NOW, "exp": NOW + 60}, None, "", "No principal name in JWT claim: sub"),
+    ({**GOOD, "sub": "  "}, None, "", "No principal name in JWT claim: sub"),
+    ({**GOOD, "sub": 42}, None, "", "'sub' claim was not of type String"),
+    ({"sub": "alice"}, None, "", "No expiration time in JWT"),
+    ({**GOOD, "exp": "soon"}, None, "", "'exp' claim was not of type Number"),
+    (GOOD, {"alg": "HS256"}, "", "must have 'none' for an algorithm"),
+    (GOOD, {"typ": "JWT"}, "", "must have an Algorithm value"),
+    (GOOD, None, "c2ln", "must not contain a digital signature"),
+    ({**GOOD, "iat": NOW + 5}, None, "", "Issued At value"),
+    ({**GOOD, "iat": NOW + 70}, None, "", "Issued At value"),
+])
+def test_invalid_tokens_are_refused_with_kafkas_reason(claims: dict[str, Any], header: dict[str, Any] | None,
+                                                        signature: str, reason: str) -> None:
+    with pytest.raises(TokenValidationError, match=reason) as refused:
+        UnsecuredValidator().validate(_jws(claims, header, signature), NOW_MS)
+    assert refused.value.scope is None
+
+
+@pytest.mark.parametrize("token,reason", [
+    ("garbage", "3 dot-separated"),
+    ("a.b", "3 dot-separated"),
+    ("a..b", "contains '..'"),
+    ("a.b.c.d", "3 dot-separated"),
+    ("!!!.e30.", "malformed Base64"),
+    (f"{_b64(b'not json')}.{_b64(GOOD)}.", "malformed JSON"),
+    (f"{_b64({'alg': 'none'})}.{_b64(b'[1, 2')}.", "malformed JSON"),
+])
+def test_garbage_is_refused(token: str, reason: str) -> None:
+    with pytest.raises(TokenValidationError, match=reason):
+        UnsecuredValidator().validate(token, NOW_MS)
+
+
+def test_exp_on_iat_is_inconsistent() -> None:
+    with pytest.raises(TokenValidationError, match="was not after the Issued At"):
+        UnsecuredValidator(clock_skew_ms=100_000).validate(_jws({**GOOD, "iat": NOW + 60}), NOW_MS)
+
+
+def test_clock_skew_allows_a_just_expired_or_early_token() -> None:
+    late = _jws({**GOOD, "exp": NOW - 1})
+    assert UnsecuredValidator(clock_skew_ms=2000).validate(late, NOW_MS).principal == "alice"
+    with pytest.raises(TokenValidationError):
+        UnsecuredValidator(clock_skew_ms=1000).validate(late, NOW_MS)  # now - skew == exp: expired
+    assert UnsecuredValidator(clock_skew_ms=6000).validate(_jws({**GOOD, "iat": NOW + 5}), NOW_MS)
+
+
+def test_required_scope_and_scope_claim_forms() -> None:
+    v = UnsecuredValidator(required_scope=("read", "write"))
+    assert v.validate(_jws({**GOOD, "scope": ["write", "read", "x"]}), NOW_MS)
+    with pytest.raises(TokenValidationError, match="missing a required scope \\(write\\)") as refused:
+        v.validate(_jws({**GOOD, "scope": ["read"]}), NOW_MS)
+    assert refused.value.scope == "[read, write]"
+    with pytest.raises(TokenValidationError) as refused:
+        v.validate(_jws(GOOD), NOW_MS)
+    assert refused.value.scope == "[read, write]"
+    # a string scope claim is one item, as Kafka reads it (not split on spaces)
+    assert parse_unsecured_jws(_jws({**GOOD, "scope": "read write"})).scope == {"read write"}
+    with pytest.raises(TokenValidationError):
+        UnsecuredValidator(required_scope=("read",)).validate(_jws({**GOOD, "scope": "read write"}), NOW_MS)
+
+
+def test_principal_and_scope_claim_names_are_configurable() -> None:
+    v = UnsecuredValidator(principal_claim="client_id", scope_claim="scp", required_scope=("a",))
+    assert v.validate(_jws({**GOOD, "client_id": "svc", "scp": ["a"]}), NOW_MS).principal == "svc"
+    with pytest.raises(TokenValidationError, match="No principal name in JWT claim: client_id"):
+        v.validate(_jws({**GOOD, "scp": ["a"]}), NOW_MS)
+
+
+def test_base64url_alphabet_is_accepted() -> None:
+    # librdkafka encodes base64url: a claims part with '-' or '_' must validate
+    for n in range(40):
+        token = unsecured_jws({**GOOD, "sub": "user" + "?" * n + ">"})
+        if "-" in token or "_" in token:
+            break
+    else:
+        pytest.fail("no token with a base64url-only character was made")
+    assert UnsecuredValidator().validate(token, NOW_MS).principal.startswith("user")
+    assert b64url_decode("YQ") == b"a" and b64url_decode("YQ==") == b"a"
+    with pytest.raises(ValueError):
+        b64url_decode("Y+Q")
+
+
+# -- the initial response ----------------------------------------------------------------------------
+
+
+def test_initial_response_round_trip_and_kafkas_layout() -> None:
+    token = _jws(GOOD)
+    msg = client_initial_response(token, {"traceId": "abc 123", "x": "y=z"})
+    assert msg == f"n,,\x01auth=Bearer {token}\x01traceId=abc 123\x01x=y=z\x01\x01".encode()
+    assert parse_client_initial_response(msg) == (token, "", {"traceId": "abc 123", "x": "y=z"})
+    assert parse_client_initial_response(f"n,a=al=2Cice,\x01auth=bearer {token}\x01\x01".encode()) == \
+        (token, "al,ice", {})
+
+
+@pytest.mark.parametrize("msg,reason", [
+    (b"", "Invalid OAUTHBEARER client first message"),
+    (b"garbage", "Invalid OAUTHBEARER client first message"),
+    (b"n,,\x01auth=Bearer abc\x01", "Invalid OAUTHBEARER client first message"),  # no final \x01
+    (b"y,,\x01auth=Bearer abc\x01\x01", "Invalid OAUTHBEARER client first message"),  # channel binding
+    (b"n,,\x01\x01", "'auth' not specified"),
+    (b"n,,\x01foo=bar\x01\x01", "'auth' not specified"),
+    (b"n,,\x01auth=Bearer abc\x01k1=v\x01\x01", "Invalid OAUTHBEARER client first message"),  # key: letters only
+    (b"n,,\x01auth=Basic abc\x01\x01", "Invalid scheme in OAUTHBEARER client first message: Basic"),
+    (b"n,,\x01auth=Bearer a+b\x01\x01", "invalid 'auth' format"),
+    (b"n,,\x01auth=Bearer\x01\x01", "invalid 'auth' format"),
+    (b"n,,\x01auth=Bearer \xff\x01\x01", "Invalid OAUTHBEARER client first message"),
+])
+def test_malformed_initial_responses(msg: bytes, reason: str) -> None:
+    with pytest.raises(SaslError, match=reason) as failed:
+        parse_client_initial_response(msg)
+    assert not isinstance(failed.value, SaslAuthenticationError)  # a server sends its fixed text for these
+
+
+def test_client_refuses_invalid_extensions() -> None:
+    for ext in ({"auth": "x"}, {"k1": "v"}, {"k": "\x01"}, {"k": ""}):
+        with pytest.raises(ValueError):
+            OAuthBearerClient("tok", ext)
+
+
+# -- the exchange ---------------------------------------------------------------------------------------
+
+
+def _server(**kwargs: Any) -> OAuthBearerServer:
+    return OAuthBearerServer(lambda value: UnsecuredValidator(**kwargs).validate(value, NOW_MS))
+
+
+def test_exchange_success_and_authzid() -> None:
+    s = _server()
+    assert s.evaluate(client_initial_response(_jws(GOOD), {"a": "b"})) == b""
+    assert s.complete and s.token is not None and s.token.principal == "alice" and s.extensions == {"a": "b"}
+    s = _server()
+    s.evaluate(client_initial_response(_jws(GOOD), authzid="alice"))
+    assert s.complete
+    with pytest.raises(SaslAuthenticationError, match="authorization id \\(bob\\) that is different"):
+        _server().evaluate(client_initial_response(_jws(GOOD), authzid="bob"))
+
+
+def test_refused_token_json_challenge_then_failure() -> None:
+    s = _server()
+    client = OAuthBearerClient(_jws({**GOOD, "exp": NOW - 5}))
+    challenge = s.evaluate(client.first())
+    assert challenge == b'{"status":"invalid_token"}' and not s.complete
+    assert "Expiration Time" in str(s.failure)
+    reply = client.answer(challenge)
+    assert reply == b"\x01" and client.server_error == '{"status":"invalid_token"}'
+    with pytest.raises(SaslAuthenticationError, match='^{"status":"invalid_token"}$'):
+        s.evaluate(reply)
+    scoped = _server(required_scope=("write",))
+    assert scoped.evaluate(client_initial_response(_jws(GOOD))) == \
+        b'{"status":"insufficient_scope", "scope":"[write]"}'
+    # a lone \x01 with no error before it is a malformed first message
+    with pytest.raises(SaslError, match="Invalid OAUTHBEARER"):
+        _server().evaluate(b"\x01")
+    assert OAuthBearerClient("t").answer(b"") is None
+
+
+# -- the broker's configuration and session -------------------------------------------------------------
+
+MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+KEY = "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config"
+
+
+def _broker(options: str = "", **extra: str) -> BrokerConfig:
+    props = {"listeners": "SASL_PLAINTEXT://127.0.0.1:9094", "sasl.enabled.mechanisms": "OAUTHBEARER",
+             KEY: f"{MODULE} required {options};", **extra}
+    return BrokerConfig.from_properties(props)
+
+
+def test_broker_oauthbearer_only_needs_no_users_and_reads_validator_options() -> None:
+    cfg = _broker('unsecuredValidatorPrincipalClaimName="client_id" unsecuredValidatorRequiredScope="a  b" '
+                  'unsecuredValidatorAllowableClockSkewMs="30" unsecuredLoginStringClaim_sub="admin"')
+    sasl = cfg.security.sasl
+    assert sasl.users == {} and sasl.mechanisms == ("OAUTHBEARER",)
+    assert sasl.oauthbearer == UnsecuredValidator("client_id", "scope", ("a", "b"), 30)
+    assert _broker().security.sasl.oauthbearer == UnsecuredValidator()
+
+
+@pytest.mark.parametrize("props,expected", [
+    ({KEY: None}, "enables OAUTHBEARER but listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config is not set"),
+    ({KEY: "org.apache.kafka.common.security.plain.PlainLoginModule required;"}, "the login module must be"),
+    ({KEY: f'{MODULE} required unsecuredValidatorAllowableClockSkewMs="-1";'}, "must be between 0"),
+    ({KEY: f'{MODULE} required unsecuredValidatorAllowableClockSkewMs="x";'}, "is not an integer"),
+    ({KEY: f'{MODULE} required unsecuredValidatorRequiredScope="a\\"b";'}, "Invalid scope value"),
+    ({"listener.name.sasl_plaintext.oauthbearer.sasl.server.callback.handler.class": "x.Y"}, "is not supported"),
+    ({"sasl.oauthbearer.jwks.endpoint.url": "https://idp/jwks"}, "is not supported"),
+    ({"sasl.enabled.mechanisms": "OAUTHBEARER,PLAIN"}, "has no users"),
+])
+def test_bad_broker_oauthbearer_config(props: dict[str, str | None], expected: str) -> None:
+    base = {"listeners": "SASL_PLAINTEXT://127.0.0.1:9094", "sasl.enabled.mechanisms": "OAUTHBEARER",
+            KEY: f"{MODULE} required;"}
+    merged = {k: v for k, v in {**base, **props}.items() if v is not None}
+    with pytest.raises(ConfigError, match=expected):
+        BrokerConfig.from_properties(merged)
+
+
+def _token(principal: str = "alice", life: float = 60.0, **claims: Any) -> bytes:
+    now = int(time.time() * 1000) / 1000  # millisecond precision, as librdkafka and Kafka's login write iat
+    return client_initial_response(unsecured_jws({"sub": principal, "iat": now, "exp": now + life, **claims}))
+
+
+@pytest.mark.parametrize("max_reauth,life,expected_ms", [
+    (0, 60.0, 60_000), (5000, 60.0, 5000), (120_000, 30.0, 30_000)])
+def test_session_lifetime_is_bounded_by_the_token(max_reauth: int, life: float, expected_ms: int) -> None:
+    extra = {"connections.max.reauth.ms": str(max_reauth)} if max_reauth else {}
+    s = SaslSession(_broker(**extra).security.sasl)
+    assert s.handshake("OAUTHBEARER", 1) == 0
+    assert s.evaluate(_token(life=life)) == b""
+    assert s.complete and s.principal == "alice"
+    assert expected_ms - 1000 <= s.session_lifetime_ms <= expected_ms
+    assert s.expires_at is not None and not s.expired(time.monotonic())
+    assert s.expired(time.monotonic() + expected_ms / 1000 + 0.01)
+
+
+def test_session_reauthentication_keeps_the_principal() -> None:
+    s = SaslSession(_broker().security.sasl)
+    s.handshake("OAUTHBEARER", 1)
+    s.evaluate(_token())
+    assert s.arm_reauthentication(time.monotonic())
+    s.begin_reauthentication()
+    s.handshake("OAUTHBEARER", 1)
+    with pytest.raises(SaslAuthenticationError, match="Cannot change principals during re-authentication"):
+        s.evaluate(_token("bob"))
+
+
+def test_session_refused_token_closes_after_the_failure() -> None:
+    s = SaslSession(_broker().security.sasl)
+    s.handshake("OAUTHBEARER", 1)
+    assert s.evaluate(_token(life=-5)) == b'{"status":"invalid_token"}'
+    assert not s.complete and not s.close_after_response
+    with pytest.raises(SaslAuthenticationError):
+        s.evaluate(b"\x01")
+    assert s.state == s.FAILED and s.close_after_response
+
+
+# -- the client's configuration and tokens ---------------------------------------------------------------
+
+BASE = {"bootstrap.servers": "127.0.0.1:9092", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER"}
+
+
+def test_unsecured_builder_config() -> None:
+    c = parse_unsecured_config("  principal=alice scope=a,b,,a lifeSeconds=30 principalClaimName=cid "
+                               "scopeClaimName=scp extension_traceId=x1 ")
+    assert (c.principal, c.principal_claim, c.scope, c.scope_claim, c.life_seconds) == \
+        ("alice", "cid", ("a", "b"), "scp", 30)
+    assert c.extensions == {"traceId": "x1"}
+    tok = c.token(NOW)
+    jws = UnsecuredValidator("cid", "scp", ("a", "b")).validate(tok.value, NOW_MS)
+    assert jws.principal == "alice" and jws.lifetime_ms == NOW_MS + 30_000 and tok.expiry == NOW + 30
+
+
+@pytest.mark.parametrize("text,reason", [
+    (None, "principal=<value>"), ("", "principal=<value>"), ("lifeSeconds=5", "no principal=<value>"),
+    ("principal=", "empty 'principal='"), ("principal=a lifeSeconds=x", "non-integral"),
+    ("principal=a lifeSeconds=0", "out of range"), ("principal=a bogus=1", "Unrecognized sasl.oauthbearer.config"),
+    ("principal=a extension_=v", "empty 'extension_' key"), ("principal=a extension_k1=v", "Extension name k1"),
+    ("principal=a extension_auth=v", "Extension name auth"),
+])
+def test_bad_unsecured_builder_config(text: str | None, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        parse_unsecured_config(text)
+
+
+@pytest.mark.parametrize("extra,reason", [
+    ({}, "needs a token: set oauth_cb"),
+    ({"enable.sasl.oauthbearer.unsecure.jwt": True}, "principal=<value>"),
+    ({"enable.sasl.oauthbearer.unsecure.jwt": "true", "sasl.oauthbearer.config": "principal=a lifeSeconds=-1"},
+     "out of range"),
+    ({"oauth_cb": "not callable"}, "oauth_cb: invalid value 'not callable' \\(expected a callable\\)"),
+    ({"oauth_cb": lambda c: ("t", 1.0), "enable.sasl.oauthbearer.unsecure.jwt": True,
+      "sasl.oauthbearer.config": "principal=a"}, "mutually exclusive"),
+    ({"sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p", "oauth_cb": lambda c: ("t", 1.0)},
+     "need sasl.mechanism=OAUTHBEARER"),
+    ({"enable.sasl.oauthbearer.unsecure.jwt": "maybe"}, "expected true or false"),
+    ({"sasl.oauthbearer.method": "oidc"}, "unknown configuration property 'sasl.oauthbearer.method'"),
+])
+def test_bad_client_config_fails_at_construction(extra: dict[str, Any], reason: str) -> None:
+    with pytest.raises(ClientConfigError, match=reason):
+        parse_config({**BASE, **extra}, "producer")
+
+
+def test_client_config_accepts_both_sources_and_the_alias() -> None:
+    sec = parse_config({**BASE, "enable.sasl.oauthbearer.unsecure.jwt": True,
+                        "sasl.oauthbearer.config": "principal=alice"}, "consumer").security
+    assert sec.sasl_mechanism == "OAUTHBEARER" and sec.oauth.unsecured.principal == "alice"
+    conf = {k: v for k, v in BASE.items() if k != "sasl.mechanism"}
+    sec = parse_config({**conf, "sasl.mechanisms": "oauthbearer", "oauth_cb": lambda c: ("t", 1.0)}, "admin").security
+    assert sec.sasl_mechanism == "OAUTHBEARER" and sec.oauth.oauth_cb is not None
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_token_source_refreshes_at_80_percent_of_the_lifetime() -> None:
+    clock = _Clock()
+    calls: list[str | None] = []
+
+    def cb(config: str | None) -> tuple[str, float, str, dict[str, str]]:
+        calls.append(config)
+        return f"tok{len(calls)}", clock.now + 100, "alice", {"k": "v"}
+
+    src = TokenSource(cb, "cfg", None, clock=clock)
+    t = src.token()
+    assert (t.value, t.principal, dict(t.extensions)) == ("tok1", "alice", {"k": "v"}) and calls == ["cfg"]
+    clock.now += 79
+    assert src.token().value == "tok1"
+    clock.now += 1.5
+    assert src.token().value == "tok2" and len(calls) == 2
+
+
+def test_token_source_async_callback_and_shared_fetch() -> None:
+    import asyncio
+
+    clock = _Clock()
+    calls = 0
+
+    async def cb(config: str | None) -> tuple[str, float]:
+        nonlocal calls
+        calls += 1
+        await asyncio.sleep(0.01)
+        return "tok", clock.now + 10
+
+    async def main() -> list[str]:
+        src = TokenSource(cb, None, None, clock=clock)
+        return [t.value for t in await asyncio.gather(*(src.atoken() for _ in range(5)))]
+
+    assert asyncio.run(main()) == ["tok"] * 5 and calls == 1
+
+
+@pytest.mark.parametrize("result,reason", [
+    ("tok", "must return \\(token_str"), (("tok",), "must return"), ((None, NOW + 5), "non-empty string"),
+    (("", NOW + 5), "non-empty string"), (("tok", "soon"), "seconds since the epoch"),
+    (("tok", NOW - 1), "already expired"), (("tok", (NOW + 5) * 1000.0, "p", {"k1": "v"}), "invalid SASL extension"),
+    (("tok", NOW + 5, 5, {}), "principal must be a string"), (("tok", NOW + 5, "p", ["x"]), "dict of str"),
+])
+def test_bad_oauth_cb_results_are_clear_errors(result: Any, reason: str) -> None:
+    with pytest.raises(TokenError, match=reason):
+        TokenSource(lambda c: result, None, None, clock=_Clock()).token()
+
+
+def test_oauth_cb_exception_is_one_clear_error() -> None:
+    def cb(config: str | None) -> tuple[str, float]:
+        raise RuntimeError("idp down")
+
+    with pytest.raises(TokenError, match="oauth_cb raised RuntimeError: idp down"):
+        TokenSource(cb, None, None).token()
