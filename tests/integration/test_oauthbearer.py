@@ -1,0 +1,483 @@
+"""SASL/OAUTHBEARER (KIP-255) against the real broker: Kafka's default unsecured validator on the listener;
+confluent-kafka (librdkafka's unsecured JWT builder and oauth_cb), kafka-python and aiokafka (their token
+providers) and our client (blocking and asyncio; oauth_cb and the unsecured builder) produce and consume,
+every record counted; short-lived tokens re-authenticate (KIP-368: the token's expiry bounds the session)
+with fresh tokens; refused tokens are SASL_AUTHENTICATION_FAILED with RFC 7628's JSON error while the
+broker keeps serving others. About 25 s for the file (two brokers; the re-authentication tests run several
+2-second token lifetimes)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oncelog.client import Admin, Consumer, NewTopic, Producer, TopicPartition
+from oncelog.client import aio
+from oncelog.client.config import ConfigError
+from oncelog.client.errors import SaslAuthenticationFailedError
+from oncelog.protocol.oauthbearer import client_initial_response, unsecured_jws
+from oncelog.testing import EmbeddedBroker
+
+MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+PLAIN_JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret";'
+LIFE_S = 2  # short-lived tokens: the session ends with the token
+REAUTH_MS = 1500
+
+
+def _start(tmp: Path, name: str, config: dict[str, str]) -> EmbeddedBroker:
+    b = EmbeddedBroker(data_dir=tmp / name, log_path=tmp / f"{name}.log", config={
+        "listeners": "SASL_PLAINTEXT://127.0.0.1:0", "group.initial.rebalance.delay.ms": "0", **config})
+    b.start()
+    return b
+
+
+@pytest.fixture(scope="module")
+def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, EmbeddedBroker]]:
+    tmp = tmp_path_factory.mktemp("oauth")
+    made: dict[str, EmbeddedBroker] = {}
+    try:
+        made["oauth"] = _start(tmp, "oauth", {
+            "sasl.enabled.mechanisms": "OAUTHBEARER,PLAIN",
+            "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config": f"{MODULE} required;",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": PLAIN_JAAS})
+        made["scoped"] = _start(tmp, "scoped", {
+            "sasl.enabled.mechanisms": "OAUTHBEARER",
+            "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config":
+                f'{MODULE} required unsecuredValidatorRequiredScope="produce" '
+                'unsecuredValidatorPrincipalClaimName="client_id";',
+            # here the broker's session lifetime is shorter than the tokens'
+            "listener.name.sasl_plaintext.oauthbearer.connections.max.reauth.ms": str(REAUTH_MS)})
+        yield made
+    finally:
+        for b in made.values():
+            b.close()
+
+
+def _log(b: EmbeddedBroker) -> str:
+    return Path(b.log_path).read_text(errors="replace")
+
+
+def _base(b: EmbeddedBroker) -> dict[str, Any]:
+    return {"bootstrap.servers": b.bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER"}
+
+
+def _unsecure(b: EmbeddedBroker, config: str = "principal=alice") -> dict[str, Any]:
+    return {**_base(b), "enable.sasl.oauthbearer.unsecure.jwt": True, "sasl.oauthbearer.config": config}
+
+
+def _jwt(life: float = 60.0, principal: str = "alice", **claims: Any) -> tuple[str, float]:
+    now = int(time.time() * 1000) / 1000
+    return unsecured_jws({"sub": principal, "iat": now, "exp": now + life, **claims}), now + life
+
+
+def _topic(b: EmbeddedBroker, prefix: str) -> str:
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    with Admin({"bootstrap.servers": b.bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                "sasl.username": "alice", "sasl.password": "alice-secret"}) as admin:
+        admin.create_topics([NewTopic(topic, 1)])
+    return topic
+
+
+# -- third-party clients ----------------------------------------------------------------------------------
+
+
+def _confluent_roundtrip(conf: dict[str, Any], topic: str, n: int) -> list[bytes]:
+    from confluent_kafka import Consumer as CConsumer
+    from confluent_kafka import Producer as CProducer
+    from confluent_kafka import TopicPartition as CTP
+
+    p = CProducer({**conf, "linger.ms": 0})
+    for i in range(n):
+        p.produce(topic, f"c{i}".encode())
+    assert p.flush(20) == 0, "confluent-kafka could not deliver"
+    c = CConsumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False})
+    try:
+        c.assign([CTP(topic, 0, 0)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                got.append(m.value())
+        return got
+    finally:
+        c.close()
+
+
+def test_confluent_unsecured_jwt_and_oauth_cb(brokers: dict[str, EmbeddedBroker]) -> None:
+    b = brokers["oauth"]
+    n = 50
+    topic = _topic(b, "cf")
+    before = _log(b)
+    got = _confluent_roundtrip(_unsecure(b, "principal=alice scope=produce,consume extension_traceId=t1"), topic, n)
+    assert got == [f"c{i}".encode() for i in range(n)]
+    calls: list[str | None] = []
+
+    def oauth_cb(config: str | None) -> tuple[str, float]:
+        calls.append(config)
+        return _jwt(principal="carol")
+
+    topic2 = _topic(b, "cf-cb")
+    got = _confluent_roundtrip({**_base(b), "oauth_cb": oauth_cb, "sasl.oauthbearer.config": "anything"}, topic2, n)
+    assert got == [f"c{i}".encode() for i in range(n)]
+    assert calls and set(calls) == {"anything"}
+    log = _log(b)[len(before):]
+    assert "authenticated as User:alice with OAUTHBEARER" in log
+    assert "authenticated as User:carol with OAUTHBEARER" in log
+
+
+def test_kafka_python_and_aiokafka_token_providers(brokers: dict[str, EmbeddedBroker]) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka import TopicPartition as ATP
+    from aiokafka.abc import AbstractTokenProvider as AioTokenProvider
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import TopicPartition as KTP
+    from kafka.net.sasl.oauth import AbstractTokenProvider as KpTokenProvider
+
+    b = brokers["oauth"]
+    n = 30
+
+    class KpTokens(KpTokenProvider):
+        def token(self) -> str:
+            return _jwt(principal="kp")[0]
+
+        def extensions(self) -> dict[str, str]:
+            return {"traceId": "kp1"}
+
+    topic = _topic(b, "kp")
+    common = dict(bootstrap_servers=b.bootstrap, security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                  sasl_oauth_token_provider=KpTokens(), request_timeout_ms=10000)
+    p = KafkaProducer(**common)
+    try:
+        for i in range(n):
+            p.send(topic, f"k{i}".encode())
+        p.flush(15)
+    finally:
+        p.close(timeout=5)
+    c = KafkaConsumer(**common, enable_auto_commit=False, consumer_timeout_ms=8000)
+    try:
+        c.assign([KTP(topic, 0)])
+        c.seek_to_beginning()
+        got = [m.value for _, m in zip(range(n), c)]
+    finally:
+        c.close()
+    assert got == [f"k{i}".encode() for i in range(n)]
+
+    class AioTokens(AioTokenProvider):
+        async def token(self) -> str:
+            return _jwt(principal="aio")[0]
+
+    topic2 = _topic(b, "aio")
+
+    async def main() -> list[bytes]:
+        common2 = dict(bootstrap_servers=b.bootstrap, security_protocol="SASL_PLAINTEXT",
+                       sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=AioTokens())
+        prod = AIOKafkaProducer(**common2)
+        await prod.start()
+        try:
+            for i in range(n):
+                await prod.send_and_wait(topic2, f"a{i}".encode())
+        finally:
+            await prod.stop()
+        cons = AIOKafkaConsumer(**common2, enable_auto_commit=False, auto_offset_reset="earliest")
+        await cons.start()
+        try:
+            cons.assign([ATP(topic2, 0)])
+            await cons.seek_to_beginning()
+            out: list[bytes] = []
+            async with asyncio.timeout(15):
+                while len(out) < n:
+                    out.append((await cons.getone()).value)
+            return out
+        finally:
+            await cons.stop()
+
+    assert asyncio.run(main()) == [f"a{i}".encode() for i in range(n)]
+    log = _log(b)
+    assert "authenticated as User:kp with OAUTHBEARER" in log and "authenticated as User:aio with OAUTHBEARER" in log
+
+
+# -- our client -----------------------------------------------------------------------------------------
+
+
+def _oncelog_roundtrip(conf: dict[str, Any], topic: str, n: int) -> list[bytes]:
+    with Producer(conf) as p:
+        for i in range(n):
+            p.produce(topic, f"o{i}".encode())
+        assert p.flush(20) == 0
+    c = Consumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(topic, 0, -2)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None:
+                got.append(m.value)
+        return got
+    finally:
+        c.close()
+
+
+def test_oncelog_blocking_and_asyncio_with_both_token_sources(brokers: dict[str, EmbeddedBroker]) -> None:
+    b = brokers["oauth"]
+    n = 40
+    calls: list[str | None] = []
+
+    def oauth_cb(config: str | None) -> tuple[str, float, str, dict[str, str]]:
+        calls.append(config)
+        token, expiry = _jwt(principal="dave")
+        return token, expiry, "dave", {"traceId": "x"}
+
+    topic = _topic(b, "ob")
+    before = _log(b)
+    assert _oncelog_roundtrip({**_base(b), "oauth_cb": oauth_cb}, topic, n) == [f"o{i}".encode() for i in range(n)]
+    assert calls and set(calls) == {None}
+    assert _oncelog_roundtrip(_unsecure(b, "principal=erin"), topic, n)[:n] == [f"o{i}".encode() for i in range(n)]
+
+    async def cb(config: str | None) -> tuple[str, float]:
+        await asyncio.sleep(0)
+        return _jwt(principal="frank")
+
+    async def main(conf: dict[str, Any], topic: str) -> list[bytes]:
+        async with aio.Producer(conf) as p:
+            futs = [p.produce(topic, f"a{i}".encode()) for i in range(n)]
+            await p.flush(20)
+            assert all(f.result().offset >= 0 for f in futs)
+        async with aio.Consumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False}) as c:
+            c.assign([aio.TopicPartition(topic, 0, -2)])
+            out: list[bytes] = []
+            deadline = time.monotonic() + 20
+            while len(out) < n and time.monotonic() < deadline:
+                out.extend(m.value for m in await c.consume(n, 0.5))
+            return out
+
+    for conf in ({**_base(b), "oauth_cb": cb}, _unsecure(b, "principal=gina"), {**_base(b), "oauth_cb": oauth_cb}):
+        t = _topic(b, "oa")
+        assert asyncio.run(main(conf, t)) == [f"a{i}".encode() for i in range(n)]
+    log = _log(b)[len(before):]
+    for who in ("dave", "erin", "frank", "gina"):
+        assert f"authenticated as User:{who} with OAUTHBEARER" in log, who
+
+
+def _pump(produce: Any, poll: Any, flush: Any, seconds: float) -> tuple[list[int], list[int]]:
+    sent: list[int] = []
+    got: list[int] = []
+    started = time.monotonic()
+    i = 0
+    while time.monotonic() - started < seconds:
+        produce(str(i).encode())
+        sent.append(i)
+        i += 1
+        got.extend(poll())
+        time.sleep(0.02)
+    flush()
+    deadline = time.monotonic() + 15
+    while len(got) < len(sent) and time.monotonic() < deadline:
+        got.extend(poll())
+    return sent, got
+
+
+def test_short_lived_tokens_reauthenticate_with_fresh_tokens(brokers: dict[str, EmbeddedBroker]) -> None:
+    """lifeSeconds=2 (and an oauth_cb token living 2 s): the broker bounds each session by the token's expiry
+    (no connections.max.reauth.ms on this listener), so our producer and consumer re-authenticate, each time
+    with a new token, across several lifetimes; confluent-kafka does so where connections.max.reauth.ms is
+    shorter than its (hour-long) token (librdkafka checks for a token refresh once a second, too coarse for
+    2-second tokens). Every record is consumed once and in order and no connection is closed for an expired
+    session."""
+    b = brokers["oauth"]
+    before = _log(b)
+    issued: list[float] = []
+
+    def oauth_cb(config: str | None) -> tuple[str, float]:
+        token, expiry = _jwt(life=LIFE_S, principal="henry")
+        issued.append(expiry)
+        return token, expiry
+
+    for conf in (_unsecure(b, f"principal=ivy lifeSeconds={LIFE_S}"), {**_base(b), "oauth_cb": oauth_cb}):
+        topic = _topic(b, "re")
+        p = Producer({**conf, "linger.ms": 0})
+        c = Consumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False})
+        c.assign([TopicPartition(topic, 0, -2)])
+        try:
+            sent, got = _pump(lambda v: p.produce(topic, v), lambda: [int(m.value) for m in c.consume(100, 0.01)],
+                              lambda: p.flush(15), 2.5 * LIFE_S)
+        finally:
+            p.close()
+            c.close()
+        assert got == sent and len(sent) > 50
+    assert len(issued) >= 3, "oauth_cb was not asked for fresh tokens"
+
+    from confluent_kafka import Consumer as CConsumer
+    from confluent_kafka import Producer as CProducer
+    from confluent_kafka import TopicPartition as CTP
+
+    scoped = brokers["scoped"]
+    scoped_before = _log(scoped)
+    topic = f"re-cf-{uuid.uuid4().hex[:6]}"
+    conf = _unsecure(scoped, "principal=jack principalClaimName=client_id scope=produce")
+    with Admin(conf) as admin:
+        admin.create_topics([NewTopic(topic, 1)])
+    cp = CProducer({**conf, "linger.ms": 0})
+    cc = CConsumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False})
+    cc.assign([CTP(topic, 0, 0)])
+    try:
+        def cpoll() -> list[int]:
+            m = cc.poll(0.01)
+            return [int(m.value())] if m is not None and m.error() is None else []
+
+        sent, got = _pump(lambda v: (cp.produce(topic, v), cp.poll(0)), cpoll, lambda: cp.flush(15),
+                          3 * REAUTH_MS / 1000)
+    finally:
+        cc.close()
+    assert got == sent and len(sent) > 50
+    log = _log(b)[len(before):]
+    for who in ("ivy", "henry"):
+        assert log.count(f"re-authenticated as User:{who} with OAUTHBEARER") >= 2, (who, log[-3000:])
+    assert "session expired" not in log
+    log = _log(scoped)[len(scoped_before):]
+    assert log.count("re-authenticated as User:jack with OAUTHBEARER") >= 2, log[-3000:]
+    assert "session expired" not in log
+
+
+# -- refused tokens -------------------------------------------------------------------------------------
+
+NOW_S = time.time()
+BAD_TOKENS = {
+    "expired": lambda: _jwt(life=-10)[0],
+    "missing sub": lambda: unsecured_jws({"iat": time.time(), "exp": time.time() + 60}),
+    "wrong alg": lambda: _jwt()[0].replace("eyJhbGciOiJub25lIn0", "eyJhbGciOiJIUzI1NiJ9") + "c2ln",
+    "garbage": lambda: "not-a-jwt",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_TOKENS))
+def test_bad_tokens_are_refused_and_others_served(brokers: dict[str, EmbeddedBroker], kind: str) -> None:
+    b = brokers["oauth"]
+    bad = BAD_TOKENS[kind]()
+
+    def oauth_cb(config: str | None) -> tuple[str, float]:
+        return bad, time.time() + 60
+
+    before = _log(b)
+    started = time.monotonic()
+    with pytest.raises(SaslAuthenticationFailedError, match='invalid_token.*refused the OAUTHBEARER token'):
+        with Admin({**_base(b), "oauth_cb": oauth_cb}) as admin:
+            admin.list_topics()
+    assert time.monotonic() - started < 10, "an authentication failure must not be retried until a timeout"
+    assert "token refused" in _log(b)[len(before):]
+    with Admin(_unsecure(b)) as admin:  # the broker keeps serving others
+        assert admin.list_topics() is not None
+
+
+def test_missing_required_scope_and_confluent_sees_the_failure(brokers: dict[str, EmbeddedBroker]) -> None:
+    """On the listener requiring scope "produce" (principal claim client_id): a token without it is
+    insufficient_scope for our client and for confluent-kafka (its error callback gets the authentication
+    error with the broker's JSON); with it, both are served."""
+    from confluent_kafka import KafkaError as CKafkaError
+    from confluent_kafka.admin import AdminClient
+
+    b = brokers["scoped"]
+    no_scope = _unsecure(b, "principal=kim principalClaimName=client_id scope=consume")
+    with pytest.raises(SaslAuthenticationFailedError, match='"status":"insufficient_scope", "scope":"\\[produce\\]"'):
+        with Admin(no_scope) as admin:
+            admin.list_topics()
+    errors: list[Any] = []
+    client = AdminClient({**no_scope, "error_cb": errors.append})
+    with pytest.raises(Exception):
+        client.list_topics(timeout=2)
+    client.poll(0.5)
+    assert any(e.code() == CKafkaError._AUTHENTICATION and "insufficient_scope" in e.str() for e in errors), \
+        [str(e) for e in errors]
+    ok = _unsecure(b, "principal=kim principalClaimName=client_id scope=produce,consume")
+    with Admin(ok) as admin:
+        assert admin.list_topics() is not None
+    # the default principal claim (sub) is not what this listener reads
+    with pytest.raises(SaslAuthenticationFailedError, match="invalid_token"):
+        with Admin(_unsecure(b, "principal=kim scope=produce")) as admin:
+            admin.list_topics()
+
+
+def _request(api_key: int, version: int, corr: int, body: bytes) -> bytes:
+    head = struct.pack(">hhih", api_key, version, corr, 3) + b"raw"
+    return struct.pack(">i", len(head) + len(body)) + head + body
+
+
+def _recv(sock: socket.socket) -> bytes | None:
+    data = b""
+    want = 4
+    while len(data) < want:
+        try:
+            chunk = sock.recv(want - len(data))
+        except ConnectionResetError:
+            return None
+        if not chunk:
+            return None
+        data += chunk
+        if want == 4 and len(data) == 4:
+            want = 4 + struct.unpack(">i", data)[0]
+    return data[4:]
+
+
+def _authenticate(corr: int, token: bytes) -> bytes:
+    return _request(36, 1, corr, struct.pack(">i", len(token)) + token)
+
+
+def _answer(resp: bytes | None) -> tuple[int, str | None, bytes, int]:
+    """(error code, error message, auth bytes, session_lifetime_ms) of a SaslAuthenticate v1 answer."""
+    assert resp is not None, "connection closed instead of a SaslAuthenticate answer"
+    _corr, code, mlen = struct.unpack_from(">ihh", resp)
+    pos = 8 + max(mlen, 0)
+    message = resp[8:pos].decode() if mlen >= 0 else None
+    (blen,) = struct.unpack_from(">i", resp, pos)
+    auth = resp[pos + 4:pos + 4 + max(blen, 0)]
+    (lifetime,) = struct.unpack_from(">q", resp, pos + 4 + max(blen, 0))
+    return code, message, auth, lifetime
+
+
+def test_raw_protocol_challenge_failure_and_session_lifetime(brokers: dict[str, EmbeddedBroker]) -> None:
+    """On the wire, as Kafka: a valid token is answered with empty bytes and a session lifetime of the token's
+    remaining life; a refused one with the JSON error (error code 0), the client's \\x01 then gets
+    SASL_AUTHENTICATION_FAILED (58) with that JSON as the message and the connection closes; a malformed
+    initial response gets 58 with Kafka's fixed text at once."""
+    b = brokers["oauth"]
+    handshake = _request(17, 1, 1, struct.pack(">h", 11) + b"OAUTHBEARER")
+    with socket.create_connection((b.host, b.port), timeout=10) as s:
+        s.sendall(handshake + _authenticate(2, client_initial_response(_jwt(life=30)[0])))
+        assert struct.unpack_from(">ih", _recv(s) or b"") == (1, 0)
+        code, message, auth, lifetime = _answer(_recv(s))
+        assert (code, message, auth) == (0, None, b"") and 28_000 <= lifetime <= 30_000
+    with socket.create_connection((b.host, b.port), timeout=10) as s:
+        s.sendall(handshake + _authenticate(2, client_initial_response(_jwt(life=-1)[0])))
+        _recv(s)
+        assert _answer(_recv(s)) == (0, None, b'{"status":"invalid_token"}', 0)
+        s.sendall(_authenticate(3, b"\x01"))
+        assert _answer(_recv(s))[:2] == (58, '{"status":"invalid_token"}')
+        assert _recv(s) is None, "the connection must close after a refused login"
+    with socket.create_connection((b.host, b.port), timeout=10) as s:
+        s.sendall(handshake + _authenticate(2, b"n,,\x01auth=Bearer\x01\x01"))
+        _recv(s)
+        assert _answer(_recv(s))[:2] == (58, "Authentication failed during authentication due to invalid credentials "
+                                              "with SASL mechanism OAUTHBEARER")
+        assert _recv(s) is None
+
+
+def test_bad_client_config_fails_at_construction(brokers: dict[str, EmbeddedBroker]) -> None:
+    b = brokers["oauth"]
+    for conf, match in (({**_base(b)}, "needs a token"),
+                        (_unsecure(b, "user=alice"), "Unrecognized sasl.oauthbearer.config"),
+                        ({**_base(b), "oauth_cb": "token"}, "expected a callable")):
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match=match):
+            Producer(conf)
+        with pytest.raises(ConfigError, match=match):
+            aio.Consumer({**conf, "group.id": "g"})
+        assert time.monotonic() - started < 2
