@@ -36,7 +36,8 @@ which wins over the plain key. Anything wrong is a ConfigError (one line).
 SaslHandshake and SaslAuthenticate handlers and by the dispatcher, which
 serves nothing but ApiVersions, SaslHandshake and SaslAuthenticate before
 the session is complete (Kafka's SaslServerAuthenticator). With
-``connections.max.reauth.ms`` > 0 a session lasts that long: SaslAuthenticate
+``connections.max.reauth.ms`` > 0, or an OAUTHBEARER token (until it expires,
+if sooner), a session lasts that long: SaslAuthenticate
 tells the client (``session_lifetime_ms``), a SaslHandshake on the live
 connection starts a re-authentication (same mechanism and principal, at most
 one a second, as Kafka's KafkaChannel), and the server closes a connection

@@ -2,13 +2,15 @@
 
 Behavior: carries one SASL token each way (KIP-152) after SaslHandshake v1.
 PLAIN takes one round trip, SCRAM-SHA-256/512 two (client-first and
-client-final; :mod:`oncelog.protocol.sasl`). A refused login gets
+client-final; :mod:`oncelog.protocol.sasl`), OAUTHBEARER one, or two for a
+refused token: the RFC 7628 JSON error answered with error code 0, then the
+client's ``\x01`` refused with that JSON (:mod:`oncelog.protocol.oauthbearer`). A refused login gets
 SASL_AUTHENTICATION_FAILED (58) with an error message (PLAIN's own; for SCRAM
 Kafka's fixed text, which does not say whether the user exists), and the
 connection is closed after that answer, as Kafka does; other connections are
 not affected. ``session_lifetime_ms`` is the listener's
 ``connections.max.reauth.ms`` for the mechanism, 0 (no re-authentication) by
-default (KIP-368; :class:`oncelog.broker.security.SaslSession`). A
+default, bounded by an OAUTHBEARER token's expiry (KIP-368; :class:`oncelog.broker.security.SaslSession`). A
 re-authentication that changes the principal is refused the same way, with
 Kafka's "Cannot change principals during re-authentication" message; one
 that changed mechanism in its SaslHandshake is closed at its first token
