@@ -481,3 +481,22 @@ def test_bad_client_config_fails_at_construction(brokers: dict[str, EmbeddedBrok
         with pytest.raises(ConfigError, match=match):
             aio.Consumer({**conf, "group.id": "g"})
         assert time.monotonic() - started < 2
+
+
+def test_cli_command_config_with_javas_unsecured_login(brokers: dict[str, EmbeddedBroker], tmp_path: Path) -> None:
+    """A Kafka user's client.properties for OAUTHBEARER (Java's OAuthBearerLoginModule with an unsecured
+    token) works with the CLI's --command-config."""
+    import subprocess
+    import sys
+
+    b = brokers["oauth"]
+    topic = _topic(b, "cli")
+    props = tmp_path / "client.properties"
+    props.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=OAUTHBEARER\n"
+                     f"sasl.jaas.config={MODULE} required \\\n    unsecuredLoginStringClaim_sub=\"lena\";\n")
+    before = _log(b)
+    r = subprocess.run([sys.executable, "-m", "oncelog.cli", "topics", "list", "--bootstrap", b.bootstrap,
+                        "--command-config", str(props)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert topic in r.stdout.split()
+    assert "authenticated as User:lena with OAUTHBEARER" in _log(b)[len(before):]

@@ -407,3 +407,37 @@ def test_oauth_cb_exception_is_one_clear_error() -> None:
 
     with pytest.raises(TokenError, match="oauth_cb raised RuntimeError: idp down"):
         TokenSource(cb, None, None).token()
+
+
+# -- the Java client's OAuthBearerLoginModule (--command-config, Spark's kafka.* options) -----------------
+
+JAVA_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+
+
+def test_java_unsecured_login_becomes_the_unsecured_builder() -> None:
+    from oncelog.client.java_config import from_java
+
+    out = from_java({"sasl.mechanism": "OAUTHBEARER", "sasl.jaas.config":
+                     f'{JAVA_MODULE} required unsecuredLoginStringClaim_sub="alice" unsecuredLoginLifetimeSeconds="60" '
+                     'unsecuredLoginListClaim_scope="|read|write" unsecuredLoginExtension_traceId="t1";'})
+    assert out == {"sasl.mechanism": "OAUTHBEARER", "enable.sasl.oauthbearer.unsecure.jwt": True,
+                   "sasl.oauthbearer.config": "principal=alice lifeSeconds=60 scope=read,write extension_traceId=t1"}
+    sec = parse_config({**out, "bootstrap.servers": "h:1", "security.protocol": "SASL_PLAINTEXT"}, "admin").security
+    assert (sec.oauth.unsecured.principal, sec.oauth.unsecured.scope) == ("alice", ("read", "write"))
+    out = from_java({"sasl.jaas.config": f'{JAVA_MODULE} required unsecuredLoginPrincipalClaimName="cid" '
+                                         'unsecuredLoginStringClaim_cid="svc";'})
+    assert out["sasl.oauthbearer.config"] == "principal=svc principalClaimName=cid"
+
+
+@pytest.mark.parametrize("options,reason", [
+    ("", "without unsecuredLogin\\* options"),
+    ('clientId="x" clientSecret="y"', "without unsecuredLogin\\* options"),
+    ('unsecuredLoginLifetimeSeconds="60"', "no principal: set unsecuredLoginStringClaim_sub"),
+    ('unsecuredLoginStringClaim_sub="alice" unsecuredLoginNumberClaim_n="1"', "cannot be expressed"),
+    ('unsecuredLoginStringClaim_sub="al ice"', "without spaces"),
+])
+def test_java_oauthbearer_login_that_cannot_be_mapped(options: str, reason: str) -> None:
+    from oncelog.client.java_config import from_java
+
+    with pytest.raises(ClientConfigError, match=reason):
+        from_java({"sasl.jaas.config": f"{JAVA_MODULE} required {options};"})

@@ -10,14 +10,20 @@ for TLS and SASL (docs/client.md), so :func:`from_java` maps the Java-only ones:
   ``username="..." password="...";`` -> ``sasl.username`` / ``sasl.password``
   (parsed by Kafka's rules: one login module, a control flag, quoted or bare
   values, ``;`` at the end);
+* ``sasl.jaas.config`` with ``org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule``
+  and Kafka's unsecured-token options (``unsecuredLoginStringClaim_sub="alice"``,
+  ``unsecuredLoginLifetimeSeconds``, ``unsecuredLoginPrincipalClaimName``,
+  ``unsecuredLoginScopeClaimName``, ``unsecuredLoginListClaim_<scope claim>``,
+  ``unsecuredLoginExtension_<name>``) -> ``enable.sasl.oauthbearer.unsecure.jwt=true`` and
+  the equivalent ``sasl.oauthbearer.config`` (librdkafka's builder makes the same token);
 * ``ssl.truststore.location`` with ``ssl.truststore.type=PEM`` -> ``ssl.ca.location``;
 * ``ssl.keystore.location`` with ``ssl.keystore.type=PEM`` (key and certificate
   chain in one file, the key's password in ``ssl.key.password``) ->
   ``ssl.certificate.location``.
 
 Java key stores (JKS, PKCS12: Kafka's default type is JKS), inline PEM values
-(``ssl.truststore.certificates``, ``ssl.keystore.key``) and other login
-modules (GSSAPI, OAUTHBEARER) raise :class:`~oncelog.client.config.ConfigError`
+(``ssl.truststore.certificates``, ``ssl.keystore.key``), other login
+modules (GSSAPI) and OAUTHBEARER's OIDC login (a token endpoint) raise :class:`~oncelog.client.config.ConfigError`
 naming what to use instead. Every other key is passed through unchanged, to be
 checked by :func:`~oncelog.client.config.parse_config` (so a typo is still an
 unknown property).
@@ -34,6 +40,7 @@ __all__ = ["LOGIN_MODULES", "from_java", "is_security_key", "parse_jaas"]
 
 PLAIN_LOGIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
 SCRAM_LOGIN_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
+OAUTHBEARER_LOGIN_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
 LOGIN_MODULES = (PLAIN_LOGIN_MODULE, SCRAM_LOGIN_MODULE)
 _FLAGS = ("required", "requisite", "sufficient", "optional")
 _STORE_TYPES = ("JKS", "PKCS12", "PEM")
@@ -140,6 +147,46 @@ def _credentials(value: str) -> tuple[str, str]:
     return options["username"], options["password"]
 
 
+def _unsecured_login(options: dict[str, str]) -> str:
+    """Kafka's unsecured login options (OAuthBearerUnsecuredLoginCallbackHandler) as librdkafka's
+    ``sasl.oauthbearer.config``, which builds the same kind of token."""
+    prefix = "unsecuredLogin"
+    if not any(k.startswith(prefix) for k in options):
+        raise ConfigError(f"sasl.jaas.config: {OAUTHBEARER_LOGIN_MODULE} without unsecuredLogin* options (an OIDC "
+                          "token endpoint, sasl.login.callback.handler.class) is not supported by oncelog's client: "
+                          "give the token through oauth_cb in code, or unsecuredLoginStringClaim_sub=\"NAME\" for "
+                          "unsigned tokens")
+    principal_claim = options.get(f"{prefix}PrincipalClaimName", "").strip() or "sub"
+    scope_claim = options.get(f"{prefix}ScopeClaimName", "").strip() or "scope"
+    parts: list[str] = []
+    principal = options.get(f"{prefix}StringClaim_{principal_claim}")
+    if not principal or not principal.strip():
+        raise ConfigError(f"sasl.jaas.config: no principal: set {prefix}StringClaim_{principal_claim}=\"NAME\"")
+    parts.append(f"principal={principal}")
+    if principal_claim != "sub":
+        parts.append(f"principalClaimName={principal_claim}")
+    for name, value in options.items():
+        if not name.startswith(prefix) or name in (f"{prefix}PrincipalClaimName", f"{prefix}ScopeClaimName",
+                                                   f"{prefix}StringClaim_{principal_claim}"):
+            continue
+        if name == f"{prefix}LifetimeSeconds":
+            parts.append(f"lifeSeconds={value}")
+        elif name == f"{prefix}ListClaim_{scope_claim}":
+            items = [v for v in value[1:].split(value[0]) if v] if len(value) > 1 else []  # first char: delimiter
+            if items:
+                parts += [f"scope={','.join(items)}"] + ([f"scopeClaimName={scope_claim}"] if scope_claim != "scope"
+                                                          else [])
+        elif name.startswith(f"{prefix}Extension_") and len(name) > len(f"{prefix}Extension_"):
+            parts.append(f"extension_{name[len(prefix) + len('Extension_'):]}={value}")
+        else:
+            raise ConfigError(f"sasl.jaas.config: {name} cannot be expressed with oncelog's unsecured token builder "
+                              "(librdkafka's: a principal, a scope list, a lifetime and extensions)")
+    if any(" " in p or not p.partition("=")[2] for p in parts):
+        raise ConfigError("sasl.jaas.config: unsecuredLogin* values must be non-empty and without spaces for "
+                          "oncelog's unsecured token builder")
+    return " ".join(parts)
+
+
 def _store_type(props: Mapping[str, Any], key: str) -> str:
     raw = props.get(key)
     kind = "JKS" if raw is None else str(raw).strip().upper()  # Kafka's default ssl.*store.type is JKS
@@ -155,7 +202,13 @@ def from_java(props: Mapping[str, Any]) -> dict[str, Any]:
     """
     out = dict(props)
     jaas = out.pop("sasl.jaas.config", None)
-    if jaas is not None:
+    entries = parse_jaas(str(jaas)) if jaas is not None else []
+    if len(entries) == 1 and entries[0][0] == OAUTHBEARER_LOGIN_MODULE:
+        if out.get("sasl.oauthbearer.config") is not None:
+            raise ConfigError("set either sasl.jaas.config or sasl.oauthbearer.config, not both")
+        out["enable.sasl.oauthbearer.unsecure.jwt"] = True
+        out["sasl.oauthbearer.config"] = _unsecured_login(entries[0][2])
+    elif jaas is not None:
         if out.get("sasl.username") is not None or out.get("sasl.password") is not None:
             raise ConfigError("set either sasl.jaas.config or sasl.username/sasl.password, not both")
         out["sasl.username"], out["sasl.password"] = _credentials(str(jaas))
