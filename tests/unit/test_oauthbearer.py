@@ -393,7 +393,8 @@ def test_token_source_async_callback_and_shared_fetch() -> None:
 @pytest.mark.parametrize("result,reason", [
     ("tok", "must return \\(token_str"), (("tok",), "must return"), ((None, NOW + 5), "non-empty string"),
     (("", NOW + 5), "non-empty string"), (("tok", "soon"), "seconds since the epoch"),
-    (("tok", NOW - 1), "already expired"), (("tok", (NOW + 5) * 1000.0, "p", {"k1": "v"}), "invalid SASL extension"),
+    (("tok", NOW - 1), "already expired"), (("tok", (NOW + 5) * 1000.0), "not milliseconds"),
+    (("tok", NOW + 5, "p", {"k1": "v"}), "invalid SASL extension"),
     (("tok", NOW + 5, 5, {}), "principal must be a string"), (("tok", NOW + 5, "p", ["x"]), "dict of str"),
 ])
 def test_bad_oauth_cb_results_are_clear_errors(result: Any, reason: str) -> None:

@@ -34,6 +34,7 @@ from oncelog.protocol.oauthbearer import check_extensions, scope_items, unsecure
 __all__ = ["OAuthToken", "TokenSource", "UnsecuredJwtConfig", "parse_unsecured_config", "token_source"]
 
 REFRESH_FRACTION = 0.8
+_TEN_YEARS = 10 * 365 * 86400
 
 
 class TokenError(Exception):
@@ -127,6 +128,9 @@ def _token_from_callback(result: Any, now: float) -> OAuthToken:
     if expiry <= now:
         raise TokenError(f"oauth_cb returned a token that has already expired (expiry {expiry}, now {now:.3f}): "
                          "the expiry is in seconds since the epoch")
+    if expiry > now + _TEN_YEARS:  # the token would never be refreshed, while a broker ends its session
+        raise TokenError(f"oauth_cb returned an expiry of {expiry}, more than ten years ahead: it must be in seconds "
+                         "since the epoch, not milliseconds")
     if principal is None:
         principal = ""
     if not isinstance(principal, str):
