@@ -161,3 +161,24 @@ def test_delete_groups_and_offset_delete_whose_write_fails_answer_not_coordinato
         env.store.close()
 
     asyncio.run(main())
+
+
+def test_static_member_rejoin_whose_write_fails_answers_not_coordinator(tmp_path: Path) -> None:
+    """A static member that rejoins a Stable group under a new member id has the new id
+    persisted before its answer; if that write fails it gets NOT_COORDINATOR and the old
+    member id stays (Kafka's updateStaticMemberAndRebalance reverts it)."""
+
+    async def main() -> None:
+        env = Env(tmp_path)
+        c = env.c
+        first = await c.join_group("g", "", "inst", SESSION, REBALANCE, "consumer", RANGE, "cl", "/h", True, True)
+        old_id, gen = first["member_id"], first["generation_id"]
+        assert first["error_code"] == 0
+        assert (await c.sync_group("g", gen, old_id, "inst", None, None, {old_id: b"a"}))["error_code"] == 0
+        env.fail_sync = True
+        again = await c.join_group("g", "", "inst", SESSION, REBALANCE, "consumer", RANGE, "cl", "/h", True, True)
+        assert again["error_code"] == E.not_coordinator
+        assert c.groups["g"].static_member_id("inst") == old_id
+        env.store.close()
+
+    asyncio.run(main())
