@@ -36,6 +36,7 @@ from oncelog.storage.cleaner import (
 from oncelog.storage.config import LogConfig
 from oncelog.storage.log import CLEANED_END_FILE, LOG_START_FILE, PartitionLog
 from oncelog.storage.txn_index import AbortedTxn
+from tests.unit.held_sync import HeldSync, open_fds
 
 NOW = 1_700_000_000_000
 RETENTION = 1000
@@ -413,38 +414,14 @@ def test_a_swap_installed_while_a_sync_fdatasyncs_the_old_segments(tmp_path: Pat
     group's old segments (through their own descriptors): the old descriptors are closed
     only when that sync is done, so no file opened meanwhile takes a number the worker
     still uses; the sync succeeds and nothing leaks."""
-    import threading
-
-    fds_before = set(os.listdir("/proc/self/fd"))
+    fds_before = open_fds()
     cfg = LogConfig(segment_bytes=400, cleanup_policy=["compact"])
     plog = PartitionLog.open(tmp_path / "t-0", cfg, NOW)
     for i in range(30):
         plog.append(batch(0, (b"k%d" % (i % 3), b"v%d" % i)), NOW)
     olds = plog.segments[:-1]
     assert len(olds) > 2
-    real = os.fdatasync
-    started, go = threading.Event(), threading.Event()
-    synced: list[int] = []
-
-    def slow_fdatasync(fd: int) -> None:
-        if threading.current_thread().name == "syncer":
-            started.set()
-            assert go.wait(5)
-            synced.append(fd)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
-    result: list[object] = []
-
-    def syncer() -> None:
-        try:
-            result.append(plog.sync())
-        except BaseException as exc:  # pragma: no cover - asserted below
-            result.append(exc)
-
-    th = threading.Thread(target=syncer, name="syncer")
-    th.start()
-    assert started.wait(5)
+    held = HeldSync(plog, monkeypatch)
     pinned = plog.pin_segments(plog.active_segment.base_offset)
     seg = plog.new_cleaned_segment(pinned[0].base_offset)
     for p in pinned:
@@ -456,15 +433,7 @@ def test_a_swap_installed_while_a_sync_fdatasyncs_the_old_segments(tmp_path: Pat
     for p in pinned:
         p.close()
     plog.finish_swaps([(seg.base_offset, end)], [])
-    reused = [os.open(os.devnull, os.O_RDONLY) for _ in range(8)]
-    try:
-        go.set()
-        th.join(10)
-        assert result == [30]
-        assert not set(synced) & set(reused)
-    finally:
-        for fd in reused:
-            os.close(fd)
+    held.release(30)
     assert all(old.fd < 0 for old in olds)
     plog.close()
-    assert set(os.listdir("/proc/self/fd")) == fds_before
+    assert open_fds() == fds_before

@@ -32,6 +32,7 @@ from oncelog.storage.log import (
     OffsetOutOfRangeError,
     PartitionLog,
 )
+from tests.unit.held_sync import HeldSync, open_fds
 
 T0 = 1_700_000_000_000
 
@@ -923,50 +924,20 @@ def test_segments_dropped_during_a_running_fdatasync(tmp_path: Path, monkeypatch
     worker is inside fdatasync for them, and new files then take whatever descriptor
     numbers are free: the sync finishes without EBADF, never fdatasyncs a number another
     file took meanwhile, leaks no descriptor, and the partition goes on as before."""
-    fds_before = set(os.listdir("/proc/self/fd"))
+    fds_before = open_fds()
     log = PartitionLog.open(tmp_path / "t-0", small_cfg(), T0)
     fill(log, 20)
     assert len(log.segments) > 2
     dropped = log.segments[:-1]
-    real = os.fdatasync
-    started, go = threading.Event(), threading.Event()
-    synced: list[int] = []
-
-    def slow_fdatasync(fd: int) -> None:
-        started.set()
-        assert go.wait(5)
-        synced.append(fd)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
-    result: list[object] = []
-
-    def worker() -> None:
-        try:
-            result.append(log.sync())
-        except BaseException as exc:  # pragma: no cover - asserted below
-            result.append(exc)
-
-    th = threading.Thread(target=worker)
-    th.start()
-    assert started.wait(5)
+    held = HeldSync(log, monkeypatch)
     assert log.delete_records_before(log.segments[-1].base_offset) == log.segments[0].base_offset
     assert not any(seg.log_path.exists() for seg in dropped)
-    reused = [os.open(os.devnull, os.O_RDONLY) for _ in range(8)]  # take any freed numbers
-    try:
-        go.set()
-        th.join(10)
-        assert result == [40]
-        assert not set(synced) & set(reused)  # never fdatasync'd a number another file now has
-    finally:
-        for fd in reused:
-            os.close(fd)
+    held.release(40)
     assert all(seg.fd < 0 for seg in dropped)  # closed once the sync was done with them
-    monkeypatch.setattr(os, "fdatasync", real)
     fill(log, 3)
     assert log.sync() == 46 and log.durable_end_offset == 46
     log.close()
-    assert set(os.listdir("/proc/self/fd")) == fds_before  # no descriptor leaked
+    assert open_fds() == fds_before  # no descriptor leaked
 
 
 def test_sync_of_a_deleted_log_does_nothing(tmp_path: Path) -> None:

@@ -13,7 +13,13 @@ partition that no longer exists answers UNKNOWN_TOPIC_OR_PARTITION and the
 coordinator drops it; an fsync failure answers KAFKA_STORAGE_ERROR and the
 coordinator retries, for the partitions whose log failed to sync only (a
 failed group-commit round fails all its waiters, but each log is synced on
-its own, so a partition whose marker is durable answers 0). A partition that rejects the marker because the
+its own, so a partition whose marker is durable answers 0); so does a
+partition whose append fails (an OSError of its write), the others being
+written and awaited as usual. A marker whose
+fsync failed stays in the log and becomes durable with the retry's, so the
+partition then holds two markers of the transaction; the second finds no open
+transaction and changes nothing, as in Kafka (docs/transactions.md, "A marker
+written twice"). A partition that rejects the marker because the
 producer or the coordinator moved on (INVALID_PRODUCER_EPOCH,
 TRANSACTION_COORDINATOR_FENCED) answers 0 to the coordinator, which is how
 Kafka's coordinator treats those answers (the transaction has nothing left to
@@ -92,6 +98,10 @@ class BrokerMarkerWriter:
                     errors[tp] = 0
                 else:
                     errors[tp] = int(exc.code)
+                continue
+            except OSError as exc:  # the append itself failed (nothing written): this partition only
+                log.error("marker on %s-%d not written: %s", tp.topic, tp.partition, exc)
+                errors[tp] = int(ErrorCode.kafka_storage_error)
                 continue
             errors[tp] = 0
             if fut is not None:

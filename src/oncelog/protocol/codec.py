@@ -55,7 +55,7 @@ from kio.serial.readers import (
 from kio._kio_native import get_field_reader
 
 from oncelog.protocol.errors import ErrorCode, OncelogErrorCode
-from oncelog.protocol.headers import HeaderError, read_uvarint
+from oncelog.protocol.varint import varint_readers
 
 __all__ = [
     "DecodeError",
@@ -284,11 +284,14 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
 
+_read_uvarint, _ = varint_readers(GuardError)
+
+
 def _uvarint(buf: Any, pos: int, end: int) -> tuple[int, int]:
-    try:
-        return read_uvarint(buf, pos, end)
-    except HeaderError as exc:
-        raise GuardError(str(exc)) from None
+    value, pos = _read_uvarint(buf, pos)
+    if pos > end:
+        raise GuardError("truncated varint")
+    return value, pos
 
 
 def _length(buf: Any, pos: int, end: int, flexible: bool, wide: bool) -> tuple[int, int]:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from oncelog.protocol.varint import varint_readers
+
 __all__ = ["FetchDecodeError", "FetchResponse", "FetchTopic", "FetchPartition", "AbortedTxn",
            "decode_fetch_response", "VERSIONS"]
 
@@ -85,28 +87,7 @@ class FetchResponse:
         self.responses = responses
 
 
-def _uvarint(buf: Any, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise FetchDecodeError("unsigned varint longer than 5 bytes")
-
-
-def _skip_tags(buf: Any, pos: int) -> int:
-    count, pos = _uvarint(buf, pos)
-    for _ in range(count):
-        _tag, pos = _uvarint(buf, pos)
-        size, pos = _uvarint(buf, pos)
-        pos += size
-    if pos > len(buf):
-        raise FetchDecodeError("tagged field runs past the end")
-    return pos
+_uvarint, _skip_tags = varint_readers(FetchDecodeError)
 
 
 def _length(buf: Any, pos: int, flexible: bool) -> tuple[int, int]:

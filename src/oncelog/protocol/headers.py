@@ -12,6 +12,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from oncelog.protocol.varint import varint_readers
+
 _FIXED = struct.Struct(">hhih")
 _CORR = struct.Struct(">i")
 
@@ -47,34 +49,10 @@ def parse_request_header_prefix(buf: bytes) -> tuple[RequestHeader, int]:
     return RequestHeader(api_key, api_version, correlation_id, client_id), pos
 
 
-def skip_tagged_fields(buf: bytes, pos: int) -> int:
-    """Skip a tagged-field block (header v2 carries only tags we ignore)."""
-    count, pos = read_uvarint(buf, pos)
-    for _ in range(count):
-        _tag, pos = read_uvarint(buf, pos)
-        size, pos = read_uvarint(buf, pos)
-        pos += size
-        if pos > len(buf):
-            raise HeaderError("tagged field runs past the end of the request")
-    return pos
-
-
-def read_uvarint(buf: bytes, pos: int, end: int | None = None) -> tuple[int, int]:
-    """An unsigned varint (at most 5 bytes) at ``pos``, not reading at or past ``end``."""
-    end = len(buf) if end is None else end
-    value = 0
-    shift = 0
-    while True:
-        if pos >= end:
-            raise HeaderError("truncated varint")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise HeaderError("varint too long")
+read_uvarint, skip_tagged_fields = varint_readers(HeaderError)
+"""``read_uvarint(buf, pos)``: an unsigned varint (at most 5 bytes);
+``skip_tagged_fields(buf, pos)``: past a tagged-field block (header v2 carries
+only tags we ignore). Both raise :class:`HeaderError` (:mod:`.varint`)."""
 
 
 def response_header(correlation_id: int, flexible: bool) -> bytes:

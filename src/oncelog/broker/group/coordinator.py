@@ -79,16 +79,37 @@ def sync_error(code: int) -> dict[str, Any]:
     return {"error_code": int(code), "protocol_type": None, "protocol_name": None, "assignment": b""}
 
 
+def append_error(exc: BaseException | None) -> int:
+    """The answer for an offsets-log write (OffsetCommit, TxnOffsetCommit, OffsetDelete,
+    DeleteGroups, the group metadata of SyncGroup and of a static member's JoinGroup)
+    that failed with ``exc`` (None: the write was cancelled).
+
+    Kafka's group coordinator maps the append's error by cause (GroupMetadataManager's
+    appendGroupMetadataErrorToResponseError, coordinator-common's
+    handleOperationException): UNKNOWN_TOPIC_OR_PARTITION, NOT_ENOUGH_REPLICAS and
+    REQUEST_TIMED_OUT to COORDINATOR_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER and
+    KAFKA_STORAGE_ERROR to NOT_COORDINATOR, MESSAGE_TOO_LARGE and RECORD_LIST_TOO_LARGE
+    to UNKNOWN_SERVER_ERROR. A write fails here by the offsets log's own I/O (an
+    OSError of its write or fsync): a storage error, so NOT_COORDINATOR (retriable: the
+    client looks the coordinator up again), as the transaction coordinator answers for
+    its log. A write that ended otherwise (cancelled, or its fsync round could not start
+    because the broker is shutting down) answers COORDINATOR_NOT_AVAILABLE, as Kafka's
+    inactive coordinator does."""
+    if isinstance(exc, OSError):
+        return int(E.not_coordinator)
+    return int(E.coordinator_not_available)
+
+
 def _storage_error(fut: Any) -> int | None:
     """The error code for a finished store future (None = durable)."""
     if fut is None:
         return None
     if fut.cancelled():
-        return int(E.coordinator_not_available)
+        return append_error(None)
     exc = fut.exception()
     if exc is not None:
         log.error("offsets store write failed: %s", exc)
-        return int(E.coordinator_not_available)
+        return append_error(exc)
     return None
 
 

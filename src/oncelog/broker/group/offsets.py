@@ -39,7 +39,10 @@ makes on the offsets partition).
 and hands the log to the broker's group committer (the same fsync rounds as
 produce requests). The in-memory view is updated only once the batch is
 durable, in append order, so an OffsetFetch never returns an offset that a
-crash could take back. With ``log.flush.interval.messages`` > 1 writes are
+crash could take back. A write that fails (the append's or the fsync's
+OSError) fails its future; the coordinator answers NOT_COORDINATOR
+(:func:`~oncelog.broker.group.coordinator.append_error`). A batch whose fsync
+failed stays in the log and is applied once a later fsync covers it. With ``log.flush.interval.messages`` > 1 writes are
 visible at once, like produced records.
 
 **Compaction.** Once the log holds more than ``snapshot_bytes`` since the
@@ -59,6 +62,7 @@ write); storage knows nothing of the store.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections import deque
@@ -137,6 +141,18 @@ def _decode(rec: Record) -> Op:
     if key[0] == "g":
         return ("g", key[1], value)
     raise ValueError(f"unknown offsets record key {key!r}")
+
+
+def _failed_write(exc: OSError) -> Any:
+    """A write that failed before it reached the log, as a failed durability future (what
+    callers await and map to their answer, as for a failed fsync); without a running
+    event loop (unit tests of the store alone) the error is raised."""
+    try:
+        fut = asyncio.get_running_loop().create_future()
+    except RuntimeError:
+        raise exc from None
+    fut.set_exception(exc)
+    return fut
 
 
 class OffsetStore:
@@ -433,7 +449,11 @@ class OffsetStore:
             )
         else:
             batch = encode_record_batch([_encode(op) for op in ops], base_timestamp=now)
-        info = self._log.append(batch, now)
+        try:
+            info = self._log.append(batch, now)
+        except OSError as exc:  # nothing was appended (a torn batch is cut off again)
+            log.error("offsets log append failed: %s", exc)
+            return _failed_write(exc)
         end = self._log.log_end_offset
         self._pending.append((end, info.base_offset, producer_id, producer_epoch, ops))
         fut = self._durability(self._durable) if self._durability is not None else None

@@ -1,7 +1,8 @@
 """DeleteGroups (key 42).
 
 Behavior: deletes Empty groups with their committed offsets (tombstones in
-the offsets log, durable before the answer). A group with members gets
+the offsets log, durable before the answer; if that write fails, NOT_COORDINATOR
+as Kafka answers a storage error of the append). A group with members gets
 NON_EMPTY_GROUP; one that does not exist GROUP_ID_NOT_FOUND.
 
 Version notes: v0-v2 handled. v2+ flexible.
@@ -13,7 +14,7 @@ import asyncio
 from typing import Any
 
 from oncelog.broker.context import RequestContext
-from oncelog.protocol.errors import ErrorCode
+from oncelog.broker.group import append_error
 
 API_KEY = 42
 MIN_VERSION = 0
@@ -23,16 +24,14 @@ MAX_VERSION = 2
 async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
     names = list(request.groups_names)
     errors, futures = ctx.broker.groups.delete_groups(names)
-    failed = False
+    failed = 0
     for fut in futures:
         try:
             await asyncio.shield(fut)
-        except Exception:
-            failed = True
+        except Exception as exc:  # the offsets log write failed: NOT_COORDINATOR for a storage error
+            failed = append_error(exc)
     results = []
     for name in names:
-        code = errors.get(name, 0)
-        if failed and code == 0:
-            code = ErrorCode.coordinator_not_available
+        code = errors.get(name, 0) or failed
         results.append({"group_id": name, "error_code": code})
     return {"throttle_time": 0, "results": results}

@@ -10,7 +10,9 @@ ILLEGAL_GENERATION; then FENCED_INSTANCE_ID, UNKNOWN_MEMBER_ID,
 ILLEGAL_GENERATION and, while the group completes a rebalance,
 REBALANCE_IN_PROGRESS. Metadata longer than ``offset.metadata.max.bytes``
 gets OFFSET_METADATA_TOO_LARGE for that partition only. The answer is sent
-once the offsets are durable in the offsets log.
+once the offsets are durable in the offsets log; if that write fails (an I/O
+error of the offsets log) the accepted partitions answer NOT_COORDINATOR, as
+Kafka answers a KAFKA_STORAGE_ERROR of the append.
 
 Version notes: v2-v10 handled (v0-v1 were removed in Kafka 4.0). v2-v4
 retention time: when not -1 the offsets expire that long after the commit;
@@ -25,7 +27,7 @@ import asyncio
 from typing import Any
 
 from oncelog.broker.context import RequestContext
-from oncelog.broker.group import OffsetAndMetadata, TopicPartition
+from oncelog.broker.group import OffsetAndMetadata, TopicPartition, append_error
 from oncelog.protocol.build import to_ms
 from oncelog.protocol.errors import ErrorCode
 
@@ -43,13 +45,15 @@ def resolve_topic(broker: Any, topic: Any, version: int, by_id_from: int) -> tup
 
 async def await_stored(fut: Any, errors: dict[Any, int]) -> dict[Any, int]:
     """Wait until the offsets store made the commit durable; if that failed,
-    every partition accepted for it answers COORDINATOR_NOT_AVAILABLE."""
+    every partition accepted for it answers the write's error (NOT_COORDINATOR
+    for a storage error, see :func:`~oncelog.broker.group.append_error`)."""
     if fut is None:
         return errors
     try:
         await asyncio.shield(fut)
-    except Exception:
-        return {tp: (err or int(ErrorCode.coordinator_not_available)) for tp, err in errors.items()}
+    except Exception as exc:
+        code = append_error(exc)
+        return {tp: (err or code) for tp, err in errors.items()}
     return errors
 
 

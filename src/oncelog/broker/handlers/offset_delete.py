@@ -5,7 +5,8 @@ gets GROUP_ID_NOT_FOUND. An Empty group loses the requested offsets; a
 consumer group with members keeps those of topics its members subscribe to
 (GROUP_SUBSCRIBED_TO_TOPIC per partition) and loses the others; a
 non-consumer group with members gets NON_EMPTY_GROUP. Unknown topics get
-UNKNOWN_TOPIC_OR_PARTITION. Answered once the deletion is durable.
+UNKNOWN_TOPIC_OR_PARTITION. Answered once the deletion is durable (NOT_COORDINATOR
+if that write fails, Kafka's answer for a storage error of the append).
 
 Version notes: v0 only.
 """
@@ -16,7 +17,7 @@ import asyncio
 from typing import Any
 
 from oncelog.broker.context import RequestContext
-from oncelog.broker.group import TopicPartition
+from oncelog.broker.group import TopicPartition, append_error
 from oncelog.protocol.errors import ErrorCode
 
 API_KEY = 47
@@ -42,8 +43,8 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
     if fut is not None:
         try:
             await asyncio.shield(fut)
-        except Exception:
-            return {"error_code": ErrorCode.coordinator_not_available, "throttle_time": 0, "topics": []}
+        except Exception as exc:  # the offsets log write failed: NOT_COORDINATOR for a storage error
+            return {"error_code": append_error(exc), "throttle_time": 0, "topics": []}
     topics = []
     for t in request.topics:
         parts = []

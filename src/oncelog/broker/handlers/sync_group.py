@@ -7,7 +7,9 @@ group becomes Stable. In Stable a SyncGroup returns the current assignment.
 Errors: UNKNOWN_MEMBER_ID (unknown group or member, or an Empty group),
 FENCED_INSTANCE_ID, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL (v5+
 protocol type/name not the group's), REBALANCE_IN_PROGRESS (the group is
-preparing a rebalance, or one started while waiting).
+preparing a rebalance, or one started while waiting), NOT_COORDINATOR to
+every waiting member when writing the assignment fails (an I/O error of the
+offsets log; the group then rebalances).
 
 Version notes: v0-v5 handled. v3+ group.instance.id; v4+ flexible; v5+
 protocol type and name in request and response.

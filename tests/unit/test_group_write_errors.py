@@ -1,0 +1,184 @@
+"""A failed write to the offsets log answers NOT_COORDINATOR, as Kafka maps a storage error.
+
+Kafka's group coordinator answers an append that failed with KAFKA_STORAGE_ERROR
+(or NOT_LEADER_OR_FOLLOWER) with NOT_COORDINATOR (GroupMetadataManager's
+appendGroupMetadataErrorToResponseError for JoinGroup/SyncGroup, coordinator-common's
+handleOperationException for OffsetCommit, TxnOffsetCommit, OffsetDelete and
+DeleteGroups). Here the offsets log is a real PartitionLog whose fsync (the
+durability future) or write (``append``) fails with an OSError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from oncelog.broker.group import GroupConfig, GroupCoordinator, GroupState, OffsetAndMetadata, OffsetStore, TopicPartition
+from oncelog.broker.handlers import delete_groups, offset_delete
+from oncelog.broker.handlers.offset_commit import await_stored
+from oncelog.protocol.errors import ErrorCode as E
+from tests.unit.test_group_coordinator import RANGE, REBALANCE, SESSION, Clock
+
+TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
+EIO = OSError(5, "Input/output error")
+
+
+class Env:
+    """A coordinator on a file-backed offsets store whose fsyncs fail while ``fail_sync`` is set."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.clock = Clock()
+        self.fail_sync = False
+        self.store = OffsetStore.open(tmp_path, self._durability, self.clock)
+        self.c = GroupCoordinator(self.store, self.clock, GroupConfig(initial_rebalance_delay_ms=0))
+
+    def _durability(self, handle: Any) -> asyncio.Future[None]:
+        """The group committer's wait: the fsync round ends in a later loop pass."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def round_done() -> None:
+            if self.fail_sync:
+                fut.set_exception(EIO)  # the batch stays in the log, not durable
+            else:
+                handle.log.sync()
+                fut.set_result(None)
+
+        loop.call_soon(round_done)
+        return fut
+
+    async def commit(self, offsets: dict[TopicPartition, int], group: str = "g") -> dict[TopicPartition, int]:
+        errors, fut = self.c.commit_offsets(group, -1, "", None, {tp: OffsetAndMetadata(o) for tp, o in offsets.items()})
+        return await await_stored(fut, errors)
+
+    def visible(self, group: str = "g") -> dict[TopicPartition, int]:
+        return {tp: om.offset for tp, om in self.store.group_offsets(group).items()}
+
+    async def stable_pair(self) -> tuple[str, str, int]:
+        """Two members joined, generation done, nobody synced yet: (leader, follower, generation)."""
+        c = self.c
+        ids = []
+        for _ in range(2):
+            first = await c.join_group("g", "", None, SESSION, REBALANCE, "consumer", RANGE, "cl", "/h", True, True)
+            ids.append(first["member_id"])
+        a = c.join_group("g", ids[0], None, SESSION, REBALANCE, "consumer", RANGE, "cl", "/h", True, True)
+        b = c.join_group("g", ids[1], None, SESSION, REBALANCE, "consumer", RANGE, "cl", "/h", True, True)
+        ra, rb = await a, await b
+        assert ra["error_code"] == rb["error_code"] == 0
+        leader = ra["leader"]
+        follower = ids[1] if leader == ids[0] else ids[0]
+        return leader, follower, ra["generation_id"]
+
+
+def test_offset_commit_whose_fsync_fails_answers_not_coordinator(tmp_path: Path) -> None:
+    async def main() -> None:
+        env = Env(tmp_path)
+        assert await env.commit({TP0: 5}) == {TP0: 0}
+        env.fail_sync = True
+        assert await env.commit({TP0: 7, TP1: 3}) == {TP0: E.not_coordinator, TP1: E.not_coordinator}
+        assert env.visible() == {TP0: 5}  # not durable: not visible
+        # the client looks the coordinator up again and retries; once fsync works, the failed
+        # batch (still in the log) and the retry become durable and visible in log order
+        env.fail_sync = False
+        assert await env.commit({TP0: 8}) == {TP0: 0}
+        assert env.visible() == {TP0: 8, TP1: 3}
+        env.store.close()
+
+    asyncio.run(main())
+
+
+def test_txn_offset_commit_whose_fsync_fails_answers_not_coordinator(tmp_path: Path) -> None:
+    async def main() -> None:
+        env = Env(tmp_path)
+        env.fail_sync = True
+        errors, fut = env.c.txn_commit_offsets("g", 1000, 0, -1, "", None, {TP0: OffsetAndMetadata(4)})
+        assert await await_stored(fut, errors) == {TP0: E.not_coordinator}
+        assert not env.c.has_pending_txn_offsets("g", TP0)
+        env.store.close()
+
+    asyncio.run(main())
+
+
+def test_offsets_log_append_error_answers_not_coordinator(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write() error of the offsets log (ENOSPC) fails the commit the same way, without an
+    exception escaping into the request (which closed the client's connection)."""
+
+    async def main() -> None:
+        env = Env(tmp_path)
+        plog = env.store._log
+        assert plog is not None
+        end = plog.log_end_offset
+
+        def full(*_a: Any, **_k: Any) -> Any:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(plog, "append", full)
+        assert await env.commit({TP0: 7}) == {TP0: E.not_coordinator}
+        monkeypatch.undo()
+        assert plog.log_end_offset == end and env.visible() == {}
+        assert await env.commit({TP0: 9}) == {TP0: 0}
+        assert env.visible() == {TP0: 9}
+        env.store.close()
+
+    asyncio.run(main())
+
+
+def test_sync_group_whose_assignment_write_fails_answers_not_coordinator(tmp_path: Path) -> None:
+    """Every member waiting in SyncGroup gets NOT_COORDINATOR and the group rebalances
+    (Kafka: resetAndPropagateAssignmentWithError, then maybePrepareRebalance)."""
+
+    async def main() -> None:
+        env = Env(tmp_path)
+        leader, follower, gen = await env.stable_pair()
+        f = env.c.sync_group("g", gen, follower, None, None, None, {})
+        env.fail_sync = True
+        lf = env.c.sync_group("g", gen, leader, None, None, None, {leader: b"a", follower: b"b"})
+        assert (await lf)["error_code"] == E.not_coordinator
+        assert (await f)["error_code"] == E.not_coordinator
+        assert env.c.groups["g"].state == GroupState.PREPARING_REBALANCE
+        env.store.close()
+
+    asyncio.run(main())
+
+
+def test_delete_groups_and_offset_delete_whose_write_fails_answer_not_coordinator(tmp_path: Path) -> None:
+    async def main() -> None:
+        env = Env(tmp_path)
+        assert await env.commit({TP0: 5}, group="a") == {TP0: 0}
+        assert await env.commit({TP0: 5}, group="b") == {TP0: 0}
+        env.fail_sync = True
+        broker = SimpleNamespace(groups=env.c, topics={"t": SimpleNamespace(partitions=[0, 1])})
+        req = SimpleNamespace(group_id="a", topics=[SimpleNamespace(name="t", partitions=[SimpleNamespace(partition_index=0)])])
+        resp = await offset_delete.handle(SimpleNamespace(broker=broker), req)
+        assert resp["error_code"] == E.not_coordinator
+        resp = await delete_groups.handle(SimpleNamespace(broker=broker), SimpleNamespace(groups_names=["b", "nope"]))
+        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [
+            ("b", E.not_coordinator), ("nope", E.group_id_not_found)]
+        env.store.close()
+
+    asyncio.run(main())
+
+
+def test_static_member_rejoin_whose_write_fails_answers_not_coordinator(tmp_path: Path) -> None:
+    """A static member that rejoins a Stable group under a new member id has the new id
+    persisted before its answer; if that write fails it gets NOT_COORDINATOR and the old
+    member id stays (Kafka's updateStaticMemberAndRebalance reverts it)."""
+
+    async def main() -> None:
+        env = Env(tmp_path)
+        c = env.c
+        first = await c.join_group("g", "", "inst", SESSION, REBALANCE, "consumer", RANGE, "cl", "/h", True, True)
+        old_id, gen = first["member_id"], first["generation_id"]
+        assert first["error_code"] == 0
+        assert (await c.sync_group("g", gen, old_id, "inst", None, None, {old_id: b"a"}))["error_code"] == 0
+        env.fail_sync = True
+        again = await c.join_group("g", "", "inst", SESSION, REBALANCE, "consumer", RANGE, "cl", "/h", True, True)
+        assert again["error_code"] == E.not_coordinator
+        assert c.groups["g"].static_member_id("inst") == old_id
+        env.store.close()
+
+    asyncio.run(main())
