@@ -203,6 +203,11 @@ class FrameReader:
             self._start = pos
         return frames
 
+    def release(self) -> None:
+        """Forget what is buffered, a partly received large frame included (its connection closed)."""
+        self._big = None
+        self._fill = self._start = self._end = 0
+
     @property
     def buffered(self) -> int:
         """Bytes received that do not yet form a whole frame."""

@@ -41,7 +41,10 @@ Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
   right after it), so requests issued one after another go out, and are
   answered, in that order (the idempotent
   producer relies on it). Returns a future of the decoded response (``None``
-  for ``expect_response=False``, i.e. Produce with acks=0).
+  for ``expect_response=False``, i.e. Produce with acks=0, resolved once the request has been
+  handed to the socket, as the Java client completes an acks=0 send: so ``flush()`` returns only
+  after the records went out). ``close()`` without an error sends the requests already written
+  before it closes the socket; ``close(error)`` aborts.
 
 Answers are received straight into buffers (``asyncio.BufferedProtocol`` and
 :class:`~oncelog.protocol.framing.FrameReader`, plain TCP and TLS alike): a
@@ -138,6 +141,16 @@ def _write_parts(write: Any, small: list[Any], parts: list[Any]) -> None:
         write(b"".join(small))
 
 
+class _Sent:
+    """A mark in the write backlog: ``future`` (of a request that gets no response) resolves once
+    everything before the mark has been handed to the socket."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[Any]) -> None:
+        self.future = future
+
+
 class _Pending:
     __slots__ = ("api_key", "version", "future", "timer", "raw", "buffer")
 
@@ -178,6 +191,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
         # writes the transport has no room for yet, uncopied, in order (see _put)
         self._backlog: deque[Any] = deque()
         self._paused = False
+        self._draining = False  # closed gracefully, the backlog still being sent (see close())
         self.closed_future: asyncio.Future[None] | None = None
         # KIP-368: the loop time from which the next request re-authenticates first, and the requests sent
         # during a re-authentication (written after it)
@@ -317,16 +331,41 @@ class BrokerConnection(asyncio.BufferedProtocol):
         return len(self._inflight) + (len(self._held) if self._held else 0)
 
     def close(self, error: KafkaError | None = None) -> None:
-        """Close now; every in-flight request fails with ``error`` (default: connection closed)."""
+        """Close now; every in-flight request fails with ``error`` (default: connection closed).
+
+        Without ``error`` (a graceful close) the requests already written but still waiting in
+        ``_backlog`` are sent first (as ``transport.close()`` sends what the transport buffers): the
+        socket is closed once they are out (see :meth:`resume_writing`). With an error the connection
+        is aborted and they are dropped (an ``expect_response=False`` request among them fails)."""
         if self._closed:
             return
         self._closed = True
         self._close_error = error or KafkaConnectionError(f"connection to {self.host}:{self.port} closed")
-        if self._transport is not None:
-            self._transport.abort() if error is not None else self._transport.close()
+        transport = self._transport
+        if transport is not None:
+            if error is not None:
+                transport.abort()
+                self._drop_backlog()
+            elif any(type(item) is not _Sent for item in self._backlog):
+                self._draining = True  # resume_writing() sends the rest, then closes the transport
+            else:
+                transport.close()
+                self._drop_backlog()
+        else:
+            self._drop_backlog()
+        self._reader.release()
         self._fail_all(self._close_error)
         if self.closed_future is not None and not self.closed_future.done():
             self.closed_future.set_result(None)
+
+    def _drop_backlog(self) -> None:
+        """Forget the unsent writes; an ``expect_response=False`` request among them fails (it never went out)."""
+        backlog, self._backlog = self._backlog, deque()
+        self._draining = False
+        error = self._close_error or KafkaConnectionError(f"connection to {self.host}:{self.port} closed")
+        for item in backlog:
+            if type(item) is _Sent and not item.future.done():
+                item.future.set_exception(type(error)(error.message))
 
     def _fail_all(self, error: KafkaError) -> None:
         pending = list(self._inflight.values())
@@ -401,7 +440,12 @@ class BrokerConnection(asyncio.BufferedProtocol):
         else:
             self._put(b"".join((head, cid, b"\x00" if flexible else b"", payload)))
         if not expect_response:
-            fut.set_result(None)
+            if self._paused or self._backlog:
+                # as the Java client, a request without a response is complete once it is written to the
+                # socket: when resume_writing() reaches this mark (the transport has sent what was before it)
+                self._backlog.append(_Sent(fut))
+            else:
+                fut.set_result(None)
             return fut
         p = _Pending(api_key, version, fut, raw_response or raw_buffer, raw_buffer)
         p.timer = loop.call_later(self.request_timeout if timeout is None else timeout, self._timed_out, corr)
@@ -444,14 +488,24 @@ class BrokerConnection(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         self._paused = False
         backlog = self._backlog
-        if self._closed:  # closed meanwhile: its requests have failed, nothing more goes out
-            backlog.clear()
+        if self._closed and not self._draining:  # aborted meanwhile: nothing more goes out
+            self._drop_backlog()
             return
         write = self._transport.write  # type: ignore[union-attr]
         while backlog and not self._paused:  # write() pauses us again when the socket takes only part
-            write(backlog.popleft())
+            item = backlog.popleft()
+            if type(item) is _Sent:  # everything written before it has been sent
+                if not item.future.done():
+                    item.future.set_result(None)
+            else:
+                write(item)
+        if self._draining and not self._paused and not backlog:  # a graceful close: all sent, now close
+            self._draining = False
+            self._transport.close()  # type: ignore[union-attr]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._drop_backlog()  # a graceful close that was still sending them: the socket is gone
+        self._reader.release()
         if isinstance(exc, ssl.SSLError) and not self.versions and _is_alert(exc):
             # TLS 1.3: the client's side of the handshake completes before the broker checks the client's
             # certificate; its refusal (an alert) arrives as the answer to the first request
@@ -464,6 +518,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
         return self._reader.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._closed:  # answers to requests that have failed (a graceful close still sending): ignored
+            return
         try:
             frames = self._reader.updated(nbytes)
         except FrameError as exc:

@@ -1,0 +1,112 @@
+"""Closing a client connection (oncelog.client.aio.connection.BrokerConnection) with writes still queued.
+
+With the plain socket's write buffer limits at 0, what the socket cannot take yet waits in the
+connection's ``_backlog``. A request sent with ``expect_response=False`` (Produce acks=0) completes only
+once its bytes were handed to the socket (as the Java client completes an acks=0 send), and a graceful
+``close()`` sends the backlog before it closes the socket; a close with an error (abort) drops it and
+keeps nothing of it, nor of a half-received answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+from oncelog.client.aio.connection import BrokerConnection
+from oncelog.client.errors import KafkaConnectionError
+
+PART = 1 << 20
+
+
+async def _connected(port: int) -> BrokerConnection:
+    """A connection made without ApiVersions (the peer here is no broker)."""
+    loop = asyncio.get_running_loop()
+    conn = BrokerConnection("127.0.0.1", port, client_id="c")
+    conn._loop = loop
+    conn.closed_future = loop.create_future()
+    await loop.create_connection(lambda: conn, "127.0.0.1", port)
+    return conn
+
+
+def _run_slow_reader(n_requests: int, close: str) -> tuple[int, int, BrokerConnection, list[asyncio.Future]]:
+    """A peer that starts reading only after a while, then reads until EOF; ``n_requests`` acks=0
+    requests of ``PART`` bytes; returns (bytes the peer got, bytes written, connection, futures)."""
+    received = 0
+    done = asyncio.Event()
+
+    async def main() -> tuple[int, int, BrokerConnection, list[asyncio.Future]]:
+        nonlocal received
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal received
+            await asyncio.sleep(0.3)  # meanwhile the socket's buffers fill and the rest waits in the backlog
+            while chunk := await reader.read(1 << 20):
+                received += len(chunk)
+            writer.close()
+            done.set()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conn = await _connected(port)
+        body = [b"\x01" * PART]
+        futs = [conn.send(0, 3, body, expect_response=False) for _ in range(n_requests)]
+        written = n_requests * (4 + 2 + 2 + 4 + 2 + 1 + PART)  # size, key, version, corr, client id "c"
+        if close == "after-flush":
+            await asyncio.wait_for(asyncio.gather(*futs), 20)
+            assert not conn._backlog
+            conn.close()
+        elif close == "graceful":
+            conn.close()  # at once: the backlog still goes out
+        else:
+            assert conn._backlog, "the test needs writes waiting in the backlog"
+            conn.close(KafkaConnectionError("test abort"))
+            assert not conn._backlog  # N1: nothing of the unsent requests kept
+        await asyncio.wait_for(done.wait(), 20)
+        server.close()
+        await server.wait_closed()
+        return received, written, conn, futs
+
+    return asyncio.run(main())
+
+
+def test_acks0_sends_complete_only_once_written_and_all_reach_the_peer() -> None:
+    received, written, conn, futs = _run_slow_reader(48, "after-flush")
+    assert received == written
+    assert all(f.done() and f.exception() is None for f in futs)
+
+
+def test_graceful_close_sends_the_backlog_first() -> None:
+    received, written, conn, futs = _run_slow_reader(48, "graceful")
+    assert received == written
+    assert not conn._backlog and all(f.done() and f.exception() is None for f in futs)
+
+
+def test_abort_drops_the_backlog_and_fails_the_unsent_acks0_requests() -> None:
+    received, written, conn, futs = _run_slow_reader(48, "abort")
+    assert received < written
+    assert not conn._backlog
+    failed = [f for f in futs if f.exception() is not None]
+    assert failed and all(isinstance(f.exception(), KafkaConnectionError) for f in failed)
+    # the requests that did go out completed, the rest failed: none is reported sent that was not
+    assert all(f.exception() is None for f in futs[:len(futs) - len(failed)])
+
+
+def test_closed_connection_keeps_no_half_received_answer() -> None:
+    """N1: a large answer cut off by the peer's close is not kept by the closed connection."""
+
+    async def main() -> BrokerConnection:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(struct.pack(">i", 8 << 20) + b"\x00" * (1 << 20))  # 1 MiB of an 8 MiB answer
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        conn = await _connected(server.sockets[0].getsockname()[1])
+        await asyncio.wait_for(conn.closed_future, 10)
+        server.close()
+        await server.wait_closed()
+        return conn
+
+    conn = asyncio.run(main())
+    assert conn.closed
+    assert conn._reader._big is None and conn._reader.buffered == 0
