@@ -135,6 +135,72 @@ def test_responses_ready_in_the_same_pass_go_out_in_one_write(monkeypatch: pytes
 
 
 
+def test_requests_read_before_the_peer_closed_still_apply_their_effects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client closes with four requests read: "poll" has applied (a long poll waiting), "slow" waits
+    before its effect, "p1"/"p2" (acks=0 produces) wait their turn. As Kafka, the requests read go on
+    until their effects are applied, in order (their answers dropped), and what follows the effects
+    (the long poll, a durability wait) is cancelled: nothing is left waiting. A close of ours (abort)
+    drops the requests not yet started, as before."""
+    events: list[str] = []
+
+    async def main() -> None:
+        gate, forever = asyncio.Event(), asyncio.Event()
+
+        async def fake_handle_frame(_broker: Any, body: bytes, _peer: str, applied: Any = None) -> list[bytes]:
+            name = body.decode()
+            events.append(f"{name} start")
+            if name == "slow":
+                await gate.wait()
+            events.append(f"{name} effect")
+            applied()
+            try:
+                await forever.wait()  # a long poll / durability wait: never over here
+            except asyncio.CancelledError:
+                events.append(f"{name} cancelled")
+                raise
+            return [body]
+
+        monkeypatch.setattr(server_mod, "handle_frame", fake_handle_frame)
+        fake_server = SimpleNamespace(broker=SimpleNamespace(config=BrokerConfig()), connections=set(),
+                                      orphans=set())
+        conn = server_mod.KafkaConnection(fake_server)  # type: ignore[arg-type]
+        transport = FakeTransport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn.data_received(b"".join(struct.pack(">i", len(n)) + n for n in (b"poll", b"slow", b"p1", b"p2")))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert events == ["poll start", "poll effect", "slow start"]
+        conn.connection_lost(None)  # the client closed
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert events == ["poll start", "poll effect", "slow start", "poll cancelled"]
+        assert len(fake_server.orphans) == 3
+        gate.set()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert sorted(events[4:]) == sorted(["slow effect", "p1 start", "p1 effect", "p2 start", "p2 effect",
+                                             "slow cancelled", "p1 cancelled", "p2 cancelled"]), events
+        assert [e for e in events if e.endswith("effect")] == ["poll effect", "slow effect", "p1 effect", "p2 effect"]
+        assert not fake_server.orphans and transport.written == []  # nothing left, no answer written
+
+        # our own close (a bad frame, say): the requests not yet started are dropped
+        events.clear()
+        gate.clear()
+        conn = server_mod.KafkaConnection(fake_server)  # type: ignore[arg-type]
+        conn.connection_made(FakeTransport())  # type: ignore[arg-type]
+        conn.data_received(b"".join(struct.pack(">i", len(n)) + n for n in (b"slow", b"p1")))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        conn.abort("test")
+        conn.connection_lost(None)
+        gate.set()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert events == ["slow start"]
+
+    asyncio.run(main())
+
+
 # -- one transaction-log write for a request's implicit adds ----------------------------------
 
 

@@ -9,7 +9,9 @@ effects follow request order, as with Kafka's muted channel, while the waits
 that come after the effects (fsync, long polls) overlap, so
 pipelined produces still share group-commit rounds. A connection that sends a
 malformed or oversize frame, or an unknown API, is closed alone and logged in
-one line; every other connection keeps being served.
+one line; every other connection keeps being served. A connection the client
+closes keeps its requests already read running until each has applied its
+effects, in order (only the answers are dropped, as Kafka does).
 
 On an SSL or SASL_SSL listener the socket is wrapped in TLS by asyncio (the
 connection is made once the handshake succeeded; a failed handshake, such
@@ -83,6 +85,9 @@ class KafkaConnection(asyncio.Protocol):
         self.last_active = time.monotonic()  # connections.max.idle.ms
         # a request on an expired SASL session: the connection closes once those before it are answered
         self._expired_task: asyncio.Task[Any] | None = None
+        # each pending request's "effects applied" future (see connection_lost)
+        self._applied: dict[asyncio.Task[Any], asyncio.Future[None]] = {}
+        self._lost = False  # closed by the peer: the requests read before still apply their effects
 
     # -- asyncio.Protocol ---------------------------------------------------
 
@@ -101,11 +106,24 @@ class KafkaConnection(asyncio.Protocol):
                 self.peer,
                 self.decoder.buffered,
             )
+        # closed by the client (or the network), not by us: as Kafka keeps processing the requests it read
+        # from a channel that then disconnected (only their responses are dropped), each request read goes
+        # on until it has applied its effects (an acks=0 burst followed by a close is appended), in order;
+        # what comes after that (a durability wait, a long poll) is cancelled, having no one to answer
+        keep = not self.closed and (self.auth is None or self.auth.complete)
         self.closed = True
         self.server.connections.discard(self)
         for task in self.pending:
-            task.cancel()
+            applied = self._applied.get(task)
+            if keep and applied is not None and not applied.done() and not task.done():
+                applied.add_done_callback(lambda _f, t=task: t.cancel())
+                self.server.orphans.add(task)
+                task.add_done_callback(self.server.orphans.discard)
+            else:
+                task.cancel()
         self.pending.clear()
+        self._applied.clear()
+        self._lost = keep
 
     def pause_writing(self) -> None:
         self.writable.clear()
@@ -163,6 +181,7 @@ class KafkaConnection(asyncio.Protocol):
             task = loop.create_task(self._handle(body, self.last_applied, applied))
             self.last_applied = applied
             self.pending.append(task)
+            self._applied[task] = applied
             task.add_done_callback(self._on_done)
         if len(self.pending) >= MAX_IN_FLIGHT and not self.reading_paused and self.transport:
             self.transport.pause_reading()
@@ -200,7 +219,7 @@ class KafkaConnection(asyncio.Protocol):
         try:
             if previous is not None and not previous.done():
                 await asyncio.shield(previous)
-            if self.closed or self._closing_task is not None:
+            if (self.closed and not self._lost) or self._closing_task is not None:
                 return None
             if self.auth is None:
                 parts = await handle_frame(self.broker, body, self.peer, mark_applied)
@@ -224,8 +243,9 @@ class KafkaConnection(asyncio.Protocol):
         finally:
             mark_applied()
 
-    def _on_done(self, _task: asyncio.Task[Any]) -> None:
+    def _on_done(self, task: asyncio.Task[Any]) -> None:
         """Write every finished response at the head of the queue, in order."""
+        self._applied.pop(task, None)
         self._collect_done()
         pending = self.pending
         if self.reading_paused and len(pending) < MAX_IN_FLIGHT // 2 and self.transport and not self.closed:
@@ -290,6 +310,8 @@ class BrokerServer:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.connections: set[KafkaConnection] = set()
+        # requests of connections the client closed, still applying their effects (cancelled at stop)
+        self.orphans: set[asyncio.Task[Any]] = set()
         self._server: asyncio.base_events.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.port: int = broker.config.port
@@ -396,7 +418,10 @@ class BrokerServer:
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn._flush()
+                conn.closed = True  # our close: its requests not yet handled are dropped
                 conn.transport.close()
+        for task in list(self.orphans):
+            task.cancel()
         try:
             await asyncio.wait_for(self.broker.txn.drain(), 5)
         except asyncio.TimeoutError:
