@@ -110,3 +110,37 @@ def test_closed_connection_keeps_no_half_received_answer() -> None:
     conn = asyncio.run(main())
     assert conn.closed
     assert conn._reader._big is None and conn._reader.buffered == 0
+
+
+def test_plaintext_client_on_a_tls_port_gets_a_hint_and_allocates_nothing_large() -> None:
+    """F3 (Kafka's KAFKA-4090): a TLS listener answers a plaintext ApiVersions with an alert record, whose
+    header reads as a 336 MiB frame: a KafkaConnectionError naming the likely cause, no such allocation."""
+    import tracemalloc
+
+    from oncelog.client.errors import KafkaConnectionError as ConnError
+
+    async def main() -> tuple[Exception | None, int]:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(100)
+            writer.write(b"\x15\x03\x03\x00\x02\x02\x32")  # fatal alert, decode_error
+            await writer.drain()
+            await asyncio.sleep(0.3)
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        conn = BrokerConnection("127.0.0.1", server.sockets[0].getsockname()[1])
+        tracemalloc.start()
+        error: Exception | None = None
+        try:
+            await conn.connect()
+        except ConnError as exc:
+            error = exc
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        server.close()
+        await server.wait_closed()
+        return error, peak
+
+    error, peak = asyncio.run(main())
+    assert error is not None and "TLS listener" in str(error) and "security.protocol" in str(error), error
+    assert peak < 64 << 20, peak

@@ -59,12 +59,16 @@ def test_large_frame_is_received_in_place() -> None:
     first = reader.get_buffer()
     first[:1000] = stream[:1000]
     assert reader.updated(1000) == []
+    more = reader.get_buffer()  # its own buffer only once a chunk of it arrived (see the F3 test below)
+    assert len(more) == 65536 - 1000
+    more[:] = stream[1000:65536]
+    assert reader.updated(65536 - 1000) == []
     rest = reader.get_buffer()
-    assert len(rest) == len(body) - 996  # exactly the frame's remainder
-    rest[:] = stream[1000:4 + len(body)]
+    assert len(rest) == len(body) - (65536 - 4)  # exactly the frame's remainder
+    rest[:] = stream[65536:4 + len(body)]
     big = rest.obj
-    del first, rest
-    (frame,) = reader.updated(len(body) - 996)
+    del first, more, rest
+    (frame,) = reader.updated(len(body) - (65536 - 4))
     assert frame is big and frame == body
     buf = reader.get_buffer()
     buf[:8] = stream[-8:]
@@ -80,3 +84,51 @@ def test_bad_sizes_refused_before_allocating(head: bytes, msg: str) -> None:
     del buf
     with pytest.raises(FrameError, match=msg):
         reader.updated(4)
+
+
+def _tls_alert_peer_peak(reader: FrameReader, answer: bytes) -> tuple[int, Exception | None]:
+    """Feed ``answer`` (then nothing: the peer closed); the tracemalloc peak and the error raised."""
+    import tracemalloc
+
+    tracemalloc.start()
+    error: Exception | None = None
+    try:
+        buf = reader.get_buffer()
+        buf[:len(answer)] = answer
+        del buf
+        reader.updated(len(answer))
+    except FrameError as exc:
+        error = exc
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak, error
+
+
+def test_a_large_announced_size_allocates_nothing_until_its_body_arrives() -> None:
+    """F3 (KAFKA-4090): four bytes announcing 300 MiB (within the client's 1 GiB limit), then the peer
+    stops: nothing near that size is allocated."""
+    reader = FrameReader(max_frame_bytes=1 << 30)
+    reader.get_buffer()  # the receive buffer itself is allocated before tracing
+    peak, error = _tls_alert_peer_peak(reader, struct.pack(">i", 300 << 20) + b"\x00" * 100)
+    assert error is None and peak < 1 << 20, peak
+    assert reader.buffered == 104
+
+
+def test_a_tls_record_as_the_first_answer_is_refused_with_a_hint() -> None:
+    """A plaintext client on a TLS port: the broker answers with an alert record (15 03 03 00 02 ...),
+    whose header reads as a frame of 336 MiB: refused at once, naming the likely cause, nothing allocated."""
+    reader = FrameReader(max_frame_bytes=1 << 30)
+    reader.get_buffer()
+    peak, error = _tls_alert_peer_peak(reader, b"\x15\x03\x03\x00\x02\x02\x32")
+    assert isinstance(error, FrameError) and "TLS listener" in str(error) and "security.protocol" in str(error)
+    assert peak < 1 << 20, peak
+
+
+def test_only_the_first_size_is_checked_for_a_tls_header() -> None:
+    """After the first frame the same bytes are an ordinary (large) size: no TLS refusal there."""
+    reader = FrameReader(max_frame_bytes=1 << 30)
+    buf = reader.get_buffer()
+    buf[:10] = framed(b"ok") + b"\x15\x03\x03\x00"
+    del buf
+    assert reader.updated(10) == [b"ok"]
+    assert reader.buffered == 4

@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 
 _LEN = struct.Struct(">i")
+_TLS_RECORD_TYPES = frozenset((0x14, 0x15, 0x16, 0x17))  # change_cipher_spec, alert, handshake, application_data
 
 
 class FrameError(Exception):
@@ -143,9 +144,15 @@ class FrameReader:
     directly and returned as that ``bytearray``: no joining of pieces, no fresh 256 KiB read
     buffer per read. ``max_frame_bytes`` as :class:`FrameDecoder`'s (checked before anything
     of the frame's body is allocated). Only the client's connection uses it.
+
+    The large frame's buffer is allocated only once its start filled the receive buffer (a
+    ``chunk`` of it arrived), not when its four size bytes did: a peer that is no Kafka plaintext
+    listener (a TLS port answers with a record whose header reads as a size of 336 MiB, Kafka's
+    KAFKA-4090) sends a few bytes and closes, and nothing of that size is allocated. The first
+    frame's size bytes reading as a TLS record header are refused at once with a hint.
     """
 
-    __slots__ = ("max_frame_bytes", "_buf", "_view", "_start", "_end", "_big", "_fill")
+    __slots__ = ("max_frame_bytes", "_buf", "_view", "_start", "_end", "_big", "_fill", "_first")
 
     def __init__(self, max_frame_bytes: int = 100 * 1024 * 1024, chunk: int = 64 * 1024) -> None:
         self.max_frame_bytes = max_frame_bytes
@@ -155,6 +162,7 @@ class FrameReader:
         self._end = 0  # the end of the bytes received in _buf
         self._big: bytearray | None = None  # the large frame being received
         self._fill = 0  # bytes of it received
+        self._first = True  # no frame size read yet
 
     def get_buffer(self) -> memoryview:
         big = self._big
@@ -175,6 +183,11 @@ class FrameReader:
         buf = self._buf
         pos = self._start
         frames: list[bytes | bytearray] = []
+        if self._first and end - pos >= 4:
+            self._first = False
+            if buf[pos] in _TLS_RECORD_TYPES and buf[pos + 1] == 3 and buf[pos + 2] <= 4:
+                raise FrameError(f"the answer starts with a TLS record header ({bytes(buf[pos:pos + 4]).hex(' ')}), "
+                                 f"not a Kafka frame size: is this a TLS listener? check security.protocol")
         while end - pos >= 4:
             (size,) = _LEN.unpack_from(buf, pos)
             if size < 0:
@@ -185,17 +198,18 @@ class FrameReader:
                 frames.append(bytes(self._view[pos + 4:pos + 4 + size]))
                 pos += 4 + size
                 continue
-            if size + 4 > len(buf):  # does not fit: its own buffer, with what arrived of it so far
-                have = end - pos - 4
+            if size + 4 > len(buf) and pos == 0 and end == len(buf):
+                # does not fit, and its start filled the receive buffer: now its own buffer, with that start
+                have = end - 4
                 big = self._big = bytearray(size)
-                big[:have] = self._view[pos + 4:end]
+                big[:have] = self._view[4:end]
                 self._fill = have
                 pos = end
             break
         rest = end - pos
         if not rest:
             self._start = self._end = 0
-        elif pos + (4 if rest < 4 else 4 + _LEN.unpack_from(buf, pos)[0]) > len(buf):
+        elif pos and pos + (4 if rest < 4 else 4 + _LEN.unpack_from(buf, pos)[0]) > len(buf):
             # the start of a frame that fits the buffer, but not from where it starts: moved to the front
             buf[:rest] = self._view[pos:end]
             self._start, self._end = 0, rest
