@@ -1071,4 +1071,6 @@ class Consumer:
             if not chunks and not st.buffer:
                 st.consumed = next_pos  # only markers or aborted batches: the position moves past them
             st.fetch_pos = next_pos
+        if st.paused and chunks:  # paused while this Fetch was in flight: kept, but not as views of its answer
+            self._detach(st)
         return bool(chunks)

@@ -1,0 +1,34 @@
+"""A partition paused while its Fetch is in flight (review F1): the answer that arrives after the pause
+is kept for after resume, as Java's fetcher keeps it, but copied out of the answer's receive buffer, which
+its views would otherwise keep alive (up to ``fetch.max.bytes``) for as long as the partition is paused."""
+
+from __future__ import annotations
+
+import pytest
+
+from oncelog.client.aio.consumer import Consumer
+from oncelog.protocol.records import Record, encode_record_batch
+from tests.unit.test_client_fetch_decode import compressed, response
+
+
+@pytest.mark.parametrize("codec", [0, 3])
+def test_answer_to_a_fetch_in_flight_at_pause_does_not_pin_the_receive_buffer(codec: int) -> None:
+    plain = [encode_record_batch([Record(b"k%d" % j, b"v%d" % j) for j in range(3)], base_offset=3 * i)
+             for i in range(3)]
+    data = b"".join(compressed(codec, b) if codec else b for b in plain)
+    frame = bytearray(data)
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
+    c.assign([("t", 0, 0)])
+    st = c._parts[("t", 0)]
+    c.pause([("t", 0)])  # the Fetch for it is in flight; its answer comes after the pause
+    c._apply(st, response(memoryview(frame)))  # type: ignore[arg-type]
+    assert st.buffer
+    for ch in st.buffer:  # no view of the answer's buffer is kept
+        for sec in (ch.batch.section, ch.batch.packed):
+            assert sec is None or type(sec[0]) is not memoryview, type(sec[0])
+    frame[:] = b"\xff" * len(frame)  # the receive buffer reused/rewritten: the kept records are unchanged
+    assert c.take_nowait(100) is None  # paused: nothing handed out
+    c.resume([("t", 0)])
+    got = c.take_nowait(100)
+    assert got is not None and [(m.offset, m.key, m.value) for m in got] == [
+        (j, b"k%d" % (j % 3), b"v%d" % (j % 3)) for j in range(9)]
