@@ -564,12 +564,23 @@ class PartitionLog:
                 fds: list[int] = []  # the segments' own .log descriptors: not closed here
                 own: list[int] = []  # index descriptors opened (or dup'd) for this sync
                 in_sync = self._in_sync
-                for seg in segs:
-                    if seg.fd >= 0:
-                        fds.append(seg.fd)
-                        in_sync[seg] = None
-                        if seg is not active:
-                            own += seg.index_sync_fds()
+                try:
+                    for seg in segs:
+                        if seg.fd >= 0:
+                            fds.append(seg.fd)
+                            in_sync[seg] = None
+                            if seg is not active:
+                                own += seg.index_sync_fds()
+                except BaseException:
+                    # no descriptor (EMFILE, say): nothing was synced, so the segments stay unsynced (the
+                    # next sync must fdatasync them before it reports them durable), nothing opened is left
+                    for fd in own:
+                        os.close(fd)
+                    in_sync.clear()
+                    for seg in segs:
+                        self._unsynced[seg] = None
+                    self._dir_dirty |= dir_dirty
+                    raise
             ok = False
             try:
                 # a new leader epoch's checkpoint is durable before any batch stamped with it

@@ -490,10 +490,16 @@ class Segment:
 
     def index_sync_fds(self) -> list[int]:
         """Fresh fds of the index files to fdatasync, owned by the caller (see :meth:`sync_fds`)."""
-        fds = []
-        for f in (self._index_file.sync_fd(), self._time_file.sync_fd(), self.txn_index.sync_fd()):
-            if f is not None:
-                fds.append(f)
+        fds: list[int] = []
+        try:
+            for index in (self._index_file, self._time_file, self.txn_index):
+                f = index.sync_fd()
+                if f is not None:
+                    fds.append(f)
+        except BaseException:  # EMFILE, say: none of those opened so far is left open
+            for f in fds:
+                os.close(f)
+            raise
         return fds
 
     def close(self) -> None:
