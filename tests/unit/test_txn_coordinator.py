@@ -1022,3 +1022,25 @@ def test_next_transaction_add_is_chained_on_the_complete_record(config: TxnConfi
 
     asyncio.run(main())
     assert not env.markers.violations
+
+
+def test_failed_write_answers_are_not_kept_for_ids_that_write_no_more():
+    """Review N3: the answer of an id's failed write is kept for a write chained on it; an id whose
+    first write failed (never in the metadata, so it never expires) or that never writes again does not
+    keep it for ever: the expiry check drops it."""
+    config = TxnConfig(transactional_id_expiration_ms=10_000, remove_expired_interval_ms=1)
+
+    async def body(env: Env) -> None:
+        env.log.fail_next = 1
+        assert (await env.coord.init_producer_id("never-written", 60_000)).error == E.not_coordinator
+        pid, epoch = await begin(env, [A0])
+        env.log.fail_next = 1
+        assert (await env.coord.end_txn(TID, pid, epoch, True, False)).error == E.not_coordinator
+        assert set(env.coord._failed) == {"never-written", TID}
+        env.clock.now += 5
+        await env.coord.tick()
+        assert env.coord._failed == {}
+        assert env.coord.metadata("never-written") is None and env.md().state is S.ONGOING  # nothing else changed
+        assert (await env.coord.end_txn(TID, pid, epoch, True, False)).error == 0
+
+    run(body, config)

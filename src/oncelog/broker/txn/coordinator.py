@@ -784,6 +784,11 @@ class TransactionCoordinator:
                     await self._fence_and_abort(md)
         if now >= self._next_expire_check:
             self._next_expire_check = now + self.config.remove_expired_interval_ms
+            # a failed write's answer matters only to a write chained on it, which is pending until it has
+            # read it: for an id with no write pending it is dropped (an id whose first write failed, or
+            # that never writes again, would keep it for ever)
+            for tid in [t for t in self._failed if t not in self._pending]:
+                del self._failed[tid]
             horizon = now - self.config.transactional_id_expiration_ms
             for tid in list(self._txns):
                 md = self._txns.get(tid)
