@@ -323,13 +323,15 @@ def batch_section(batch: Batch, partition: int, position: int
     return offs, stamps, keys, values, hs
 
 
-def group_sections(batches: list[Batch], position: int
+def group_sections(batches: list[Batch], position: int | list[int]
                    ) -> list[tuple[list[int], list[int], list[bytes | None], list[bytes | None],
                                    list[list[tuple[str, bytes | None]] | None]]] | None:
-    """:func:`batch_section` for each of ``batches`` (from one :func:`fetched_batches`), decoded
-    together by :func:`~oncelog.protocol.records.decode_spans` (numpy); None when that path does
-    not apply (no numpy, headers, damage...): the caller then decodes batch by batch with
-    :func:`batch_section`, which gives the same records and raises the precise error."""
+    """:func:`batch_section` for each of ``batches`` (from :func:`fetched_batches`, of one partition or
+    of several: ``position`` is then a list, each batch's own), decoded together by
+    :func:`~oncelog.protocol.records.decode_spans` (numpy: the more records at once, the less its
+    per-call cost weighs); None when that path does not apply (no numpy, headers, damage...): the
+    caller then decodes batch by batch with :func:`batch_section`, which gives the same records and
+    raises the precise error."""
     if not HAVE_NUMPY or not batches:
         return None
     secs = []
@@ -363,10 +365,11 @@ def group_sections(batches: list[Batch], position: int
     offs, stamps, keys, values, counts = got
     out = []
     i = 0
-    for b, k in zip(batches, counts):
+    positions = position if isinstance(position, list) else [position] * len(batches)
+    for b, k, at in zip(batches, counts, positions):
         j = i + k
-        if b.header.base_offset < position:  # cut to the position, as batch_section
-            while i < j and offs[i] < position:
+        if b.header.base_offset < at:  # cut to the position, as batch_section
+            while i < j and offs[i] < at:
                 i += 1
         out.append((offs[i:j], stamps[i:j], keys[i:j], values[i:j], [None] * (j - i)))
         i = j
