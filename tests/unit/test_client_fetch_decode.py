@@ -210,7 +210,7 @@ def test_a_dropped_buffer_frees_the_fetch_data_without_the_cycle_collector(drop:
     try:
         assert c._apply(st, response(b"".join(
             encode_record_batch([Record(None, bytes([o]) * 1_000_000)], base_offset=o) for o in range(3))))
-        assert len(st.buffer) == 3
+        assert sum(len(ch.batches) for ch in st.buffer) == 3  # one chunk (one decode group) of 3 batches
         assert tracemalloc.get_traced_memory()[0] > 3_000_000  # the Fetch data, held by the undecoded chunks
         {"seek": lambda: c.seek(("t", 0), 0), "unassign": c.unassign,
          "assign other": lambda: c.assign([("t", 1, 0)])}[drop]()
@@ -247,10 +247,11 @@ def test_consumer_decompresses_at_hand_out_in_groups(codec: int, isolation: int,
         assert calls == []  # data batches not decompressed yet (control batches are read as they come)
         chunks = list(st.buffer)
         groups = {id(ch.group) for ch in chunks}
+        assert len(groups) == len(chunks)  # a partition's batches of one group are one chunk
         got = c.take_nowait(100)
         assert got is not None and [(m.offset, m.key, m.value, m.headers) for m in got] == [
             (r.offset, r.key, r.value, r.headers) for r in want]
-        assert all(ch.batch is None for ch in chunks)  # all decoded
+        assert all(ch.batches is None for ch in chunks)  # all decoded
         # compressed data batches: 0..2 (aborted: read_committed skips it undecompressed), 4..6, 8..9
         assert len(calls) == (3 if isolation == READ_UNCOMMITTED else 2)
         # GROUP_RECORDS=3: a group is closed once it holds 3 records: [0..2] [4..6] [8, 9, 10..12], or
