@@ -210,7 +210,7 @@ def test_a_dropped_buffer_frees_the_fetch_data_without_the_cycle_collector(drop:
     try:
         assert c._apply(st, response(b"".join(
             encode_record_batch([Record(None, bytes([o]) * 1_000_000)], base_offset=o) for o in range(3))))
-        assert len(st.buffer) == 3
+        assert sum(len(ch.batches) for ch in st.buffer) == 3  # one chunk (one decode group) of 3 batches
         assert tracemalloc.get_traced_memory()[0] > 3_000_000  # the Fetch data, held by the undecoded chunks
         {"seek": lambda: c.seek(("t", 0), 0), "unassign": c.unassign,
          "assign other": lambda: c.assign([("t", 1, 0)])}[drop]()
@@ -247,10 +247,11 @@ def test_consumer_decompresses_at_hand_out_in_groups(codec: int, isolation: int,
         assert calls == []  # data batches not decompressed yet (control batches are read as they come)
         chunks = list(st.buffer)
         groups = {id(ch.group) for ch in chunks}
+        assert len(groups) == len(chunks)  # a partition's batches of one group are one chunk
         got = c.take_nowait(100)
         assert got is not None and [(m.offset, m.key, m.value, m.headers) for m in got] == [
             (r.offset, r.key, r.value, r.headers) for r in want]
-        assert all(ch.batch is None for ch in chunks)  # all decoded
+        assert all(ch.batches is None for ch in chunks)  # all decoded
         # compressed data batches: 0..2 (aborted: read_committed skips it undecompressed), 4..6, 8..9
         assert len(calls) == (3 if isolation == READ_UNCOMMITTED else 2)
         # GROUP_RECORDS=3: a group is closed once it holds 3 records: [0..2] [4..6] [8, 9, 10..12], or
@@ -330,3 +331,32 @@ def test_pause_copies_the_partitions_records_out_of_the_receive_buffer(codec: in
     got = c.take_nowait(100)
     assert got is not None and [(m.offset, m.key, m.value) for m in got] == [
         (j, b"k%d" % (j % 3), b"v%d" % (j % 3)) for j in range(9)]
+
+
+@pytest.mark.parametrize("numpy", [True, False])
+def test_a_decode_group_spans_the_partitions_of_one_answer(numpy: bool, monkeypatch: Any) -> None:
+    """The partitions of one Fetch answer share decode groups (more records per numpy decode); each
+    partition's records are still cut at its own position, and handed out partition by partition."""
+    from oncelog.client import reader as reader_mod
+
+    monkeypatch.setattr(reader_mod, "HAVE_NUMPY", numpy and reader_mod.HAVE_NUMPY)
+
+    def log(p: int) -> bytes:
+        return b"".join(encode_record_batch([Record(None, b"p%d-%d" % (p, o + i)) for i in range(4)], base_offset=o,
+                                            base_timestamp=1000 * p) for o in range(0, 12, 4))
+
+    starts = {0: 2, 1: 5, 2: 0}
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
+    c.assign([("t", p, s) for p, s in starts.items()])
+    grouping: list[Any] = [[], 0]
+    for p in starts:
+        assert c._apply(c._parts[("t", p)], response(log(p)), grouping)
+    chunks = [ch for p in starts for ch in c._parts[("t", p)].buffer]
+    assert len({id(ch.group) for ch in chunks}) == 1  # one group for all three partitions
+    got = c.take_nowait(100)
+    assert got is not None
+    want = [(p, r.offset, r.value, r.timestamp) for p, s in starts.items()
+            for r in fetched_records(log(p), p, s, READ_UNCOMMITTED, [])[0]]
+    assert [(m.partition, m.offset, m.value, m.timestamp) for m in got] == want
+    assert [m.offset for m in got if m.partition == 1][0] == 5  # cut at partition 1's position, not 0's
+    assert all(c._parts[("t", p)].consumed == 12 for p in starts)

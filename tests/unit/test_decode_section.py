@@ -39,6 +39,7 @@ from oncelog.protocol.records import (
     Record,
     _encode_record,
     _equal_size_starts,
+    _guessed_starts,
     _record_end,
     HAVE_NUMPY,
     decode_section,
@@ -387,3 +388,26 @@ def test_spans_equal_size_guess_checked(sizes: list[int]) -> None:
     assert got is not None
     assert got[:4] == want[:4] and got[2:4] == ([b"k"] + [None] * len(sizes), [b"first"] + [r.value for r in rs])
     assert decode_spans(blob, spans, False) == got
+
+
+@needs_numpy
+@pytest.mark.parametrize("batch_sizes", [[[5] * 4], [[9] * 65, [7] * 3], [[9] * 200, [1], [4] * 64],
+                                         [[3] * 70, [5, 3, 7]], [[9] * 63 + [8, 10]], [[2] * 8200]])
+def test_guessed_starts_all_spans_at_once(batch_sizes: list[list[int]]) -> None:
+    """The record starts guessed for every span at once (numpy) are the walked ones when each batch's
+    records are of one size (offset deltas' varints growing at 64 and 8192); when one batch's sizes
+    differ, None or (their sizes adding up: [5, 3, 7]) a wrong guess, which decode_spans' check
+    refutes: it decodes the same records either way."""
+    blob = b"".join(encode_record_batch([Record(None, b"v" * n) for n in sizes], base_offset=1000 * i,
+                                        base_timestamp=0) for i, sizes in enumerate(batch_sizes))
+    spans = spans_of(blob)
+    got = _guessed_starts(blob, spans)
+    true = [p for start, end, _h in spans for p in _walk(blob, start, end)]
+    if all(len(set(sizes)) == 1 for sizes in batch_sizes):
+        assert got is not None and got.tolist() == true
+    else:
+        assert got is None or got.tolist() != true
+    want: tuple[list, list, list, list, list] = ([], [], [], [], [])
+    for start, end, hdr in spans:
+        decode_section(blob, start, end, hdr, *want)
+    assert decode_spans(blob, spans)[:4] == want[:4]  # type: ignore[index]

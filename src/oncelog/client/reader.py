@@ -24,6 +24,7 @@ import heapq
 import time
 from dataclasses import dataclass, field
 from collections.abc import Mapping
+from itertools import chain
 from typing import Any, Iterable
 
 from crc32c import crc32c
@@ -323,13 +324,16 @@ def batch_section(batch: Batch, partition: int, position: int
     return offs, stamps, keys, values, hs
 
 
-def group_sections(batches: list[Batch], position: int
+def group_sections(batches: list[Batch], position: int | list[int], pieces: list[int] | None = None
                    ) -> list[tuple[list[int], list[int], list[bytes | None], list[bytes | None],
                                    list[list[tuple[str, bytes | None]] | None]]] | None:
-    """:func:`batch_section` for each of ``batches`` (from one :func:`fetched_batches`), decoded
-    together by :func:`~oncelog.protocol.records.decode_spans` (numpy); None when that path does
-    not apply (no numpy, headers, damage...): the caller then decodes batch by batch with
-    :func:`batch_section`, which gives the same records and raises the precise error."""
+    """:func:`batch_section` for each of ``batches`` (from :func:`fetched_batches`, of one partition or
+    of several: ``position`` is then a list, each batch's own), or with ``pieces`` (how many batches
+    each) for each piece of consecutive batches, their columns joined; decoded together by
+    :func:`~oncelog.protocol.records.decode_spans` (numpy: the more records at once, the less its
+    per-call cost weighs); None when that path does not apply (no numpy, headers, damage...): the
+    caller then decodes batch by batch with :func:`batch_section`, which gives the same records and
+    raises the precise error."""
     if not HAVE_NUMPY or not batches:
         return None
     secs = []
@@ -362,14 +366,29 @@ def group_sections(batches: list[Batch], position: int
         return None
     offs, stamps, keys, values, counts = got
     out = []
-    i = 0
-    for b, k in zip(batches, counts):
-        j = i + k
-        if b.header.base_offset < position:  # cut to the position, as batch_section
-            while i < j and offs[i] < position:
-                i += 1
-        out.append((offs[i:j], stamps[i:j], keys[i:j], values[i:j], [None] * (j - i)))
+    positions = position if isinstance(position, list) else [position] * len(batches)
+    i = bi = 0
+    for m in pieces if pieces is not None else [1] * len(batches):
+        j = i + sum(counts[bi:bi + m])
+        if all(b.header.base_offset >= at for b, at in zip(batches[bi:bi + m], positions[bi:bi + m])):
+            if i == 0 and j == len(offs):  # the whole group: its lists as they are
+                out.append((offs, stamps, keys, values, [None] * j))
+            else:
+                out.append((offs[i:j], stamps[i:j], keys[i:j], values[i:j], [None] * (j - i)))
+        else:  # cut each batch to its position, as batch_section
+            keep = []
+            a = i
+            for b, k, at in zip(batches[bi:bi + m], counts[bi:bi + m], positions[bi:bi + m]):
+                s, e = a, a + k
+                if b.header.base_offset < at:
+                    while s < e and offs[s] < at:
+                        s += 1
+                keep.append((s, e))
+                a = e
+            cols = tuple(list(chain.from_iterable(col[s:e] for s, e in keep)) for col in (offs, stamps, keys, values))
+            out.append((*cols, [None] * len(cols[0])))  # type: ignore[arg-type]
         i = j
+        bi += m
     return out
 
 

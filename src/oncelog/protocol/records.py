@@ -788,6 +788,77 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]], guess: b
     np = _np
     if np is None:
         return None
+    rs = _guessed_starts(buf, spans) if guess else None
+    if rs is not None:  # every span guessed: the starts computed in numpy, no per-record Python
+        counts = [h.records_count for _s, _e, h in spans]
+        last = [e for _s, e, _h in spans]
+        guessed = True
+        n = len(rs)
+        if n == 0:
+            return [], [], [], [], counts
+        if any(b and buf[e - 1] for (_s, e, _h), b in zip(spans, counts)):
+            return None  # a last record with headers
+    else:
+        got_walk = _walk_starts(buf, spans, guess)
+        if got_walk is None:
+            return None
+        starts, counts, last, guessed = got_walk
+        n = len(starts)
+        if n == 0:
+            return [], [], [], [], counts
+        rs = _np.array(starts, _np.int64)
+    return _decode_starts(buf, spans, rs, counts, last, guessed)
+
+
+def _guessed_starts(buf: bytes, spans: list[tuple[int, int, BatchHeader]]) -> Any:
+    """Every record start of ``spans`` as an int64 array if each span's section is exactly as long as
+    its records would be if they all had the first one's size but for their offset delta's varint
+    (see :func:`_equal_size_starts`; computed for all spans at once in numpy), else None. A guess
+    for :func:`decode_spans` to check."""
+    np = _np
+    ps: list[int] = []
+    sizes: list[int] = []
+    cs: list[int] = []
+    try:
+        for p, end, hdr in spans:
+            count = hdr.records_count
+            if count <= 0:
+                if count < 0 or p != end:
+                    return None
+                continue
+            size = _record_end(buf, p) - p
+            # a record without headers ends in a zero header count (the last one is checked by the caller)
+            if size < 2 or buf[p + size - 1]:
+                return None
+            total = count * size
+            for lo, _width in _DELTA_WIDTHS[1:]:  # each width step adds a byte to the records from lo on
+                if count > lo:
+                    total += count - lo
+            if p + total != end:
+                return None
+            ps.append(p)
+            sizes.append(size)
+            cs.append(count)
+    except IndexError:
+        return None
+    if not cs:
+        return np.empty(0, np.int64)
+    cnt = np.array(cs, np.int64)
+    first = np.cumsum(cnt) - cnt  # the index of each span's first record
+    k = np.arange(int(first[-1] + cnt[-1]), dtype=np.int64) - np.repeat(first, cnt)  # index in its span
+    rs = np.repeat(np.array(ps, np.int64), cnt) + k * np.repeat(np.array(sizes, np.int64), cnt)
+    for lo, _width in _DELTA_WIDTHS[1:]:
+        if max(cs) > lo + 1:
+            rs += np.maximum(k - lo, 0)
+    return rs
+
+
+def _walk_starts(buf: bytes, spans: list[tuple[int, int, BatchHeader]], guess: bool
+                 ) -> tuple[list[int], list[int], list[int], bool] | None:
+    """The record starts of ``spans`` found by hopping from record length to record length, but
+    where a span's records may all be the first one's size (:func:`_equal_size_starts`);
+    ``(starts, records per span, span ends, whether any was guessed)``, None if this path does
+    not apply."""
     starts: list[int] = []  # where each record (its length varint) begins
     sapp = starts.append
     counts: list[int] = []
@@ -826,11 +897,16 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]], guess: b
             last.append(end)
     except IndexError:
         return None
-    n = len(starts)
-    if n == 0:
-        return [], [], [], [], counts
+    return starts, counts, last, guessed
+
+
+def _decode_starts(buf: bytes, spans: list[tuple[int, int, BatchHeader]], rs: Any, counts: list[int],
+                   last: list[int], guessed: bool
+                   ) -> tuple[list[int], list[int], list[bytes | None], list[bytes | None], list[int]] | None:
+    """The rest of :func:`decode_spans` from the record starts ``rs`` (int64 array, not empty)."""
+    np = _np
+    n = len(rs)
     arr = np.frombuffer(buf, np.uint8)
-    rs = np.array(starts, np.int64)
     cnt = np.array(counts, np.int64)
     try:
         length, a = _np_varints(arr, rs)
@@ -889,3 +965,5 @@ def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]], guess: b
         for i in np.flatnonzero(knull).tolist():
             keys[i] = None
     return offsets, stamps, keys, values, counts
+
+
