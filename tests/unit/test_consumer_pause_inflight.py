@@ -24,8 +24,10 @@ def test_answer_to_a_fetch_in_flight_at_pause_does_not_pin_the_receive_buffer(co
     c._apply(st, response(memoryview(frame)))  # type: ignore[arg-type]
     assert st.buffer
     for ch in st.buffer:  # no view of the answer's buffer is kept
-        for sec in (ch.batch.section, ch.batch.packed):
-            assert sec is None or type(sec[0]) is not memoryview, type(sec[0])
+        assert ch.batches
+        for batch in ch.batches:
+            for sec in (batch.section, batch.packed):
+                assert sec is None or type(sec[0]) is not memoryview, type(sec[0])
     frame[:] = b"\xff" * len(frame)  # the receive buffer reused/rewritten: the kept records are unchanged
     assert c.take_nowait(100) is None  # paused: nothing handed out
     c.resume([("t", 0)])
