@@ -477,6 +477,36 @@ def test_raw_protocol_challenge_failure_and_session_lifetime(brokers: dict[str, 
         assert _recv(s) is None
 
 
+def test_raw_protocol_crafted_tokens_are_answered_not_crashed(brokers: dict[str, EmbeddedBroker]) -> None:
+    """Tokens with NaN, Infinity or too deeply nested JSON are invalid_token (the broker logged a traceback and
+    dropped the connection); one valid until 1e20 s is accepted with a session lifetime the answer can carry
+    (it crashed the response encoder) and the connection is served."""
+    from oncelog.protocol.oauthbearer import b64url_encode
+
+    b = brokers["oauth"]
+    before = _log(b)
+    handshake = _request(17, 1, 1, struct.pack(">h", 11) + b"OAUTHBEARER")
+
+    def token(claims: bytes) -> bytes:
+        header = b64url_encode(b'{"alg":"none"}')
+        return client_initial_response(f"{header}.{b64url_encode(claims)}.")
+
+    for claims in (b'{"sub":"a","exp":NaN}', b'{"sub":"a","exp":1e400}',
+                   b'{"sub":"a","exp":9999999999,"x":' + b"[" * 50000 + b"]" * 50000 + b"}"):
+        with socket.create_connection((b.host, b.port), timeout=10) as s:
+            s.sendall(handshake + _authenticate(2, token(claims)))
+            _recv(s)
+            assert _answer(_recv(s)) == (0, None, b'{"status":"invalid_token"}', 0), claims[:40]
+    with socket.create_connection((b.host, b.port), timeout=10) as s:
+        s.sendall(handshake + _authenticate(2, token(b'{"sub":"a","exp":1e20}')))
+        _recv(s)
+        code, message, auth, lifetime = _answer(_recv(s))
+        assert (code, message, auth) == (0, None, b"") and lifetime > 10**16
+        s.sendall(_request(3, 1, 3, struct.pack(">i", -1)))  # Metadata v1, all topics: served
+        assert _recv(s) is not None
+    assert "Traceback" not in _log(b)[len(before):]
+
+
 def test_bad_client_config_fails_at_construction(brokers: dict[str, EmbeddedBroker]) -> None:
     b = brokers["oauth"]
     for conf, match in (({**_base(b)}, "needs a token"),

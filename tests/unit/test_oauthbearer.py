@@ -90,6 +90,45 @@ def test_garbage_is_refused(token: str, reason: str) -> None:
         UnsecuredValidator().validate(token, NOW_MS)
 
 
+def _raw_jws(claims: bytes) -> str:
+    return f"{_b64({'alg': 'none'})}.{_b64(claims)}."
+
+
+@pytest.mark.parametrize("claims,reason", [
+    (b'{"sub":"a","exp":NaN}', "malformed JSON"),  # not JSON (Jackson refuses it too)
+    (b'{"sub":"a","exp":Infinity}', "malformed JSON"),
+    (b'{"sub":"a","exp":1e999,"iat":-Infinity}', "malformed JSON"),
+    (b'{"sub":"a","exp":1e400}', "'exp' claim was not a finite number"),  # a double's Infinity
+    (b'{"sub":"a","exp":9999999999,"iat":-1e400}', "'iat' claim was not a finite number"),
+    (b'{"sub":"a","exp":1' + b"0" * 400 + b"}", "'exp' claim was not a finite number"),  # too large for a double
+    (b'{"sub":"a","exp":9999999999,"x":' + b"[" * 50000 + b"]" * 50000 + b"}", "malformed JSON"),  # too deep
+])
+def test_crafted_numbers_and_nesting_are_refused_not_crashed(claims: bytes, reason: str) -> None:
+    with pytest.raises(TokenValidationError, match=reason):
+        UnsecuredValidator().validate(_raw_jws(claims), NOW_MS)
+
+
+@pytest.mark.parametrize("exp", ["1e20", "1e300", "1.7e308"])  # 1.7e308 * 1000 is inf in a double
+def test_huge_finite_expiry_saturates_at_a_long(exp: str) -> None:
+    token = UnsecuredValidator().validate(_raw_jws(b'{"sub":"a","iat":1,"exp":' + exp.encode() + b"}"), NOW_MS)
+    assert token.lifetime_ms == 2**63 - 1 and token.start_ms == 1000
+
+
+def test_session_lifetime_of_a_huge_expiry_fits_the_response() -> None:
+    """A token valid until 1e20 s: the session lifetime is capped to what SaslAuthenticate can carry and the
+    answer encodes (it crashed the encoder: timedelta overflow)."""
+    from oncelog.protocol.build import materialize
+    from oncelog.protocol.codec import encode_response, response_type
+
+    s = SaslSession(_broker().security.sasl)
+    s.handshake("OAUTHBEARER", 1)
+    assert s.evaluate(client_initial_response(_raw_jws(b'{"sub":"a","exp":1e20}'))) == b""
+    assert s.complete and 10**16 < s.session_lifetime_ms <= 2**63 - 1
+    assert not s.expired(time.monotonic() + 10 * 365 * 86400)
+    answer = {"error_code": 0, "error_message": None, "auth_bytes": b"", "session_lifetime": s.session_lifetime_ms}
+    assert encode_response(materialize(response_type(36, 1), answer))
+
+
 def test_exp_on_iat_is_inconsistent() -> None:
     with pytest.raises(TokenValidationError, match="was not after the Issued At"):
         UnsecuredValidator(clock_skew_ms=100_000).validate(_jws({**GOOD, "iat": NOW + 60}), NOW_MS)

@@ -46,6 +46,7 @@ whose session expired when it sends anything else.
 
 from __future__ import annotations
 
+import datetime
 import hmac
 import logging
 import os
@@ -75,6 +76,9 @@ OAUTHBEARER_LOGIN_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBe
 # ignored, which would accept unsigned tokens where signed ones were meant
 _OAUTH_UNSUPPORTED = re.compile(r"^(?:listener\.name\.[^.]+\.)?(?:[a-z0-9-]+\.)?(?:sasl\.server\.callback\.handler\.class"
                                 r"|sasl\.oauthbearer\..+)$")
+# the largest session_lifetime_ms SaslAuthenticate can carry here (an int64 field, encoded from a timedelta):
+# a token expiring later (exp 1e20) gets this lifetime, as Kafka's long saturates
+MAX_SESSION_LIFETIME_MS = min(2**63 - 1, datetime.timedelta.max // datetime.timedelta(milliseconds=1))
 CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 
 # the keys this module reads (each also with a listener.name.<name>. prefix)
@@ -505,11 +509,12 @@ class SaslSession:
         # credential expires (an OAUTHBEARER token), whichever comes first; neither: no expiry
         max_reauth = self.settings.max_reauth_ms.get(self.mechanism, 0)
         if credential_expiry_ms is None:
-            lifetime = max(max_reauth, 0)
+            lifetime = min(max(max_reauth, 0), MAX_SESSION_LIFETIME_MS)
             self.expires_at = time.monotonic() + lifetime / 1000 if lifetime > 0 else None
         else:
             remaining = credential_expiry_ms - int(time.time() * 1000)
             lifetime = max(0, min(remaining, max_reauth) if max_reauth > 0 else remaining)
+            lifetime = min(lifetime, MAX_SESSION_LIFETIME_MS)
             self.expires_at = time.monotonic() + lifetime / 1000
         self.session_lifetime_ms = lifetime
         self._previous = None
