@@ -432,13 +432,22 @@ def test_token_source_async_callback_and_shared_fetch() -> None:
 @pytest.mark.parametrize("result,reason", [
     ("tok", "must return \\(token_str"), (("tok",), "must return"), ((None, NOW + 5), "non-empty string"),
     (("", NOW + 5), "non-empty string"), (("tok", "soon"), "seconds since the epoch"),
-    (("tok", NOW - 1), "already expired"), (("tok", (NOW + 5) * 1000.0), "not milliseconds"),
+    (("tok", NOW - 1), "already expired"), (("tok", (NOW + 5) * 1000.0), "looks like milliseconds"),
+    (("tok", 1e11), "looks like milliseconds"),
     (("tok", NOW + 5, "p", {"k1": "v"}), "invalid SASL extension"),
     (("tok", NOW + 5, 5, {}), "principal must be a string"), (("tok", NOW + 5, "p", ["x"]), "dict of str"),
 ])
 def test_bad_oauth_cb_results_are_clear_errors(result: Any, reason: str) -> None:
     with pytest.raises(TokenError, match=reason):
         TokenSource(lambda c: result, None, None, clock=_Clock()).token()
+
+
+@pytest.mark.parametrize("expiry", [2147483647, 4102444800, 9999999999, 99_999_999_999.0])
+def test_far_future_oauth_cb_expiries_are_accepted(expiry: float) -> None:
+    """"Never expires" sentinels in seconds are accepted, as confluent-kafka does (they were refused as more than
+    ten years ahead, with a message saying they were milliseconds)."""
+    token = TokenSource(lambda c: ("tok", expiry), None, None, clock=_Clock()).token()
+    assert (token.value, token.expiry) == ("tok", expiry)
 
 
 def test_oauth_cb_exception_is_one_clear_error() -> None:

@@ -34,7 +34,8 @@ from oncelog.protocol.oauthbearer import check_extensions, scope_items, unsecure
 __all__ = ["OAuthToken", "TokenSource", "UnsecuredJwtConfig", "parse_unsecured_config", "token_source"]
 
 REFRESH_FRACTION = 0.8
-_TEN_YEARS = 10 * 365 * 86400
+# an expiry this large is milliseconds, not seconds: 1e11 s is the year 5138, epoch milliseconds are ~1.8e12 now
+_MILLISECONDS = 1e11
 
 
 class TokenError(Exception):
@@ -128,9 +129,9 @@ def _token_from_callback(result: Any, now: float) -> OAuthToken:
     if expiry <= now:
         raise TokenError(f"oauth_cb returned a token that has already expired (expiry {expiry}, now {now:.3f}): "
                          "the expiry is in seconds since the epoch")
-    if expiry > now + _TEN_YEARS:  # the token would never be refreshed, while a broker ends its session
-        raise TokenError(f"oauth_cb returned an expiry of {expiry}, more than ten years ahead: it must be in seconds "
-                         "since the epoch, not milliseconds")
+    if expiry >= _MILLISECONDS:  # far-future seconds (2147483647, 9999999999) are fine, as in confluent-kafka
+        raise TokenError(f"oauth_cb returned an expiry of {expiry}, which looks like milliseconds: the expiry is in "
+                         f"seconds since the epoch (now {now:.0f})")
     if principal is None:
         principal = ""
     if not isinstance(principal, str):
