@@ -458,6 +458,24 @@ def test_oauth_cb_exception_is_one_clear_error() -> None:
         TokenSource(cb, None, None).token()
 
 
+class _IdpDown:
+    async def __call__(self, config: str | None) -> tuple[str, float]:
+        raise RuntimeError("idp down")
+
+
+def test_awaitable_oauth_cb_failure_is_a_token_error() -> None:
+    """An object with an async __call__, or a plain function returning a coroutine, that raises gives the
+    documented TokenError (it escaped as the raw RuntimeError)."""
+    import asyncio
+
+    def returns_coroutine(config: str | None) -> Any:
+        return _IdpDown()(config)
+
+    for cb in (_IdpDown(), returns_coroutine):
+        with pytest.raises(TokenError, match="oauth_cb raised RuntimeError: idp down"):
+            asyncio.run(TokenSource(cb, None, None).atoken())
+
+
 # -- the Java client's OAuthBearerLoginModule (--command-config, Spark's kafka.* options) -----------------
 
 JAVA_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"

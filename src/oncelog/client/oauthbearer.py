@@ -211,14 +211,14 @@ class TokenSource:
     async def _fetch(self) -> OAuthToken:
         assert self.oauth_cb is not None
         if inspect.iscoroutinefunction(self.oauth_cb):
-            try:
-                result = await self.oauth_cb(self.config)
-            except Exception as exc:  # noqa: BLE001
-                raise TokenError(f"oauth_cb raised {type(exc).__name__}: {exc}") from None
+            result: Any = self._call()  # the coroutine; its own exceptions come when awaited below
         else:
             result = await asyncio.get_running_loop().run_in_executor(None, self._call)
-            if inspect.isawaitable(result):
+        if inspect.isawaitable(result):  # an async def, an object with an async __call__, a returned coroutine
+            try:
                 result = await result
+            except Exception as exc:  # noqa: BLE001 - the user's callback: its failure becomes one clear error
+                raise TokenError(f"oauth_cb raised {type(exc).__name__}: {exc}") from None
         return self._keep(_token_from_callback(result, self._clock()))
 
 
