@@ -358,6 +358,52 @@ def test_short_lived_tokens_reauthenticate_with_fresh_tokens(brokers: dict[str, 
 
 # -- refused tokens -------------------------------------------------------------------------------------
 
+def test_failed_refresh_keeps_the_consumer_going(brokers: dict[str, EmbeddedBroker]) -> None:
+    """4-second tokens and an oauth_cb that fails once, at the first refresh: the consumer keeps its still
+    valid token and reconnects or re-authenticates with the next one; consume() raises nothing and every
+    record arrives (consume() raised SaslAuthenticationFailedError at the failed refresh). About 8 s."""
+    b = brokers["oauth"]
+    life = 4.0
+    calls: list[float] = []
+
+    def oauth_cb(config: str | None) -> tuple[str, float]:
+        calls.append(time.monotonic())
+        if len(calls) == 2:
+            raise RuntimeError("token endpoint 503 (transient)")
+        return _jwt(life=life, principal="hana")
+
+    topic = _topic(b, "refresh")
+    errors: list[str] = []
+    got: list[bytes] = []
+    with Producer(_unsecure(b)) as p:
+        c = Consumer({**_base(b), "oauth_cb": oauth_cb, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                      "enable.auto.commit": False})
+        try:
+            c.assign([TopicPartition(topic, 0, -2)])
+            sent = 0
+            started = time.monotonic()
+            while time.monotonic() - started < 2 * life:
+                p.produce(topic, str(sent).encode())
+                sent += 1
+                p.poll(0)
+                try:
+                    got.extend(m.value for m in c.consume(100, 0.05))
+                except Exception as exc:  # noqa: BLE001 - what consume() raises is the finding
+                    errors.append(f"{type(exc).__name__}: {exc}")
+            assert p.flush(10) == 0
+            deadline = time.monotonic() + 10
+            while len(got) < sent and time.monotonic() < deadline and not errors:
+                try:
+                    got.extend(m.value for m in c.consume(100, 0.2))
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            c.close()
+    assert errors == []
+    assert len(calls) >= 3, "the failed refresh was retried"
+    assert got == [str(i).encode() for i in range(sent)]
+
+
 BAD_TOKENS = {
     "expired": lambda: _jwt(life=-10)[0],
     "missing sub": lambda: unsecured_jws({"iat": time.time(), "exp": time.time() + 60}),

@@ -476,6 +476,49 @@ def test_awaitable_oauth_cb_failure_is_a_token_error() -> None:
             asyncio.run(TokenSource(cb, None, None).atoken())
 
 
+def _flaky(clock: _Clock, fail_at: set[int]) -> tuple[Any, list[float]]:
+    """An oauth_cb of 100-second tokens that raises on the calls numbered in fail_at (from 1)."""
+    calls: list[float] = []
+
+    def cb(config: str | None) -> tuple[str, float]:
+        calls.append(clock.now - NOW)
+        if len(calls) in fail_at:
+            raise RuntimeError("token endpoint 503")
+        return f"tok{len(calls)}", clock.now + 100
+
+    return cb, calls
+
+
+@pytest.mark.parametrize("mode", ["blocking", "asyncio"])
+def test_failed_refresh_keeps_the_unexpired_token_and_retries_later(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A refresh failing at 85% of the token's life keeps the current token (one WARNING) and oauth_cb is
+    not called again for 10 s, as librdkafka; once the token has expired the failure is a TokenError
+    (it failed the connection's authentication at once)."""
+    import asyncio
+
+    clock = _Clock()
+    cb, calls = _flaky(clock, {2, 3, 4})
+    src = TokenSource(cb, None, None, clock=clock)
+
+    def get() -> str:
+        return (src.token() if mode == "blocking" else asyncio.run(src.atoken())).value
+
+    assert get() == "tok1"
+    clock.now = NOW + 85
+    with caplog.at_level("WARNING", logger="oncelog.client.oauthbearer"):
+        assert get() == "tok1" and len(calls) == 2
+        clock.now = NOW + 94
+        assert get() == "tok1" and len(calls) == 2  # no retry within 10 s
+    assert [r.getMessage() for r in caplog.records if "keeping the current one" in r.getMessage()] != []
+    assert len(caplog.records) == 1 and "token endpoint 503" in caplog.records[0].getMessage()
+    clock.now = NOW + 95.5
+    assert get() == "tok1" and len(calls) == 3  # retried, failed again, still valid
+    clock.now = NOW + 101
+    with pytest.raises(TokenError, match="oauth_cb raised RuntimeError: token endpoint 503"):
+        get()
+    assert get() == "tok5" and len(calls) == 5  # the next call succeeds
+
+
 # -- the Java client's OAuthBearerLoginModule (--command-config, Spark's kafka.* options) -----------------
 
 JAVA_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"

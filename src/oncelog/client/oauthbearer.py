@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import threading
 import time
@@ -33,7 +34,10 @@ from oncelog.protocol.oauthbearer import check_extensions, scope_items, unsecure
 
 __all__ = ["OAuthToken", "TokenSource", "UnsecuredJwtConfig", "parse_unsecured_config", "token_source"]
 
+log = logging.getLogger("oncelog.client.oauthbearer")
+
 REFRESH_FRACTION = 0.8
+RETRY_AFTER_FAILURE = 10.0  # seconds: librdkafka retries a failed token refresh after 10 s
 # an expiry this large is milliseconds, not seconds: 1e11 s is the year 5138, epoch milliseconds are ~1.8e12 now
 _MILLISECONDS = 1e11
 
@@ -148,7 +152,11 @@ def _token_from_callback(result: Any, now: float) -> OAuthToken:
 
 
 class TokenSource:
-    """The current token of one client, shared by its connections (see the module docstring)."""
+    """The current token of one client, shared by its connections (see the module docstring).
+
+    A refresh that fails (oauth_cb raised or returned something unusable) while the current token is still unexpired keeps that token: a WARNING is logged
+    and oauth_cb is tried again :data:`RETRY_AFTER_FAILURE` seconds later, as librdkafka does; the failure
+    reaches a connection (TokenError) only when no unexpired token is left."""
 
     def __init__(self, oauth_cb: Callable[..., Any] | None, config: str | None,
                  unsecured: UnsecuredJwtConfig | None, clock: Callable[[], float] = time.time) -> None:
@@ -158,19 +166,41 @@ class TokenSource:
         self._clock = clock
         self._lock = threading.Lock()
         self._token: OAuthToken | None = None
+        self._retry_at: float | None = None  # after a failed refresh: keep the current token until then
         self._pending: asyncio.Future[OAuthToken] | None = None
 
     def __repr__(self) -> str:
         return f"TokenSource({'oauth_cb' if self.oauth_cb is not None else 'unsecured JWT'})"
 
     def _cached(self) -> OAuthToken | None:
+        now = self._clock()
         with self._lock:
-            token = self._token
-        return token if token is not None and not token.stale(self._clock()) else None
+            token, retry_at = self._token, self._retry_at
+        if token is None or now >= token.expiry:
+            return None
+        if not token.stale(now) or (retry_at is not None and now < retry_at):
+            return token
+        return None
 
     def _keep(self, token: OAuthToken) -> OAuthToken:
         with self._lock:
             self._token = token
+            self._retry_at = None
+        return token
+
+    def _refresh_failed(self, exc: TokenError) -> OAuthToken:
+        """The current token when it is still unexpired (retry later), else ``exc``."""
+        now = self._clock()
+        with self._lock:
+            token = self._token
+            if token is None or now >= token.expiry:
+                raise exc
+            first = self._retry_at is None or now >= self._retry_at
+            if first:
+                self._retry_at = now + RETRY_AFTER_FAILURE
+        if first:
+            log.warning("cannot refresh the OAUTHBEARER token: %s; keeping the current one (expires in %.0f s), "
+                        "retrying in %.0f s", exc, token.expiry - now, RETRY_AFTER_FAILURE)
         return token
 
     def _call(self) -> Any:
@@ -187,13 +217,16 @@ class TokenSource:
             return cached
         if self.unsecured is not None:
             return self._keep(self.unsecured.token(self._clock()))
-        result = self._call()
-        if inspect.isawaitable(result):
-            close = getattr(result, "close", None)
-            if close is not None:
-                close()
-            raise TokenError("oauth_cb is a coroutine function: the blocking connection needs a plain callable")
-        return self._keep(_token_from_callback(result, self._clock()))
+        try:
+            result = self._call()
+            if inspect.isawaitable(result):
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+                raise TokenError("oauth_cb is a coroutine function: the blocking connection needs a plain callable")
+            return self._keep(_token_from_callback(result, self._clock()))
+        except TokenError as exc:
+            return self._refresh_failed(exc)
 
     async def atoken(self) -> OAuthToken:
         """The current token (asyncio): concurrent callers share one fetch."""
@@ -206,7 +239,10 @@ class TokenSource:
         pending = self._pending
         if pending is None or pending.done() or pending.get_loop() is not loop:
             pending = self._pending = loop.create_task(self._fetch())
-        return await asyncio.shield(pending)
+        try:
+            return await asyncio.shield(pending)
+        except TokenError as exc:
+            return self._refresh_failed(exc)
 
     async def _fetch(self) -> OAuthToken:
         assert self.oauth_cb is not None
