@@ -519,6 +519,41 @@ def test_failed_refresh_keeps_the_unexpired_token_and_retries_later(mode: str, c
     assert get() == "tok5" and len(calls) == 5  # the next call succeeds
 
 
+def test_hung_oauth_cb_times_out_and_failed_fetch_is_retrieved(caplog: pytest.LogCaptureFixture) -> None:
+    """A callback that does not return fails with a clear TokenError after the timeout (request.timeout.ms;
+    it waited forever), and a failed fetch whose only waiter was cancelled is not reported by asyncio as
+    "Task exception was never retrieved"."""
+    import asyncio
+    import gc
+
+    async def hung(config: str | None) -> tuple[str, float]:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def main() -> None:
+        with pytest.raises(TokenError, match="oauth_cb did not return within 50 ms \\(request.timeout.ms\\)"):
+            await TokenSource(hung, None, None, timeout=0.05).atoken()
+
+    asyncio.run(main())
+    assert parse_config({**BASE, "oauth_cb": lambda c: ("t", 1.0), "request.timeout.ms": 1234},
+                        "admin").security.oauth.timeout == 1.234
+
+    async def slow_failure(config: str | None) -> tuple[str, float]:
+        await asyncio.sleep(0.05)
+        raise RuntimeError("idp down")
+
+    async def cancelled_waiter() -> None:
+        waiter = asyncio.ensure_future(TokenSource(slow_failure, None, None).atoken())
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        await asyncio.sleep(0.1)  # the shared fetch fails with nobody awaiting it
+
+    with caplog.at_level("ERROR", logger="asyncio"):
+        asyncio.run(cancelled_waiter())
+        gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
 # -- the Java client's OAuthBearerLoginModule (--command-config, Spark's kafka.* options) -----------------
 
 JAVA_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"

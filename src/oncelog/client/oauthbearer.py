@@ -154,15 +154,18 @@ def _token_from_callback(result: Any, now: float) -> OAuthToken:
 class TokenSource:
     """The current token of one client, shared by its connections (see the module docstring).
 
-    A refresh that fails (oauth_cb raised or returned something unusable) while the current token is still unexpired keeps that token: a WARNING is logged
+    A refresh that fails (oauth_cb raised, returned something unusable or, asyncio, did not return within
+    ``timeout`` seconds) while the current token is still unexpired keeps that token: a WARNING is logged
     and oauth_cb is tried again :data:`RETRY_AFTER_FAILURE` seconds later, as librdkafka does; the failure
     reaches a connection (TokenError) only when no unexpired token is left."""
 
     def __init__(self, oauth_cb: Callable[..., Any] | None, config: str | None,
-                 unsecured: UnsecuredJwtConfig | None, clock: Callable[[], float] = time.time) -> None:
+                 unsecured: UnsecuredJwtConfig | None, clock: Callable[[], float] = time.time,
+                 timeout: float | None = None) -> None:
         self.oauth_cb = oauth_cb
         self.config = config
         self.unsecured = unsecured
+        self.timeout = timeout
         self._clock = clock
         self._lock = threading.Lock()
         self._token: OAuthToken | None = None
@@ -239,8 +242,14 @@ class TokenSource:
         pending = self._pending
         if pending is None or pending.done() or pending.get_loop() is not loop:
             pending = self._pending = loop.create_task(self._fetch())
+            # retrieved here, so that a failure whose waiters were all cancelled is not logged by asyncio
+            pending.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
-            return await asyncio.shield(pending)
+            return await asyncio.wait_for(asyncio.shield(pending), self.timeout)
+        except asyncio.TimeoutError:
+            assert self.timeout is not None
+            return self._refresh_failed(TokenError(f"oauth_cb did not return within {self.timeout * 1000:.0f} ms "
+                                                   "(request.timeout.ms)"))
         except TokenError as exc:
             return self._refresh_failed(exc)
 
@@ -272,4 +281,5 @@ def token_source(values: Mapping[str, Any]) -> TokenSource:
                          "with sasl.oauthbearer.config=\"principal=NAME\" (unsigned tokens, for development)")
     if unsecure:
         return TokenSource(None, config, parse_unsecured_config(config))
-    return TokenSource(cb, config, None)
+    timeout_ms = values.get("request.timeout.ms")
+    return TokenSource(cb, config, None, timeout=timeout_ms / 1000 if timeout_ms else None)
