@@ -66,6 +66,12 @@ def _log(b: EmbeddedBroker) -> str:
     return Path(b.log_path).read_text(errors="replace")
 
 
+def test_startup_warns_about_unsecured_oauthbearer_beside_plain(brokers: dict[str, EmbeddedBroker]) -> None:
+    warning = "enables OAUTHBEARER with the unsecured validator beside PLAIN: any client can mint an unsigned token"
+    assert any("WARNING" in line and warning in line for line in _log(brokers["oauth"]).splitlines())
+    assert "unsecured validator beside" not in _log(brokers["scoped"])  # OAUTHBEARER alone
+
+
 def _base(b: EmbeddedBroker) -> dict[str, Any]:
     return {"bootstrap.servers": b.bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER"}
 

@@ -291,6 +291,20 @@ def test_bad_broker_oauthbearer_config(props: dict[str, str | None], expected: s
         BrokerConfig.from_properties(merged)
 
 
+def test_unsecured_oauthbearer_beside_plain_or_scram_is_warned_about() -> None:
+    from oncelog.broker.security import security_warnings
+
+    assert security_warnings(_broker().security) == []  # OAUTHBEARER alone
+    plain = 'org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="a";'
+    for mechanisms in ("OAUTHBEARER,PLAIN", "SCRAM-SHA-256,OAUTHBEARER"):
+        sec = _broker(**{"sasl.enabled.mechanisms": mechanisms,
+                         "listener.name.sasl_plaintext.plain.sasl.jaas.config": plain}).security
+        (warning,) = security_warnings(sec)
+        assert "any client can mint an unsigned token and log in as any principal" in warning, warning
+    sec = _broker(**{"sasl.enabled.mechanisms": "PLAIN", "listener.name.sasl_plaintext.plain.sasl.jaas.config": plain})
+    assert security_warnings(sec.security) == []
+
+
 def _token(principal: str = "alice", life: float = 60.0, **claims: Any) -> bytes:
     now = int(time.time() * 1000) / 1000  # millisecond precision, as librdkafka and Kafka's login write iat
     return client_initial_response(unsecured_jws({"sub": principal, "iat": now, "exp": now + life, **claims}))

@@ -533,6 +533,19 @@ def failure_message(mechanism: str | None, exc: SaslError, reauthenticating: boo
     return f"Authentication failed during {during} due to invalid credentials with SASL mechanism {mechanism}"
 
 
+def security_warnings(settings: SecuritySettings) -> list[str]:
+    """What the broker warns about at startup: OAUTHBEARER's unsecured validator beside PLAIN or SCRAM, where
+    anyone can mint a token naming a PLAIN/SCRAM user and be that user without the password (Kafka's
+    default validator does the same; oncelog has no ACLs to limit it)."""
+    sasl = settings.sasl
+    if sasl is None or "OAUTHBEARER" not in sasl.mechanisms or len(sasl.mechanisms) == 1:
+        return []
+    others = ",".join(m for m in sasl.mechanisms if m != "OAUTHBEARER")
+    return [f"listener {settings.listener_name} enables OAUTHBEARER with the unsecured validator beside {others}: "
+            f"any client can mint an unsigned token and log in as any principal, including the {others} users "
+            "without their passwords; for development and tests only"]
+
+
 def describe(settings: SecuritySettings) -> str:
     parts = [f"{settings.listener_name} ({settings.protocol})"]
     if settings.ssl_context is not None:

@@ -46,6 +46,7 @@ from oncelog.broker.dispatch import CloseConnection, handle_frame
 from oncelog.broker.log_cleaner import LogCleaner, cleaner_config
 from oncelog.broker.security import SaslSession
 from oncelog.broker.security import describe as describe_security
+from oncelog.broker.security import security_warnings
 from oncelog.protocol.framing import FrameDecoder, FrameError, frame
 
 log = logging.getLogger("oncelog.server")
@@ -309,6 +310,8 @@ class BrokerServer:
         self._server = await loop.create_server(lambda: KafkaConnection(self), sock=sock, backlog=1024, **tls)
         if sec is not None:
             log.info("listener %s", describe_security(sec))
+            for warning in security_warnings(sec):
+                log.warning("%s", warning)
         self.port = sock.getsockname()[1]
         if cfg.port == 0:
             cfg.port = self.port
