@@ -344,6 +344,23 @@ def test_session_refused_token_closes_after_the_failure() -> None:
     assert s.state == s.FAILED and s.close_after_response
 
 
+def test_refused_tokens_log_one_warning_per_failed_login(caplog: pytest.LogCaptureFixture) -> None:
+    """A client may send token after token on one unauthenticated connection (Kafka allows it): each refusal
+    is logged at DEBUG, as Kafka, and the failed login once at WARNING with the last reason (each refusal
+    was a WARNING: about 6000 lines a second from one connection)."""
+    s = SaslSession(_broker().security.sasl, peer="10.0.0.9:1234")
+    s.handshake("OAUTHBEARER", 1)
+    with caplog.at_level("DEBUG", logger="oncelog.security"):
+        for _ in range(100):
+            assert s.evaluate(_token(life=-5)) == b'{"status":"invalid_token"}'
+        assert [r.levelname for r in caplog.records] == ["DEBUG"] * 100
+        with pytest.raises(SaslAuthenticationError):
+            s.evaluate(b"\x01")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "10.0.0.9:1234" in warnings[0], warnings
+    assert "token refused: The indicated time" in warnings[0] and "Expiration Time" in warnings[0]
+
+
 # -- the client's configuration and tokens ---------------------------------------------------------------
 
 BASE = {"bootstrap.servers": "127.0.0.1:9092", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER"}

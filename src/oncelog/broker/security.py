@@ -478,9 +478,10 @@ class SaslSession:
                 answer = oauth.evaluate(token)
                 if oauth.token is not None:
                     self._done(oauth.token.principal, oauth.token.lifetime_ms)
-                else:  # the token is refused: the JSON error goes out, the client's \x01 ends the exchange
-                    log.warning("%s of %s with OAUTHBEARER: token refused: %s",
-                                "re-authentication" if self._previous else "authentication", self.peer, oauth.failure)
+                else:  # the token is refused: the JSON error goes out, the client's \x01 ends the exchange, whose
+                    # WARNING says why; here DEBUG (as Kafka), as a client may send token after token unauthenticated
+                    log.debug("%s of %s with OAUTHBEARER: token refused: %s",
+                              "re-authentication" if self._previous else "authentication", self.peer, oauth.failure)
                 return answer
             scram = self._scram
             assert scram is not None and self.mechanism is not None
@@ -493,8 +494,9 @@ class SaslSession:
         except SaslError as exc:
             self.state = self.FAILED
             self.close_after_response = True
-            log.warning("%s of %s with %s failed: %s", "re-authentication" if self._previous else "authentication",
-                        self.peer, self.mechanism, exc)
+            why = f" (token refused: {self._oauth.failure})" if self._oauth is not None and self._oauth.failure else ""
+            log.warning("%s of %s with %s failed: %s%s", "re-authentication" if self._previous else "authentication",
+                        self.peer, self.mechanism, exc, why)
             raise
 
     def _done(self, user: str, credential_expiry_ms: int | None = None) -> None:
