@@ -559,6 +559,26 @@ def test_raw_protocol_crafted_tokens_are_answered_not_crashed(brokers: dict[str,
     assert "Traceback" not in _log(b)[len(before):]
 
 
+def test_raw_protocol_session_ended_by_the_token_says_so(brokers: dict[str, EmbeddedBroker]) -> None:
+    """A 1-second token and no re-authentication: the next request closes the connection, and the broker's log
+    line names the token's expiry (it blamed connections.max.reauth.ms, which is not set here). About 1.5 s."""
+    b = brokers["oauth"]
+    before = _log(b)
+    handshake = _request(17, 1, 1, struct.pack(">h", 11) + b"OAUTHBEARER")
+    with socket.create_connection((b.host, b.port), timeout=10) as s:
+        s.sendall(handshake + _authenticate(2, client_initial_response(_jwt(life=1.0, principal="ivy")[0])))
+        _recv(s)
+        assert _answer(_recv(s))[0] == 0
+        time.sleep(1.2)
+        s.sendall(_request(3, 1, 3, struct.pack(">i", -1)))
+        assert _recv(s) is None, "a request after the session expired closes the connection"
+    deadline = time.monotonic() + 5
+    while "session expired" not in _log(b)[len(before):] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = next(x for x in _log(b)[len(before):].splitlines() if "session expired" in x)
+    assert "its SASL session expired (the expiry of its OAUTHBEARER token)" in line, line
+
+
 def test_bad_client_config_fails_at_construction(brokers: dict[str, EmbeddedBroker]) -> None:
     b = brokers["oauth"]
     for conf, match in (({**_base(b)}, "needs a token"),

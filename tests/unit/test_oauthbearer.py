@@ -321,6 +321,7 @@ def test_session_lifetime_is_bounded_by_the_token(max_reauth: int, life: float, 
     assert expected_ms - 1000 <= s.session_lifetime_ms <= expected_ms
     assert s.expires_at is not None and not s.expired(time.monotonic())
     assert s.expired(time.monotonic() + expected_ms / 1000 + 0.01)
+    assert s.ended_by == ("connections.max.reauth.ms" if max_reauth == 5000 else "the expiry of its OAUTHBEARER token")
 
 
 def test_session_reauthentication_keeps_the_principal() -> None:

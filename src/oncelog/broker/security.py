@@ -395,6 +395,7 @@ class SaslSession:
         # KIP-368: the session's end (time.monotonic()) when connections.max.reauth.ms > 0, else None
         self.session_lifetime_ms = 0
         self.expires_at: float | None = None
+        self.ended_by = "connections.max.reauth.ms"  # what bounds the session, for the log line when it expires
         self.reauth_armed = False  # a SaslHandshake received on the live session starts a re-authentication
         self._last_reauth_start = 0.0
         self._previous: tuple[str, str] | None = None  # (mechanism, principal) being re-authenticated
@@ -511,11 +512,14 @@ class SaslSession:
         # credential expires (an OAUTHBEARER token), whichever comes first; neither: no expiry
         max_reauth = self.settings.max_reauth_ms.get(self.mechanism, 0)
         if credential_expiry_ms is None:
+            self.ended_by = "connections.max.reauth.ms"
             lifetime = min(max(max_reauth, 0), MAX_SESSION_LIFETIME_MS)
             self.expires_at = time.monotonic() + lifetime / 1000 if lifetime > 0 else None
         else:
             remaining = credential_expiry_ms - int(time.time() * 1000)
             lifetime = max(0, min(remaining, max_reauth) if max_reauth > 0 else remaining)
+            self.ended_by = "connections.max.reauth.ms" if 0 < max_reauth < remaining else \
+                f"the expiry of its {self.mechanism} token"
             lifetime = min(lifetime, MAX_SESSION_LIFETIME_MS)
             self.expires_at = time.monotonic() + lifetime / 1000
         self.session_lifetime_ms = lifetime

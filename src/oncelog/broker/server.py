@@ -173,8 +173,8 @@ class KafkaConnection(asyncio.Protocol):
         """A request other than a re-authentication on an expired SASL session (Kafka's SocketServer closes
         the channel): nothing more is read, and the connection closes after the answers to the requests
         before it."""
-        log.info("closing connection from %s: its SASL session expired (connections.max.reauth.ms) and it did "
-                 "not re-authenticate", self.peer)
+        log.info("closing connection from %s: its SASL session expired (%s) and it did not re-authenticate",
+                 self.peer, self.auth.ended_by if self.auth is not None else "connections.max.reauth.ms")
         if self.transport is not None:
             self.transport.pause_reading()
 
