@@ -362,6 +362,26 @@ def test_refused_tokens_log_one_warning_per_failed_login(caplog: pytest.LogCaptu
     assert "token refused: The indicated time" in warnings[0] and "Expiration Time" in warnings[0]
 
 
+def test_principals_from_tokens_are_escaped_in_log_lines(caplog: pytest.LogCaptureFixture) -> None:
+    """A sub with a newline cannot forge a second log line (it was written raw)."""
+    forged = "x\n2026-11-24 12:00:00,000 INFO oncelog.security: 10.0.0.1 authenticated as User:admin"
+    s = SaslSession(_broker().security.sasl, peer="10.0.0.9:1234")
+    s.handshake("OAUTHBEARER", 1)
+    with caplog.at_level("INFO", logger="oncelog.security"):
+        assert s.evaluate(_token(forged)) == b""
+    assert s.principal == forged  # the principal itself is the token's
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "\n" not in line and "authenticated as User:x\\n2026-11-24" in line, line
+    s = SaslSession(_broker().security.sasl, peer="10.0.0.9:1234")
+    s.handshake("OAUTHBEARER", 1)
+    caplog.clear()
+    with caplog.at_level("DEBUG", logger="oncelog.security"):
+        with pytest.raises(SaslAuthenticationError, match="authorization id"):  # an escape sequence in the authzid
+            s.evaluate(_token("a").replace(b"n,,", b"n,a=b\x1b[31m,"))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "\x1b" not in line and "authorization id (b\\x1b[31m)" in line, line
+
+
 # -- the client's configuration and tokens ---------------------------------------------------------------
 
 BASE = {"bootstrap.servers": "127.0.0.1:9092", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER"}

@@ -270,6 +270,15 @@ _JAAS = re.compile(r"^\s*(\S+)\s+(required|requisite|sufficient|optional)\b(.*?)
 _JAAS_OPTION = re.compile(r'\s*([A-Za-z0-9_.$-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s";]+)', re.S)
 
 
+def printable(text: object) -> str:
+    """``text`` for a log line: control and other unprintable characters escaped (``\\n``, ``\\x1b``), so that a
+    principal or message taken from a client cannot forge or garble log lines."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def parse_jaas(value: str, key: str) -> tuple[str, dict[str, str]]:
     """One JAAS login module entry, ``Module flag k="v" ...;`` -> (module, options)."""
     m = _JAAS.match(value)
@@ -437,7 +446,8 @@ class SaslSession:
     def handshake(self, mechanism: str, version: int) -> int:
         """0, or UNSUPPORTED_SASL_MECHANISM (33) after which the connection closes."""
         if mechanism not in self.settings.mechanisms:
-            log.warning("closing connection from %s: SASL mechanism %r is not enabled", self.peer, mechanism)
+            log.warning("closing connection from %s: SASL mechanism %s is not enabled", self.peer,
+                        printable(repr(mechanism)))
             self.state = self.FAILED
             self.close_after_response = True
             return 33
@@ -464,7 +474,7 @@ class SaslSession:
             from oncelog.broker.context import CloseConnection
 
             self.state = self.FAILED
-            log.warning("closing connection from %s: %s", self.peer, self._bad_mechanism)
+            log.warning("closing connection from %s: %s", self.peer, printable(self._bad_mechanism))
             raise CloseConnection(self._bad_mechanism)
         try:
             if self.mechanism == "PLAIN":
@@ -482,7 +492,8 @@ class SaslSession:
                 else:  # the token is refused: the JSON error goes out, the client's \x01 ends the exchange, whose
                     # WARNING says why; here DEBUG (as Kafka), as a client may send token after token unauthenticated
                     log.debug("%s of %s with OAUTHBEARER: token refused: %s",
-                              "re-authentication" if self._previous else "authentication", self.peer, oauth.failure)
+                              "re-authentication" if self._previous else "authentication", self.peer,
+                              printable(oauth.failure))
                 return answer
             scram = self._scram
             assert scram is not None and self.mechanism is not None
@@ -496,8 +507,8 @@ class SaslSession:
             self.state = self.FAILED
             self.close_after_response = True
             why = f" (token refused: {self._oauth.failure})" if self._oauth is not None and self._oauth.failure else ""
-            log.warning("%s of %s with %s failed: %s%s", "re-authentication" if self._previous else "authentication",
-                        self.peer, self.mechanism, exc, why)
+            log.warning("%s of %s with %s failed: %s", "re-authentication" if self._previous else "authentication",
+                        self.peer, self.mechanism, printable(f"{exc}{why}"))
             raise
 
     def _done(self, user: str, credential_expiry_ms: int | None = None) -> None:
@@ -525,9 +536,9 @@ class SaslSession:
         self.session_lifetime_ms = lifetime
         self._previous = None
         if previous is None:
-            log.info("%s authenticated as User:%s with %s", self.peer, user, self.mechanism)
+            log.info("%s authenticated as User:%s with %s", self.peer, printable(user), self.mechanism)
         else:
-            log.info("%s re-authenticated as User:%s with %s", self.peer, user, self.mechanism)
+            log.info("%s re-authenticated as User:%s with %s", self.peer, printable(user), self.mechanism)
 
 
 def failure_message(mechanism: str | None, exc: SaslError, reauthenticating: bool = False) -> str:
