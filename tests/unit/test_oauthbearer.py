@@ -437,6 +437,14 @@ def test_client_config_accepts_both_sources_and_the_alias() -> None:
     assert sec.sasl_mechanism == "OAUTHBEARER" and sec.oauth.oauth_cb is not None
 
 
+def test_sasl_oauthbearer_config_is_hidden_in_the_config_repr() -> None:
+    cfg = parse_config({**BASE, "oauth_cb": lambda c: ("t", 1.0),
+                        "sasl.oauthbearer.config": "clientId=app clientSecret=s3cr3t"}, "consumer")
+    assert cfg["sasl.oauthbearer.config"] == "clientId=app clientSecret=s3cr3t"
+    assert "s3cr3t" not in repr(cfg) and "'sasl.oauthbearer.config': '[hidden]'" in repr(cfg)
+    assert "s3cr3t" not in repr(cfg.security) and "s3cr3t" not in repr(cfg.security.oauth)
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = NOW
