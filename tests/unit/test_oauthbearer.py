@@ -404,6 +404,9 @@ def test_unsecured_builder_config() -> None:
     ("principal=a lifeSeconds=0", "out of range"), ("principal=a bogus=1", "Unrecognized sasl.oauthbearer.config"),
     ("principal=a extension_=v", "empty 'extension_' key"), ("principal=a extension_k1=v", "Extension name k1"),
     ("principal=a extension_auth=v", "Extension name auth"),
+    ("principal=alice principal=bob", "multiple 'principal=' entries"),  # was last-wins: a token for bob
+    ("principal=a lifeSeconds=5 lifeSeconds=6", "multiple 'lifeSeconds=' entries"),
+    ("principal=a extension_x=1 extension_x=2", "multiple 'extension_x=' entries"),
 ])
 def test_bad_unsecured_builder_config(text: str | None, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):

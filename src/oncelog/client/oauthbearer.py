@@ -92,6 +92,8 @@ def parse_unsecured_config(text: str | None) -> UnsecuredJwtConfig:
             name = key[len("extension_"):]
             if not name:
                 raise ValueError("Invalid sasl.oauthbearer.config: empty 'extension_' key")
+            if name in extensions:
+                raise ValueError(f"Invalid sasl.oauthbearer.config: multiple '{key}=' entries")
             extensions[name] = value
             continue
         if not sep or key not in ("principal", "principalClaimName", "scope", "scopeClaimName", "lifeSeconds"):
@@ -99,6 +101,8 @@ def parse_unsecured_config(text: str | None) -> UnsecuredJwtConfig:
                              "principalClaimName=, scope=, scopeClaimName=, lifeSeconds= or extension_NAME=)")
         if not value:
             raise ValueError(f"Invalid sasl.oauthbearer.config: empty '{key}='")
+        if key in values:  # librdkafka refuses a repeated key rather than taking the last one
+            raise ValueError(f"Invalid sasl.oauthbearer.config: multiple '{key}=' entries")
         values[key] = value
     if "principal" not in values:
         raise ValueError("Invalid sasl.oauthbearer.config: no principal=<value>")
