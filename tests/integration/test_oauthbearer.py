@@ -531,6 +531,22 @@ def test_raw_protocol_challenge_failure_and_session_lifetime(brokers: dict[str, 
         assert _recv(s) is None
 
 
+def test_raw_protocol_failed_login_is_answered_after_the_delay_then_closed(brokers: dict[str, EmbeddedBroker]) -> None:
+    """As Kafka, SASL_AUTHENTICATION_FAILED comes connection.failed.authentication.delay.ms (100 ms by default)
+    after the failing token, and the connection is then closed (it came at once)."""
+    b = brokers["oauth"]
+    handshake = _request(17, 1, 1, struct.pack(">h", 11) + b"OAUTHBEARER")
+    with socket.create_connection((b.host, b.port), timeout=10) as s:
+        s.sendall(handshake + _authenticate(2, client_initial_response(_jwt(life=-1)[0])))
+        _recv(s)
+        assert _answer(_recv(s))[2] == b'{"status":"invalid_token"}'
+        sent = time.monotonic()
+        s.sendall(_authenticate(3, b"\x01"))
+        assert _answer(_recv(s))[0] == 58
+        assert time.monotonic() - sent >= 0.095
+        assert _recv(s) is None
+
+
 def test_raw_protocol_crafted_tokens_are_answered_not_crashed(brokers: dict[str, EmbeddedBroker]) -> None:
     """Tokens with NaN, Infinity or too deeply nested JSON are invalid_token (the broker logged a traceback and
     dropped the connection); one valid until 1e20 s is accepted with a session lifetime the answer can carry

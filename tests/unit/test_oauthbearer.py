@@ -305,6 +305,13 @@ def test_unsecured_oauthbearer_beside_plain_or_scram_is_warned_about() -> None:
     assert security_warnings(sec.security) == []
 
 
+def test_failed_authentication_delay_config() -> None:
+    assert _broker().connection_failed_authentication_delay_ms == 100  # Kafka's default
+    assert _broker(**{"connection.failed.authentication.delay.ms": "0"}).connection_failed_authentication_delay_ms == 0
+    with pytest.raises(ConfigError, match="connection.failed.authentication.delay.ms"):
+        _broker(**{"connection.failed.authentication.delay.ms": "-1"})
+
+
 def _token(principal: str = "alice", life: float = 60.0, **claims: Any) -> bytes:
     now = int(time.time() * 1000) / 1000  # millisecond precision, as librdkafka and Kafka's login write iat
     return client_initial_response(unsecured_jws({"sub": principal, "iat": now, "exp": now + life, **claims}))
