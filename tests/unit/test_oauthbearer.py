@@ -369,6 +369,17 @@ def test_refused_tokens_log_one_warning_per_failed_login(caplog: pytest.LogCaptu
     assert "token refused: The indicated time" in warnings[0] and "Expiration Time" in warnings[0]
 
 
+def test_failed_login_warning_does_not_blame_an_earlier_refused_token(caplog: pytest.LogCaptureFixture) -> None:
+    s = SaslSession(_broker().security.sasl)
+    s.handshake("OAUTHBEARER", 1)
+    assert s.evaluate(_token(life=-5)) == b'{"status":"invalid_token"}'
+    with caplog.at_level("WARNING", logger="oncelog.security"):
+        with pytest.raises(SaslAuthenticationError, match="authorization id"):
+            s.evaluate(_token("a").replace(b"n,,", b"n,a=b,"))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "authorization id (b)" in line and "token refused" not in line, line
+
+
 def test_principals_from_tokens_are_escaped_in_log_lines(caplog: pytest.LogCaptureFixture) -> None:
     """A sub with a newline cannot forge a second log line (it was written raw)."""
     forged = "x\n2026-11-24 12:00:00,000 INFO oncelog.security: 10.0.0.1 authenticated as User:admin"

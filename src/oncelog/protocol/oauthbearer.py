@@ -347,6 +347,7 @@ class OAuthBearerServer:
         if response == b"\x01" and self._error is not None:
             raise SaslAuthenticationError(self._error.decode())
         self._error = None
+        self.failure = None  # a new initial response: an earlier refusal is not why this one fails
         token_value, authzid, extensions = parse_client_initial_response(response)
         try:
             token = self._validate(token_value)
