@@ -66,6 +66,12 @@ def _log(b: EmbeddedBroker) -> str:
     return Path(b.log_path).read_text(errors="replace")
 
 
+def test_startup_warns_about_unsecured_oauthbearer_beside_plain(brokers: dict[str, EmbeddedBroker]) -> None:
+    warning = "enables OAUTHBEARER with the unsecured validator beside PLAIN: any client can mint an unsigned token"
+    assert any("WARNING" in line and warning in line for line in _log(brokers["oauth"]).splitlines())
+    assert "unsecured validator beside" not in _log(brokers["scoped"])  # OAUTHBEARER alone
+
+
 def _base(b: EmbeddedBroker) -> dict[str, Any]:
     return {"bootstrap.servers": b.bootstrap, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER"}
 
@@ -242,7 +248,9 @@ def test_oncelog_blocking_and_asyncio_with_both_token_sources(brokers: dict[str,
     before = _log(b)
     assert _oncelog_roundtrip({**_base(b), "oauth_cb": oauth_cb}, topic, n) == [f"o{i}".encode() for i in range(n)]
     assert calls and set(calls) == {None}
-    assert _oncelog_roundtrip(_unsecure(b, "principal=erin"), topic, n)[:n] == [f"o{i}".encode() for i in range(n)]
+    # its own topic: in the first one the records read back would be dave's (and flush() is 0 when all failed)
+    assert _oncelog_roundtrip(_unsecure(b, "principal=erin"), _topic(b, "ob2"), n) == [f"o{i}".encode()
+                                                                                       for i in range(n)]
 
     async def cb(config: str | None) -> tuple[str, float]:
         await asyncio.sleep(0)
@@ -357,6 +365,52 @@ def test_short_lived_tokens_reauthenticate_with_fresh_tokens(brokers: dict[str, 
 
 
 # -- refused tokens -------------------------------------------------------------------------------------
+
+def test_failed_refresh_keeps_the_consumer_going(brokers: dict[str, EmbeddedBroker]) -> None:
+    """4-second tokens and an oauth_cb that fails once, at the first refresh: the consumer keeps its still
+    valid token and reconnects or re-authenticates with the next one; consume() raises nothing and every
+    record arrives (consume() raised SaslAuthenticationFailedError at the failed refresh). About 8 s."""
+    b = brokers["oauth"]
+    life = 4.0
+    calls: list[float] = []
+
+    def oauth_cb(config: str | None) -> tuple[str, float]:
+        calls.append(time.monotonic())
+        if len(calls) == 2:
+            raise RuntimeError("token endpoint 503 (transient)")
+        return _jwt(life=life, principal="hana")
+
+    topic = _topic(b, "refresh")
+    errors: list[str] = []
+    got: list[bytes] = []
+    with Producer(_unsecure(b)) as p:
+        c = Consumer({**_base(b), "oauth_cb": oauth_cb, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                      "enable.auto.commit": False})
+        try:
+            c.assign([TopicPartition(topic, 0, -2)])
+            sent = 0
+            started = time.monotonic()
+            while time.monotonic() - started < 2 * life:
+                p.produce(topic, str(sent).encode())
+                sent += 1
+                p.poll(0)
+                try:
+                    got.extend(m.value for m in c.consume(100, 0.05))
+                except Exception as exc:  # noqa: BLE001 - what consume() raises is the finding
+                    errors.append(f"{type(exc).__name__}: {exc}")
+            assert p.flush(10) == 0
+            deadline = time.monotonic() + 10
+            while len(got) < sent and time.monotonic() < deadline and not errors:
+                try:
+                    got.extend(m.value for m in c.consume(100, 0.2))
+                except Exception as exc:  # noqa: BLE001
+                    errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            c.close()
+    assert errors == []
+    assert len(calls) >= 3, "the failed refresh was retried"
+    assert got == [str(i).encode() for i in range(sent)]
+
 
 BAD_TOKENS = {
     "expired": lambda: _jwt(life=-10)[0],
@@ -475,6 +529,72 @@ def test_raw_protocol_challenge_failure_and_session_lifetime(brokers: dict[str, 
         assert _answer(_recv(s))[:2] == (58, "Authentication failed during authentication due to invalid credentials "
                                               "with SASL mechanism OAUTHBEARER")
         assert _recv(s) is None
+
+
+def test_raw_protocol_failed_login_is_answered_after_the_delay_then_closed(brokers: dict[str, EmbeddedBroker]) -> None:
+    """As Kafka, SASL_AUTHENTICATION_FAILED comes connection.failed.authentication.delay.ms (100 ms by default)
+    after the failing token, and the connection is then closed (it came at once)."""
+    b = brokers["oauth"]
+    handshake = _request(17, 1, 1, struct.pack(">h", 11) + b"OAUTHBEARER")
+    with socket.create_connection((b.host, b.port), timeout=10) as s:
+        s.sendall(handshake + _authenticate(2, client_initial_response(_jwt(life=-1)[0])))
+        _recv(s)
+        assert _answer(_recv(s))[2] == b'{"status":"invalid_token"}'
+        sent = time.monotonic()
+        s.sendall(_authenticate(3, b"\x01"))
+        assert _answer(_recv(s))[0] == 58
+        assert time.monotonic() - sent >= 0.095
+        assert _recv(s) is None
+
+
+def test_raw_protocol_crafted_tokens_are_answered_not_crashed(brokers: dict[str, EmbeddedBroker]) -> None:
+    """Tokens with NaN, Infinity or too deeply nested JSON are invalid_token (the broker logged a traceback and
+    dropped the connection); one valid until 1e20 s is accepted with a session lifetime the answer can carry
+    (it crashed the response encoder) and the connection is served."""
+    from oncelog.protocol.oauthbearer import b64url_encode
+
+    b = brokers["oauth"]
+    before = _log(b)
+    handshake = _request(17, 1, 1, struct.pack(">h", 11) + b"OAUTHBEARER")
+
+    def token(claims: bytes) -> bytes:
+        header = b64url_encode(b'{"alg":"none"}')
+        return client_initial_response(f"{header}.{b64url_encode(claims)}.")
+
+    for claims in (b'{"sub":"a","exp":NaN}', b'{"sub":"a","exp":1e400}',
+                   b'{"sub":"a","exp":9999999999,"x":' + b"[" * 50000 + b"]" * 50000 + b"}"):
+        with socket.create_connection((b.host, b.port), timeout=10) as s:
+            s.sendall(handshake + _authenticate(2, token(claims)))
+            _recv(s)
+            assert _answer(_recv(s)) == (0, None, b'{"status":"invalid_token"}', 0), claims[:40]
+    with socket.create_connection((b.host, b.port), timeout=10) as s:
+        s.sendall(handshake + _authenticate(2, token(b'{"sub":"a","exp":1e20}')))
+        _recv(s)
+        code, message, auth, lifetime = _answer(_recv(s))
+        assert (code, message, auth) == (0, None, b"") and lifetime > 10**16
+        s.sendall(_request(3, 1, 3, struct.pack(">i", -1)))  # Metadata v1, all topics: served
+        assert _recv(s) is not None
+    assert "Traceback" not in _log(b)[len(before):]
+
+
+def test_raw_protocol_session_ended_by_the_token_says_so(brokers: dict[str, EmbeddedBroker]) -> None:
+    """A 1-second token and no re-authentication: the next request closes the connection, and the broker's log
+    line names the token's expiry (it blamed connections.max.reauth.ms, which is not set here). About 1.5 s."""
+    b = brokers["oauth"]
+    before = _log(b)
+    handshake = _request(17, 1, 1, struct.pack(">h", 11) + b"OAUTHBEARER")
+    with socket.create_connection((b.host, b.port), timeout=10) as s:
+        s.sendall(handshake + _authenticate(2, client_initial_response(_jwt(life=1.0, principal="ivy")[0])))
+        _recv(s)
+        assert _answer(_recv(s))[0] == 0
+        time.sleep(1.2)
+        s.sendall(_request(3, 1, 3, struct.pack(">i", -1)))
+        assert _recv(s) is None, "a request after the session expired closes the connection"
+    deadline = time.monotonic() + 5
+    while "session expired" not in _log(b)[len(before):] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = next(x for x in _log(b)[len(before):].splitlines() if "session expired" in x)
+    assert "its SASL session expired (the expiry of its OAUTHBEARER token)" in line, line
 
 
 def test_bad_client_config_fails_at_construction(brokers: dict[str, EmbeddedBroker]) -> None:

@@ -101,7 +101,8 @@ def _authenticate_answer(session: SaslSession, token: bytes) -> tuple[int, str |
 
     from oncelog.broker.handlers import sasl_authenticate
 
-    resp = asyncio.run(sasl_authenticate.handle(SimpleNamespace(auth=session),  # type: ignore[arg-type]
+    broker = SimpleNamespace(config=SimpleNamespace(connection_failed_authentication_delay_ms=0))
+    resp = asyncio.run(sasl_authenticate.handle(SimpleNamespace(auth=session, broker=broker),  # type: ignore[arg-type]
                                                 SimpleNamespace(auth_bytes=token)))
     return resp["error_code"], resp["error_message"]
 

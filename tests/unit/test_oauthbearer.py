@@ -90,6 +90,45 @@ def test_garbage_is_refused(token: str, reason: str) -> None:
         UnsecuredValidator().validate(token, NOW_MS)
 
 
+def _raw_jws(claims: bytes) -> str:
+    return f"{_b64({'alg': 'none'})}.{_b64(claims)}."
+
+
+@pytest.mark.parametrize("claims,reason", [
+    (b'{"sub":"a","exp":NaN}', "malformed JSON"),  # not JSON (Jackson refuses it too)
+    (b'{"sub":"a","exp":Infinity}', "malformed JSON"),
+    (b'{"sub":"a","exp":1e999,"iat":-Infinity}', "malformed JSON"),
+    (b'{"sub":"a","exp":1e400}', "'exp' claim was not a finite number"),  # a double's Infinity
+    (b'{"sub":"a","exp":9999999999,"iat":-1e400}', "'iat' claim was not a finite number"),
+    (b'{"sub":"a","exp":1' + b"0" * 400 + b"}", "'exp' claim was not a finite number"),  # too large for a double
+    (b'{"sub":"a","exp":9999999999,"x":' + b"[" * 50000 + b"]" * 50000 + b"}", "malformed JSON"),  # too deep
+])
+def test_crafted_numbers_and_nesting_are_refused_not_crashed(claims: bytes, reason: str) -> None:
+    with pytest.raises(TokenValidationError, match=reason):
+        UnsecuredValidator().validate(_raw_jws(claims), NOW_MS)
+
+
+@pytest.mark.parametrize("exp", ["1e20", "1e300", "1.7e308"])  # 1.7e308 * 1000 is inf in a double
+def test_huge_finite_expiry_saturates_at_a_long(exp: str) -> None:
+    token = UnsecuredValidator().validate(_raw_jws(b'{"sub":"a","iat":1,"exp":' + exp.encode() + b"}"), NOW_MS)
+    assert token.lifetime_ms == 2**63 - 1 and token.start_ms == 1000
+
+
+def test_session_lifetime_of_a_huge_expiry_fits_the_response() -> None:
+    """A token valid until 1e20 s: the session lifetime is capped to what SaslAuthenticate can carry and the
+    answer encodes (it crashed the encoder: timedelta overflow)."""
+    from oncelog.protocol.build import materialize
+    from oncelog.protocol.codec import encode_response, response_type
+
+    s = SaslSession(_broker().security.sasl)
+    s.handshake("OAUTHBEARER", 1)
+    assert s.evaluate(client_initial_response(_raw_jws(b'{"sub":"a","exp":1e20}'))) == b""
+    assert s.complete and 10**16 < s.session_lifetime_ms <= 2**63 - 1
+    assert not s.expired(time.monotonic() + 10 * 365 * 86400)
+    answer = {"error_code": 0, "error_message": None, "auth_bytes": b"", "session_lifetime": s.session_lifetime_ms}
+    assert encode_response(materialize(response_type(36, 1), answer))
+
+
 def test_exp_on_iat_is_inconsistent() -> None:
     with pytest.raises(TokenValidationError, match="was not after the Issued At"):
         UnsecuredValidator(clock_skew_ms=100_000).validate(_jws({**GOOD, "iat": NOW + 60}), NOW_MS)
@@ -252,6 +291,27 @@ def test_bad_broker_oauthbearer_config(props: dict[str, str | None], expected: s
         BrokerConfig.from_properties(merged)
 
 
+def test_unsecured_oauthbearer_beside_plain_or_scram_is_warned_about() -> None:
+    from oncelog.broker.security import security_warnings
+
+    assert security_warnings(_broker().security) == []  # OAUTHBEARER alone
+    plain = 'org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="a";'
+    for mechanisms in ("OAUTHBEARER,PLAIN", "SCRAM-SHA-256,OAUTHBEARER"):
+        sec = _broker(**{"sasl.enabled.mechanisms": mechanisms,
+                         "listener.name.sasl_plaintext.plain.sasl.jaas.config": plain}).security
+        (warning,) = security_warnings(sec)
+        assert "any client can mint an unsigned token and log in as any principal" in warning, warning
+    sec = _broker(**{"sasl.enabled.mechanisms": "PLAIN", "listener.name.sasl_plaintext.plain.sasl.jaas.config": plain})
+    assert security_warnings(sec.security) == []
+
+
+def test_failed_authentication_delay_config() -> None:
+    assert _broker().connection_failed_authentication_delay_ms == 100  # Kafka's default
+    assert _broker(**{"connection.failed.authentication.delay.ms": "0"}).connection_failed_authentication_delay_ms == 0
+    with pytest.raises(ConfigError, match="connection.failed.authentication.delay.ms"):
+        _broker(**{"connection.failed.authentication.delay.ms": "-1"})
+
+
 def _token(principal: str = "alice", life: float = 60.0, **claims: Any) -> bytes:
     now = int(time.time() * 1000) / 1000  # millisecond precision, as librdkafka and Kafka's login write iat
     return client_initial_response(unsecured_jws({"sub": principal, "iat": now, "exp": now + life, **claims}))
@@ -268,6 +328,7 @@ def test_session_lifetime_is_bounded_by_the_token(max_reauth: int, life: float, 
     assert expected_ms - 1000 <= s.session_lifetime_ms <= expected_ms
     assert s.expires_at is not None and not s.expired(time.monotonic())
     assert s.expired(time.monotonic() + expected_ms / 1000 + 0.01)
+    assert s.ended_by == ("connections.max.reauth.ms" if max_reauth == 5000 else "the expiry of its OAUTHBEARER token")
 
 
 def test_session_reauthentication_keeps_the_principal() -> None:
@@ -289,6 +350,54 @@ def test_session_refused_token_closes_after_the_failure() -> None:
     with pytest.raises(SaslAuthenticationError):
         s.evaluate(b"\x01")
     assert s.state == s.FAILED and s.close_after_response
+
+
+def test_refused_tokens_log_one_warning_per_failed_login(caplog: pytest.LogCaptureFixture) -> None:
+    """A client may send token after token on one unauthenticated connection (Kafka allows it): each refusal
+    is logged at DEBUG, as Kafka, and the failed login once at WARNING with the last reason (each refusal
+    was a WARNING: about 6000 lines a second from one connection)."""
+    s = SaslSession(_broker().security.sasl, peer="10.0.0.9:1234")
+    s.handshake("OAUTHBEARER", 1)
+    with caplog.at_level("DEBUG", logger="oncelog.security"):
+        for _ in range(100):
+            assert s.evaluate(_token(life=-5)) == b'{"status":"invalid_token"}'
+        assert [r.levelname for r in caplog.records] == ["DEBUG"] * 100
+        with pytest.raises(SaslAuthenticationError):
+            s.evaluate(b"\x01")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "10.0.0.9:1234" in warnings[0], warnings
+    assert "token refused: The indicated time" in warnings[0] and "Expiration Time" in warnings[0]
+
+
+def test_failed_login_warning_does_not_blame_an_earlier_refused_token(caplog: pytest.LogCaptureFixture) -> None:
+    s = SaslSession(_broker().security.sasl)
+    s.handshake("OAUTHBEARER", 1)
+    assert s.evaluate(_token(life=-5)) == b'{"status":"invalid_token"}'
+    with caplog.at_level("WARNING", logger="oncelog.security"):
+        with pytest.raises(SaslAuthenticationError, match="authorization id"):
+            s.evaluate(_token("a").replace(b"n,,", b"n,a=b,"))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "authorization id (b)" in line and "token refused" not in line, line
+
+
+def test_principals_from_tokens_are_escaped_in_log_lines(caplog: pytest.LogCaptureFixture) -> None:
+    """A sub with a newline cannot forge a second log line (it was written raw)."""
+    forged = "x\n2026-11-24 12:00:00,000 INFO oncelog.security: 10.0.0.1 authenticated as User:admin"
+    s = SaslSession(_broker().security.sasl, peer="10.0.0.9:1234")
+    s.handshake("OAUTHBEARER", 1)
+    with caplog.at_level("INFO", logger="oncelog.security"):
+        assert s.evaluate(_token(forged)) == b""
+    assert s.principal == forged  # the principal itself is the token's
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "\n" not in line and "authenticated as User:x\\n2026-11-24" in line, line
+    s = SaslSession(_broker().security.sasl, peer="10.0.0.9:1234")
+    s.handshake("OAUTHBEARER", 1)
+    caplog.clear()
+    with caplog.at_level("DEBUG", logger="oncelog.security"):
+        with pytest.raises(SaslAuthenticationError, match="authorization id"):  # an escape sequence in the authzid
+            s.evaluate(_token("a").replace(b"n,,", b"n,a=b\x1b[31m,"))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "\x1b" not in line and "authorization id (b\\x1b[31m)" in line, line
 
 
 # -- the client's configuration and tokens ---------------------------------------------------------------
@@ -313,6 +422,9 @@ def test_unsecured_builder_config() -> None:
     ("principal=a lifeSeconds=0", "out of range"), ("principal=a bogus=1", "Unrecognized sasl.oauthbearer.config"),
     ("principal=a extension_=v", "empty 'extension_' key"), ("principal=a extension_k1=v", "Extension name k1"),
     ("principal=a extension_auth=v", "Extension name auth"),
+    ("principal=alice principal=bob", "multiple 'principal=' entries"),  # was last-wins: a token for bob
+    ("principal=a lifeSeconds=5 lifeSeconds=6", "multiple 'lifeSeconds=' entries"),
+    ("principal=a extension_x=1 extension_x=2", "multiple 'extension_x=' entries"),
 ])
 def test_bad_unsecured_builder_config(text: str | None, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
@@ -344,6 +456,14 @@ def test_client_config_accepts_both_sources_and_the_alias() -> None:
     conf = {k: v for k, v in BASE.items() if k != "sasl.mechanism"}
     sec = parse_config({**conf, "sasl.mechanisms": "oauthbearer", "oauth_cb": lambda c: ("t", 1.0)}, "admin").security
     assert sec.sasl_mechanism == "OAUTHBEARER" and sec.oauth.oauth_cb is not None
+
+
+def test_sasl_oauthbearer_config_is_hidden_in_the_config_repr() -> None:
+    cfg = parse_config({**BASE, "oauth_cb": lambda c: ("t", 1.0),
+                        "sasl.oauthbearer.config": "clientId=app clientSecret=s3cr3t"}, "consumer")
+    assert cfg["sasl.oauthbearer.config"] == "clientId=app clientSecret=s3cr3t"
+    assert "s3cr3t" not in repr(cfg) and "'sasl.oauthbearer.config': '[hidden]'" in repr(cfg)
+    assert "s3cr3t" not in repr(cfg.security) and "s3cr3t" not in repr(cfg.security.oauth)
 
 
 class _Clock:
@@ -393,7 +513,8 @@ def test_token_source_async_callback_and_shared_fetch() -> None:
 @pytest.mark.parametrize("result,reason", [
     ("tok", "must return \\(token_str"), (("tok",), "must return"), ((None, NOW + 5), "non-empty string"),
     (("", NOW + 5), "non-empty string"), (("tok", "soon"), "seconds since the epoch"),
-    (("tok", NOW - 1), "already expired"), (("tok", (NOW + 5) * 1000.0), "not milliseconds"),
+    (("tok", NOW - 1), "already expired"), (("tok", (NOW + 5) * 1000.0), "looks like milliseconds"),
+    (("tok", 1e11), "looks like milliseconds"),
     (("tok", NOW + 5, "p", {"k1": "v"}), "invalid SASL extension"),
     (("tok", NOW + 5, 5, {}), "principal must be a string"), (("tok", NOW + 5, "p", ["x"]), "dict of str"),
 ])
@@ -402,12 +523,116 @@ def test_bad_oauth_cb_results_are_clear_errors(result: Any, reason: str) -> None
         TokenSource(lambda c: result, None, None, clock=_Clock()).token()
 
 
+@pytest.mark.parametrize("expiry", [2147483647, 4102444800, 9999999999, 99_999_999_999.0])
+def test_far_future_oauth_cb_expiries_are_accepted(expiry: float) -> None:
+    """"Never expires" sentinels in seconds are accepted, as confluent-kafka does (they were refused as more than
+    ten years ahead, with a message saying they were milliseconds)."""
+    token = TokenSource(lambda c: ("tok", expiry), None, None, clock=_Clock()).token()
+    assert (token.value, token.expiry) == ("tok", expiry)
+
+
 def test_oauth_cb_exception_is_one_clear_error() -> None:
     def cb(config: str | None) -> tuple[str, float]:
         raise RuntimeError("idp down")
 
     with pytest.raises(TokenError, match="oauth_cb raised RuntimeError: idp down"):
         TokenSource(cb, None, None).token()
+
+
+class _IdpDown:
+    async def __call__(self, config: str | None) -> tuple[str, float]:
+        raise RuntimeError("idp down")
+
+
+def test_awaitable_oauth_cb_failure_is_a_token_error() -> None:
+    """An object with an async __call__, or a plain function returning a coroutine, that raises gives the
+    documented TokenError (it escaped as the raw RuntimeError)."""
+    import asyncio
+
+    def returns_coroutine(config: str | None) -> Any:
+        return _IdpDown()(config)
+
+    for cb in (_IdpDown(), returns_coroutine):
+        with pytest.raises(TokenError, match="oauth_cb raised RuntimeError: idp down"):
+            asyncio.run(TokenSource(cb, None, None).atoken())
+
+
+def _flaky(clock: _Clock, fail_at: set[int]) -> tuple[Any, list[float]]:
+    """An oauth_cb of 100-second tokens that raises on the calls numbered in fail_at (from 1)."""
+    calls: list[float] = []
+
+    def cb(config: str | None) -> tuple[str, float]:
+        calls.append(clock.now - NOW)
+        if len(calls) in fail_at:
+            raise RuntimeError("token endpoint 503")
+        return f"tok{len(calls)}", clock.now + 100
+
+    return cb, calls
+
+
+@pytest.mark.parametrize("mode", ["blocking", "asyncio"])
+def test_failed_refresh_keeps_the_unexpired_token_and_retries_later(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A refresh failing at 85% of the token's life keeps the current token (one WARNING) and oauth_cb is
+    not called again for 10 s, as librdkafka; once the token has expired the failure is a TokenError
+    (it failed the connection's authentication at once)."""
+    import asyncio
+
+    clock = _Clock()
+    cb, calls = _flaky(clock, {2, 3, 4})
+    src = TokenSource(cb, None, None, clock=clock)
+
+    def get() -> str:
+        return (src.token() if mode == "blocking" else asyncio.run(src.atoken())).value
+
+    assert get() == "tok1"
+    clock.now = NOW + 85
+    with caplog.at_level("WARNING", logger="oncelog.client.oauthbearer"):
+        assert get() == "tok1" and len(calls) == 2
+        clock.now = NOW + 94
+        assert get() == "tok1" and len(calls) == 2  # no retry within 10 s
+    assert [r.getMessage() for r in caplog.records if "keeping the current one" in r.getMessage()] != []
+    assert len(caplog.records) == 1 and "token endpoint 503" in caplog.records[0].getMessage()
+    clock.now = NOW + 95.5
+    assert get() == "tok1" and len(calls) == 3  # retried, failed again, still valid
+    clock.now = NOW + 101
+    with pytest.raises(TokenError, match="oauth_cb raised RuntimeError: token endpoint 503"):
+        get()
+    assert get() == "tok5" and len(calls) == 5  # the next call succeeds
+
+
+def test_hung_oauth_cb_times_out_and_failed_fetch_is_retrieved(caplog: pytest.LogCaptureFixture) -> None:
+    """A callback that does not return fails with a clear TokenError after the timeout (request.timeout.ms;
+    it waited forever), and a failed fetch whose only waiter was cancelled is not reported by asyncio as
+    "Task exception was never retrieved"."""
+    import asyncio
+    import gc
+
+    async def hung(config: str | None) -> tuple[str, float]:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def main() -> None:
+        with pytest.raises(TokenError, match="oauth_cb did not return within 50 ms \\(request.timeout.ms\\)"):
+            await TokenSource(hung, None, None, timeout=0.05).atoken()
+
+    asyncio.run(main())
+    assert parse_config({**BASE, "oauth_cb": lambda c: ("t", 1.0), "request.timeout.ms": 1234},
+                        "admin").security.oauth.timeout == 1.234
+
+    async def slow_failure(config: str | None) -> tuple[str, float]:
+        await asyncio.sleep(0.05)
+        raise RuntimeError("idp down")
+
+    async def cancelled_waiter() -> None:
+        waiter = asyncio.ensure_future(TokenSource(slow_failure, None, None).atoken())
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        await asyncio.sleep(0.1)  # the shared fetch fails with nobody awaiting it
+
+    with caplog.at_level("ERROR", logger="asyncio"):
+        asyncio.run(cancelled_waiter())
+        gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 # -- the Java client's OAuthBearerLoginModule (--command-config, Spark's kafka.* options) -----------------

@@ -301,6 +301,7 @@ _INTS: dict[str, tuple[str, _Spec]] = {
     "sasl.server.max.receive.size": ("sasl_server_max_receive_size", _POS_INT),
     "connections.max.idle.ms": ("connections_max_idle_ms", _LONG),
     "connections.max.reauth.ms": ("connections_max_reauth_ms", _LONG),
+    "connection.failed.authentication.delay.ms": ("connection_failed_authentication_delay_ms", _Spec("int", lo=0)),
     "log.flush.interval.messages": ("log_flush_interval_messages", _POS_LONG),
     "log.flush.interval.ms": ("log_flush_interval_ms", _LONG),
     "log.retention.check.interval.ms": ("log_retention_check_interval_ms", _POS_LONG),
@@ -388,6 +389,9 @@ class BrokerConfig:
     # a connection that reads and writes nothing for this long is closed, authenticated or not (Kafka's
     # Selector idle expiry; negative: never)
     connections_max_idle_ms: int = 600000
+    # a failed SASL authentication is answered, and its connection closed, this much later (Kafka's, against
+    # password guessing)
+    connection_failed_authentication_delay_ms: int = 100
     # SASL session lifetime (KIP-368; 0: no re-authentication); the listener's per-mechanism values, which
     # listener-prefixed keys may override, are in security.sasl.max_reauth_ms
     connections_max_reauth_ms: int = 0

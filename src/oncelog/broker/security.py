@@ -46,6 +46,7 @@ whose session expired when it sends anything else.
 
 from __future__ import annotations
 
+import datetime
 import hmac
 import logging
 import os
@@ -75,6 +76,9 @@ OAUTHBEARER_LOGIN_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBe
 # ignored, which would accept unsigned tokens where signed ones were meant
 _OAUTH_UNSUPPORTED = re.compile(r"^(?:listener\.name\.[^.]+\.)?(?:[a-z0-9-]+\.)?(?:sasl\.server\.callback\.handler\.class"
                                 r"|sasl\.oauthbearer\..+)$")
+# the largest session_lifetime_ms SaslAuthenticate can carry here (an int64 field, encoded from a timedelta):
+# a token expiring later (exp 1e20) gets this lifetime, as Kafka's long saturates
+MAX_SESSION_LIFETIME_MS = min(2**63 - 1, datetime.timedelta.max // datetime.timedelta(milliseconds=1))
 CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 
 # the keys this module reads (each also with a listener.name.<name>. prefix)
@@ -266,6 +270,15 @@ _JAAS = re.compile(r"^\s*(\S+)\s+(required|requisite|sufficient|optional)\b(.*?)
 _JAAS_OPTION = re.compile(r'\s*([A-Za-z0-9_.$-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s";]+)', re.S)
 
 
+def printable(text: object) -> str:
+    """``text`` for a log line: control and other unprintable characters escaped (``\\n``, ``\\x1b``), so that a
+    principal or message taken from a client cannot forge or garble log lines."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def parse_jaas(value: str, key: str) -> tuple[str, dict[str, str]]:
     """One JAAS login module entry, ``Module flag k="v" ...;`` -> (module, options)."""
     m = _JAAS.match(value)
@@ -391,6 +404,7 @@ class SaslSession:
         # KIP-368: the session's end (time.monotonic()) when connections.max.reauth.ms > 0, else None
         self.session_lifetime_ms = 0
         self.expires_at: float | None = None
+        self.ended_by = "connections.max.reauth.ms"  # what bounds the session, for the log line when it expires
         self.reauth_armed = False  # a SaslHandshake received on the live session starts a re-authentication
         self._last_reauth_start = 0.0
         self._previous: tuple[str, str] | None = None  # (mechanism, principal) being re-authenticated
@@ -432,7 +446,8 @@ class SaslSession:
     def handshake(self, mechanism: str, version: int) -> int:
         """0, or UNSUPPORTED_SASL_MECHANISM (33) after which the connection closes."""
         if mechanism not in self.settings.mechanisms:
-            log.warning("closing connection from %s: SASL mechanism %r is not enabled", self.peer, mechanism)
+            log.warning("closing connection from %s: SASL mechanism %s is not enabled", self.peer,
+                        printable(repr(mechanism)))
             self.state = self.FAILED
             self.close_after_response = True
             return 33
@@ -459,7 +474,7 @@ class SaslSession:
             from oncelog.broker.context import CloseConnection
 
             self.state = self.FAILED
-            log.warning("closing connection from %s: %s", self.peer, self._bad_mechanism)
+            log.warning("closing connection from %s: %s", self.peer, printable(self._bad_mechanism))
             raise CloseConnection(self._bad_mechanism)
         try:
             if self.mechanism == "PLAIN":
@@ -474,9 +489,11 @@ class SaslSession:
                 answer = oauth.evaluate(token)
                 if oauth.token is not None:
                     self._done(oauth.token.principal, oauth.token.lifetime_ms)
-                else:  # the token is refused: the JSON error goes out, the client's \x01 ends the exchange
-                    log.warning("%s of %s with OAUTHBEARER: token refused: %s",
-                                "re-authentication" if self._previous else "authentication", self.peer, oauth.failure)
+                else:  # the token is refused: the JSON error goes out, the client's \x01 ends the exchange, whose
+                    # WARNING says why; here DEBUG (as Kafka), as a client may send token after token unauthenticated
+                    log.debug("%s of %s with OAUTHBEARER: token refused: %s",
+                              "re-authentication" if self._previous else "authentication", self.peer,
+                              printable(oauth.failure))
                 return answer
             scram = self._scram
             assert scram is not None and self.mechanism is not None
@@ -489,8 +506,9 @@ class SaslSession:
         except SaslError as exc:
             self.state = self.FAILED
             self.close_after_response = True
+            why = f" (token refused: {self._oauth.failure})" if self._oauth is not None and self._oauth.failure else ""
             log.warning("%s of %s with %s failed: %s", "re-authentication" if self._previous else "authentication",
-                        self.peer, self.mechanism, exc)
+                        self.peer, self.mechanism, printable(f"{exc}{why}"))
             raise
 
     def _done(self, user: str, credential_expiry_ms: int | None = None) -> None:
@@ -505,18 +523,22 @@ class SaslSession:
         # credential expires (an OAUTHBEARER token), whichever comes first; neither: no expiry
         max_reauth = self.settings.max_reauth_ms.get(self.mechanism, 0)
         if credential_expiry_ms is None:
-            lifetime = max(max_reauth, 0)
+            self.ended_by = "connections.max.reauth.ms"
+            lifetime = min(max(max_reauth, 0), MAX_SESSION_LIFETIME_MS)
             self.expires_at = time.monotonic() + lifetime / 1000 if lifetime > 0 else None
         else:
             remaining = credential_expiry_ms - int(time.time() * 1000)
             lifetime = max(0, min(remaining, max_reauth) if max_reauth > 0 else remaining)
+            self.ended_by = "connections.max.reauth.ms" if 0 < max_reauth < remaining else \
+                f"the expiry of its {self.mechanism} token"
+            lifetime = min(lifetime, MAX_SESSION_LIFETIME_MS)
             self.expires_at = time.monotonic() + lifetime / 1000
         self.session_lifetime_ms = lifetime
         self._previous = None
         if previous is None:
-            log.info("%s authenticated as User:%s with %s", self.peer, user, self.mechanism)
+            log.info("%s authenticated as User:%s with %s", self.peer, printable(user), self.mechanism)
         else:
-            log.info("%s re-authenticated as User:%s with %s", self.peer, user, self.mechanism)
+            log.info("%s re-authenticated as User:%s with %s", self.peer, printable(user), self.mechanism)
 
 
 def failure_message(mechanism: str | None, exc: SaslError, reauthenticating: bool = False) -> str:
@@ -526,6 +548,19 @@ def failure_message(mechanism: str | None, exc: SaslError, reauthenticating: boo
         return str(exc)
     during = "re-authentication" if reauthenticating else "authentication"
     return f"Authentication failed during {during} due to invalid credentials with SASL mechanism {mechanism}"
+
+
+def security_warnings(settings: SecuritySettings) -> list[str]:
+    """What the broker warns about at startup: OAUTHBEARER's unsecured validator beside PLAIN or SCRAM, where
+    anyone can mint a token naming a PLAIN/SCRAM user and be that user without the password (Kafka's
+    default validator does the same; oncelog has no ACLs to limit it)."""
+    sasl = settings.sasl
+    if sasl is None or "OAUTHBEARER" not in sasl.mechanisms or len(sasl.mechanisms) == 1:
+        return []
+    others = ",".join(m for m in sasl.mechanisms if m != "OAUTHBEARER")
+    return [f"listener {settings.listener_name} enables OAUTHBEARER with the unsecured validator beside {others}: "
+            f"any client can mint an unsigned token and log in as any principal, including the {others} users "
+            "without their passwords; for development and tests only"]
 
 
 def describe(settings: SecuritySettings) -> str:

@@ -48,6 +48,7 @@ from oncelog.broker.dispatch import CloseConnection, handle_frame
 from oncelog.broker.log_cleaner import LogCleaner, cleaner_config
 from oncelog.broker.security import SaslSession
 from oncelog.broker.security import describe as describe_security
+from oncelog.broker.security import security_warnings
 from oncelog.protocol.framing import FrameDecoder, FrameError, frame
 
 log = logging.getLogger("oncelog.server")
@@ -191,8 +192,8 @@ class KafkaConnection(asyncio.Protocol):
         """A request other than a re-authentication on an expired SASL session (Kafka's SocketServer closes
         the channel): nothing more is read, and the connection closes after the answers to the requests
         before it."""
-        log.info("closing connection from %s: its SASL session expired (connections.max.reauth.ms) and it did "
-                 "not re-authenticate", self.peer)
+        log.info("closing connection from %s: its SASL session expired (%s) and it did not re-authenticate",
+                 self.peer, self.auth.ended_by if self.auth is not None else "connections.max.reauth.ms")
         if self.transport is not None:
             self.transport.pause_reading()
 
@@ -331,6 +332,8 @@ class BrokerServer:
         self._server = await loop.create_server(lambda: KafkaConnection(self), sock=sock, backlog=1024, **tls)
         if sec is not None:
             log.info("listener %s", describe_security(sec))
+            for warning in security_warnings(sec):
+                log.warning("%s", warning)
         self.port = sock.getsockname()[1]
         if cfg.port == 0:
             cfg.port = self.port

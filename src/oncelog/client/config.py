@@ -291,8 +291,10 @@ class ClientConfig(Mapping[str, Any]):
         return len(self._values)
 
     def __repr__(self) -> str:
-        # secrets (sasl.password, ssl.key.password) never reach a log line or a traceback
-        shown = {k: ("[hidden]" if k.endswith(".password") and v is not None else v) for k, v in self._values.items()}
+        # secrets (sasl.password, ssl.key.password, and sasl.oauthbearer.config, which commonly carries an oauth_cb's
+        # client secret) never reach a log line or a traceback
+        shown = {k: ("[hidden]" if (k.endswith(".password") or k == "sasl.oauthbearer.config") and v is not None else v)
+                 for k, v in self._values.items()}
         return f"ClientConfig({self.role}, {shown!r})"
 
     @property

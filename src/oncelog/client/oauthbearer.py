@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import threading
 import time
@@ -33,8 +34,12 @@ from oncelog.protocol.oauthbearer import check_extensions, scope_items, unsecure
 
 __all__ = ["OAuthToken", "TokenSource", "UnsecuredJwtConfig", "parse_unsecured_config", "token_source"]
 
+log = logging.getLogger("oncelog.client.oauthbearer")
+
 REFRESH_FRACTION = 0.8
-_TEN_YEARS = 10 * 365 * 86400
+RETRY_AFTER_FAILURE = 10.0  # seconds: librdkafka retries a failed token refresh after 10 s
+# an expiry this large is milliseconds, not seconds: 1e11 s is the year 5138, epoch milliseconds are ~1.8e12 now
+_MILLISECONDS = 1e11
 
 
 class TokenError(Exception):
@@ -87,6 +92,8 @@ def parse_unsecured_config(text: str | None) -> UnsecuredJwtConfig:
             name = key[len("extension_"):]
             if not name:
                 raise ValueError("Invalid sasl.oauthbearer.config: empty 'extension_' key")
+            if name in extensions:
+                raise ValueError(f"Invalid sasl.oauthbearer.config: multiple '{key}=' entries")
             extensions[name] = value
             continue
         if not sep or key not in ("principal", "principalClaimName", "scope", "scopeClaimName", "lifeSeconds"):
@@ -94,6 +101,8 @@ def parse_unsecured_config(text: str | None) -> UnsecuredJwtConfig:
                              "principalClaimName=, scope=, scopeClaimName=, lifeSeconds= or extension_NAME=)")
         if not value:
             raise ValueError(f"Invalid sasl.oauthbearer.config: empty '{key}='")
+        if key in values:  # librdkafka refuses a repeated key rather than taking the last one
+            raise ValueError(f"Invalid sasl.oauthbearer.config: multiple '{key}=' entries")
         values[key] = value
     if "principal" not in values:
         raise ValueError("Invalid sasl.oauthbearer.config: no principal=<value>")
@@ -128,9 +137,9 @@ def _token_from_callback(result: Any, now: float) -> OAuthToken:
     if expiry <= now:
         raise TokenError(f"oauth_cb returned a token that has already expired (expiry {expiry}, now {now:.3f}): "
                          "the expiry is in seconds since the epoch")
-    if expiry > now + _TEN_YEARS:  # the token would never be refreshed, while a broker ends its session
-        raise TokenError(f"oauth_cb returned an expiry of {expiry}, more than ten years ahead: it must be in seconds "
-                         "since the epoch, not milliseconds")
+    if expiry >= _MILLISECONDS:  # far-future seconds (2147483647, 9999999999) are fine, as in confluent-kafka
+        raise TokenError(f"oauth_cb returned an expiry of {expiry}, which looks like milliseconds: the expiry is in "
+                         f"seconds since the epoch (now {now:.0f})")
     if principal is None:
         principal = ""
     if not isinstance(principal, str):
@@ -147,29 +156,58 @@ def _token_from_callback(result: Any, now: float) -> OAuthToken:
 
 
 class TokenSource:
-    """The current token of one client, shared by its connections (see the module docstring)."""
+    """The current token of one client, shared by its connections (see the module docstring).
+
+    A refresh that fails (oauth_cb raised, returned something unusable or, asyncio, did not return within
+    ``timeout`` seconds) while the current token is still unexpired keeps that token: a WARNING is logged
+    and oauth_cb is tried again :data:`RETRY_AFTER_FAILURE` seconds later, as librdkafka does; the failure
+    reaches a connection (TokenError) only when no unexpired token is left."""
 
     def __init__(self, oauth_cb: Callable[..., Any] | None, config: str | None,
-                 unsecured: UnsecuredJwtConfig | None, clock: Callable[[], float] = time.time) -> None:
+                 unsecured: UnsecuredJwtConfig | None, clock: Callable[[], float] = time.time,
+                 timeout: float | None = None) -> None:
         self.oauth_cb = oauth_cb
         self.config = config
         self.unsecured = unsecured
+        self.timeout = timeout
         self._clock = clock
         self._lock = threading.Lock()
         self._token: OAuthToken | None = None
+        self._retry_at: float | None = None  # after a failed refresh: keep the current token until then
         self._pending: asyncio.Future[OAuthToken] | None = None
 
     def __repr__(self) -> str:
         return f"TokenSource({'oauth_cb' if self.oauth_cb is not None else 'unsecured JWT'})"
 
     def _cached(self) -> OAuthToken | None:
+        now = self._clock()
         with self._lock:
-            token = self._token
-        return token if token is not None and not token.stale(self._clock()) else None
+            token, retry_at = self._token, self._retry_at
+        if token is None or now >= token.expiry:
+            return None
+        if not token.stale(now) or (retry_at is not None and now < retry_at):
+            return token
+        return None
 
     def _keep(self, token: OAuthToken) -> OAuthToken:
         with self._lock:
             self._token = token
+            self._retry_at = None
+        return token
+
+    def _refresh_failed(self, exc: TokenError) -> OAuthToken:
+        """The current token when it is still unexpired (retry later), else ``exc``."""
+        now = self._clock()
+        with self._lock:
+            token = self._token
+            if token is None or now >= token.expiry:
+                raise exc
+            first = self._retry_at is None or now >= self._retry_at
+            if first:
+                self._retry_at = now + RETRY_AFTER_FAILURE
+        if first:
+            log.warning("cannot refresh the OAUTHBEARER token: %s; keeping the current one (expires in %.0f s), "
+                        "retrying in %.0f s", exc, token.expiry - now, RETRY_AFTER_FAILURE)
         return token
 
     def _call(self) -> Any:
@@ -186,13 +224,16 @@ class TokenSource:
             return cached
         if self.unsecured is not None:
             return self._keep(self.unsecured.token(self._clock()))
-        result = self._call()
-        if inspect.isawaitable(result):
-            close = getattr(result, "close", None)
-            if close is not None:
-                close()
-            raise TokenError("oauth_cb is a coroutine function: the blocking connection needs a plain callable")
-        return self._keep(_token_from_callback(result, self._clock()))
+        try:
+            result = self._call()
+            if inspect.isawaitable(result):
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+                raise TokenError("oauth_cb is a coroutine function: the blocking connection needs a plain callable")
+            return self._keep(_token_from_callback(result, self._clock()))
+        except TokenError as exc:
+            return self._refresh_failed(exc)
 
     async def atoken(self) -> OAuthToken:
         """The current token (asyncio): concurrent callers share one fetch."""
@@ -205,19 +246,28 @@ class TokenSource:
         pending = self._pending
         if pending is None or pending.done() or pending.get_loop() is not loop:
             pending = self._pending = loop.create_task(self._fetch())
-        return await asyncio.shield(pending)
+            # retrieved here, so that a failure whose waiters were all cancelled is not logged by asyncio
+            pending.add_done_callback(lambda t: t.cancelled() or t.exception())
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending), self.timeout)
+        except asyncio.TimeoutError:
+            assert self.timeout is not None
+            return self._refresh_failed(TokenError(f"oauth_cb did not return within {self.timeout * 1000:.0f} ms "
+                                                   "(request.timeout.ms)"))
+        except TokenError as exc:
+            return self._refresh_failed(exc)
 
     async def _fetch(self) -> OAuthToken:
         assert self.oauth_cb is not None
         if inspect.iscoroutinefunction(self.oauth_cb):
-            try:
-                result = await self.oauth_cb(self.config)
-            except Exception as exc:  # noqa: BLE001
-                raise TokenError(f"oauth_cb raised {type(exc).__name__}: {exc}") from None
+            result: Any = self._call()  # the coroutine; its own exceptions come when awaited below
         else:
             result = await asyncio.get_running_loop().run_in_executor(None, self._call)
-            if inspect.isawaitable(result):
+        if inspect.isawaitable(result):  # an async def, an object with an async __call__, a returned coroutine
+            try:
                 result = await result
+            except Exception as exc:  # noqa: BLE001 - the user's callback: its failure becomes one clear error
+                raise TokenError(f"oauth_cb raised {type(exc).__name__}: {exc}") from None
         return self._keep(_token_from_callback(result, self._clock()))
 
 
@@ -235,4 +285,5 @@ def token_source(values: Mapping[str, Any]) -> TokenSource:
                          "with sasl.oauthbearer.config=\"principal=NAME\" (unsigned tokens, for development)")
     if unsecure:
         return TokenSource(None, config, parse_unsecured_config(config))
-    return TokenSource(cb, config, None)
+    timeout_ms = values.get("request.timeout.ms")
+    return TokenSource(cb, config, None, timeout=timeout_ms / 1000 if timeout_ms else None)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -63,6 +64,12 @@ _AUTH = re.compile(r"(?P<scheme>\w+) +(?P<token>[-_.a-zA-Z0-9]+)", re.A)
 _EXT_KEY = re.compile(_KEY)
 _EXT_VALUE = re.compile(_VALUE)
 _SCOPE_ITEM = re.compile(r"[\x21\x23-\x5B\x5D-\x7E]+")
+LONG_MAX = 2**63 - 1  # a token's expiry in milliseconds is a Java long in Kafka: larger ones saturate there
+
+
+def _no_constant(name: str) -> Any:
+    # JSON has no NaN or Infinity (Jackson, which Kafka reads tokens with, refuses them by default)
+    raise ValueError(f"{name} is not JSON")
 
 
 class TokenValidationError(Exception):
@@ -141,8 +148,8 @@ def _json_part(part: str, what: str) -> dict[str, Any]:
     except ValueError:
         raise TokenValidationError(f"malformed Base64 URL encoded value in the JWS {what}") from None
     try:
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        value = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested too deeply (Jackson: 1000)
         raise TokenValidationError(f"malformed JSON in the JWS {what}") from None
     if not isinstance(value, dict):
         return {}
@@ -155,7 +162,21 @@ def _number(claims: Mapping[str, Any], name: str) -> float | None:
         return None
     if not isinstance(value, (int, float)):
         raise TokenValidationError(f"The '{name}' claim was not of type Number: {_type(value)}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a double
+        number = math.inf
+    if not math.isfinite(number):  # 1e400: a double's Infinity, which no time is
+        raise TokenValidationError(f"The '{name}' claim was not a finite number: {value!r:.40}")
+    return number
+
+
+def _ms(seconds: float) -> int:
+    """Seconds to epoch milliseconds as Kafka's Math.round: a long, saturating at its bounds."""
+    ms = seconds * 1000
+    if not math.isfinite(ms):
+        return LONG_MAX if ms > 0 else -LONG_MAX - 1
+    return max(-LONG_MAX - 1, min(LONG_MAX, round(ms)))
 
 
 def _type(value: Any) -> str:
@@ -196,8 +217,7 @@ def parse_unsecured_jws(token: str, principal_claim: str = "sub", scope_claim: s
     if principal is None or not principal.strip():
         raise TokenValidationError(f"No principal name in JWT claim: {principal_claim}")
     iat = _number(claims, "iat")
-    return OAuthBearerToken(token, principal, round(exp * 1000), None if iat is None else round(iat * 1000),
-                            scope, claims)
+    return OAuthBearerToken(token, principal, _ms(exp), None if iat is None else _ms(iat), scope, claims)
 
 
 def parse_scope(text: str) -> list[str]:
@@ -327,6 +347,7 @@ class OAuthBearerServer:
         if response == b"\x01" and self._error is not None:
             raise SaslAuthenticationError(self._error.decode())
         self._error = None
+        self.failure = None  # a new initial response: an earlier refusal is not why this one fails
         token_value, authzid, extensions = parse_client_initial_response(response)
         try:
             token = self._validate(token_value)

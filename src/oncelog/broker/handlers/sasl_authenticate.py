@@ -6,7 +6,8 @@ client-final; :mod:`oncelog.protocol.sasl`), OAUTHBEARER one, or two for a
 refused token: the RFC 7628 JSON error answered with error code 0, then the
 client's ``\x01`` refused with that JSON (:mod:`oncelog.protocol.oauthbearer`). A refused login gets
 SASL_AUTHENTICATION_FAILED (58) with an error message (PLAIN's own; for SCRAM
-Kafka's fixed text, which does not say whether the user exists), and the
+Kafka's fixed text, which does not say whether the user exists), sent
+``connection.failed.authentication.delay.ms`` (100) after the failing token, and the
 connection is closed after that answer, as Kafka does; other connections are
 not affected. ``session_lifetime_ms`` is the listener's
 ``connections.max.reauth.ms`` for the mechanism, 0 (no re-authentication) by
@@ -23,6 +24,7 @@ Version notes:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -48,6 +50,11 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
     try:
         answer = auth.evaluate(bytes(request.auth_bytes))
     except SaslError as exc:
+        # as Kafka, the failure is answered (and the connection then closed) connection.failed.authentication.delay.ms
+        # later, which slows down guessing
+        delay_ms = ctx.broker.config.connection_failed_authentication_delay_ms
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
         return {"error_code": SASL_AUTHENTICATION_FAILED,
                 "error_message": failure_message(auth.mechanism, exc, auth.reauthenticating),
                 "auth_bytes": b"", "session_lifetime": 0}

@@ -226,7 +226,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
         if sec is not None and sec.sasl:
             await self._authenticate(sec.sasl_mechanism, sec.sasl_username, sec.sasl_password)
 
-    async def _authenticate(self, mechanism: str, username: str, password: str) -> None:
+    async def _authenticate(self, mechanism: str, username: str, password: str,
+                            reauthentication: bool = False) -> None:
         """SaslHandshake v1, then SaslAuthenticate round trips (KIP-152); written at once, even during a
         re-authentication; then the session lifetime (KIP-368) decides when the next one is due."""
         where = f"{self.host}:{self.port}"
@@ -236,6 +237,10 @@ class BrokerConnection(asyncio.BufferedProtocol):
             raise error_for(int(resp.error_code), f"broker {where} does not enable SASL mechanism {mechanism} "
                             f"(enabled: {enabled})" if int(resp.error_code) == 33 else
                             f"broker {where} refused the SASL handshake for {mechanism}")
+        # the broker refuses a re-authentication begun within a second of the previous one (Kafka's KafkaChannel):
+        # after a re-authentication, the next one is never sooner than a second after this SaslHandshake was
+        # answered (a session shortened by a nearly expired OAUTHBEARER token)
+        not_before = (self._loop or asyncio.get_running_loop()).time() + 1.0 if reauthentication else 0.0
         version = self.version(SASL_AUTHENTICATE, (0, 2))
         lifetime_ms = 0
 
@@ -260,7 +265,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
             except SaslError as exc:
                 raise SaslAuthenticationFailedError(f"{where}: {exc}") from None
         loop = self._loop or asyncio.get_running_loop()
-        self._reauth_at = loop.time() + reauthentication_delay(lifetime_ms) if lifetime_ms > 0 else None
+        self._reauth_at = max(loop.time() + reauthentication_delay(lifetime_ms), not_before) if lifetime_ms > 0 \
+            else None
 
     async def _oauthbearer(self, step: Any, where: str) -> None:
         """RFC 7628: the initial response with the client's current token (a fresh one once 80% of its
@@ -290,7 +296,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
         error: KafkaError | None = None
         ok = False
         try:
-            await self._authenticate(sec.sasl_mechanism, sec.sasl_username, sec.sasl_password)
+            await self._authenticate(sec.sasl_mechanism, sec.sasl_username, sec.sasl_password, reauthentication=True)
             ok = True
         except KafkaError as exc:
             error = exc
