@@ -411,3 +411,29 @@ def test_guessed_starts_all_spans_at_once(batch_sizes: list[list[int]]) -> None:
     for start, end, hdr in spans:
         decode_section(blob, start, end, hdr, *want)
     assert decode_spans(blob, spans)[:4] == want[:4]  # type: ignore[index]
+
+
+def test_a_claimed_record_count_beyond_the_section_costs_nothing() -> None:
+    """A CRC-valid batch whose header claims far more records than its bytes can hold (a hostile or
+    broken broker) is refused at once with ReaderError, without listing a start per claimed record
+    (review F4: 200 million claimed records raised MemoryError out of the consumer)."""
+    import tracemalloc
+
+    from oncelog.client.reader import ReaderError, batch_section, fetched_batches, group_sections
+    from oncelog.protocol.records import update_crc
+
+    raw = bytearray(encode_record_batch([Record(None, b"a" * 5) for _ in range(3)]))
+    raw[57:61] = (200_000_000).to_bytes(4, "big")  # records_count
+    update_crc(raw)
+    tracemalloc.start()
+    try:
+        kept, *_ = fetched_batches(memoryview(bytearray(raw)), 0, 0, 0, [], True, defer=True)
+        assert kept and kept[0].header.records_count == 200_000_000
+        group_sections(kept, 0)
+        with pytest.raises(ReaderError):
+            batch_section(kept[0], 0, 0)
+        assert _equal_size_starts(RECORDS_OFFSET, len(raw), 9, 200_000_000) is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak

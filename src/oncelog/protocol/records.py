@@ -755,7 +755,7 @@ def _equal_size_starts(p: int, end: int, size: int, count: int) -> list[int] | N
     to the section's. A guess for the caller to check."""
     if size < 2:
         return None
-    out: list[int] = []
+    bands: list[tuple[int, int, int]] = []
     q = p
     for k, (lo, width) in enumerate(_DELTA_WIDTHS):
         if count <= lo:
@@ -763,9 +763,16 @@ def _equal_size_starts(p: int, end: int, size: int, count: int) -> list[int] | N
         hi = _DELTA_WIDTHS[k + 1][0] if k + 1 < len(_DELTA_WIDTHS) else count
         step = size - 1 + width
         stop = q + (min(count, hi) - lo) * step
-        out += range(q, stop, step)
+        bands.append((q, stop, step))
         q = stop
-    return out if q == end and len(out) == count else None
+    # the guessed end is checked before any start is listed: a header claiming more records than its
+    # section can hold (damage, or a hostile broker) costs nothing (review F4: it listed them all first)
+    if q != end:
+        return None
+    out: list[int] = []
+    for a, b, step in bands:
+        out += range(a, b, step)
+    return out if len(out) == count else None
 
 
 def decode_spans(buf: bytes, spans: list[tuple[int, int, BatchHeader]], guess: bool = True
@@ -929,7 +936,8 @@ def _decode_starts(buf: bytes, spans: list[tuple[int, int, BatchHeader]], rs: An
         if not (np.array_equal(p, e - 1) and not arr[p].any()):
             return None
     except (IndexError, ValueError):
-        return None
+        # a wrong equal-size guess can make a varint read run off the end: walk instead (review N2)
+        return decode_spans(buf, spans, False) if guessed else None
     # int64 arithmetic below must not wrap: anything this large goes the exact Python way
     lim = 1 << 61
     if (ts.min() < -lim or ts.max() > lim or off.min() < -lim or off.max() > lim
