@@ -148,3 +148,117 @@ def test_a_crc_mismatch_reaches_the_consumer_as_corrupt_message(flavour: str, tm
     finally:
         proxy.close()
         b.close()
+
+
+# -- Admin: the plural methods, checked against the broker's state ----------------------------------
+
+
+@pytest.fixture
+def broker(tmp_path: Path, kit: Any) -> Any:
+    b = kit.start_broker(tmp_path)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def _confluent_topics(bootstrap: str) -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    return set(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics)
+
+
+def test_admin_delete_topics_describe_groups_delete_groups_describe_transactions(broker: Any, kit: Any) -> None:
+    from oncelog.client.errors import (GroupIdNotFoundError, NonEmptyGroupError, TransactionalIdNotFoundError,
+                                       UnknownTopicOrPartitionError)
+
+    bs = broker.bootstrap
+    for t in ("del-a", "del-b", "keep", "grp"):
+        kit.create_topic(bs, t, 2)
+    with Admin({"bootstrap.servers": bs}) as admin:
+        # delete_topics: per-topic results; the broker no longer has them (asked with librdkafka too)
+        res = admin.delete_topics(["del-a", "del-b", "no-such-topic"])
+        assert res.succeeded == {"del-a": None, "del-b": None}
+        assert set(res.errors) == {"no-such-topic"}
+        assert isinstance(res.errors["no-such-topic"], UnknownTopicOrPartitionError)
+        deadline = time.monotonic() + 10
+        while {"del-a", "del-b"} & (set(admin.list_topics()) | _confluent_topics(bs)):
+            assert time.monotonic() < deadline, "deleted topics still listed"
+            time.sleep(0.1)
+        assert "keep" in admin.list_topics() and "keep" in _confluent_topics(bs)
+
+        # groups: one with a live member, one with only committed offsets, one unknown
+        with Consumer({"bootstrap.servers": bs, "group.id": "g-empty", "enable.auto.commit": False}) as c:
+            c.commit(offsets=[TopicPartition("grp", 0, 7)])
+        live = Consumer({"bootstrap.servers": bs, "group.id": "g-live", "client.id": "live-client",
+                         "group.instance.id": "inst-live"})
+        try:
+            live.subscribe(["grp"])
+            deadline = time.monotonic() + 20
+            while len(live.assignment()) < 2:
+                assert time.monotonic() < deadline, "the live member was never assigned"
+                live.poll(0.1)
+            d = admin.describe_groups(["g-live", "g-empty", "g-unknown"])
+            assert not d.errors
+            assert (d["g-live"].state, d["g-live"].protocol_type) == ("Stable", "consumer")
+            assert d["g-live"].protocol in ("range", "cooperative-sticky")
+            [m] = d["g-live"].members
+            assert (m.client_id, m.group_instance_id, m.assignment) == ("live-client", "inst-live", {"grp": [0, 1]})
+            assert m.member_id == live.group_metadata().member_id
+            assert (d["g-empty"].state, d["g-empty"].members) == ("Empty", [])
+            assert d["g-unknown"].state == "Dead"
+
+            r = admin.delete_groups(["g-empty", "g-live", "g-unknown"])
+            assert r.succeeded == {"g-empty": None}
+            assert isinstance(r.errors["g-live"], NonEmptyGroupError)
+            assert isinstance(r.errors["g-unknown"], GroupIdNotFoundError)
+            listed = {g.group_id for g in admin.list_groups()}
+            assert "g-empty" not in listed and "g-live" in listed
+            assert admin.list_group_offsets("g-empty") == {}
+        finally:
+            live.close()
+
+        # describe_transactions: an open transaction, then its commit, and an unknown id
+        with Producer({"bootstrap.servers": bs, "transactional.id": "tx-desc"}) as p:
+            p.init_transactions(10)
+            p.begin_transaction()
+            p.produce("keep", b"v", partition=1)
+            assert p.flush(10) == 0
+            t = admin.describe_transactions(["tx-desc", "tx-unknown"])
+            assert isinstance(t.errors["tx-unknown"], TransactionalIdNotFoundError)
+            ongoing = t["tx-desc"]
+            assert ongoing.state == "Ongoing" and ("keep", 1) in [tuple(x) for x in ongoing.partitions]
+            assert ongoing.producer_id >= 0 and ongoing.timeout_ms == 60000
+            p.commit_transaction(10)
+            deadline = time.monotonic() + 10
+            while (done := admin.describe_transactions(["tx-desc"])["tx-desc"]).state == "PrepareCommit":
+                assert time.monotonic() < deadline, "the commit's markers were never written"
+                time.sleep(0.05)
+            assert done.state == "CompleteCommit" and done.partitions == ()
+            assert done.producer_id == ongoing.producer_id
+
+
+def test_asyncio_admin_delete_topics_and_describe_groups(broker: Any, kit: Any) -> None:
+    from oncelog.client.errors import UnknownTopicOrPartitionError
+
+    bs = broker.bootstrap
+    kit.create_topic(bs, "adel", 1)
+    kit.create_topic(bs, "akeep", 1)  # not "adel": deleting a topic deletes the groups' offsets of it
+    with Consumer({"bootstrap.servers": bs, "group.id": "ag", "enable.auto.commit": False}) as c:
+        c.commit(offsets=[TopicPartition("akeep", 0, 3)])
+
+    async def run() -> None:
+        async with aio.Admin({"bootstrap.servers": bs}) as admin:
+            res = await admin.delete_topics(["adel", "nope"])
+            assert res.succeeded == {"adel": None}
+            assert isinstance(res.errors["nope"], UnknownTopicOrPartitionError)
+            d = await admin.describe_groups(["ag", "nobody"])
+            assert (d["ag"].state, d["ag"].members, d["nobody"].state) == ("Empty", [], "Dead")
+            r = await admin.delete_groups(["ag"])
+            assert r.succeeded == {"ag": None} and not r.errors
+            assert (await admin.describe_groups(["ag"]))["ag"].state == "Dead"
+            t = await admin.describe_transactions(["nobody"])
+            assert set(t.errors) == {"nobody"} and t.errors["nobody"].name == "TRANSACTIONAL_ID_NOT_FOUND"
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+    assert "adel" not in _confluent_topics(bs)
