@@ -262,3 +262,73 @@ def test_asyncio_admin_delete_topics_and_describe_groups(broker: Any, kit: Any) 
 
     asyncio.run(asyncio.wait_for(run(), 30))
     assert "adel" not in _confluent_topics(bs)
+
+
+# -- static membership through Consumer ------------------------------------------------------------
+
+
+def _wait_assigned(consumers: list[Any], want: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        gens = {c.group_metadata().generation_id for c in consumers}
+        if all(len(c.assignment()) == want for c in consumers) and len(gens) == 1 and -1 not in gens:
+            return
+        assert time.monotonic() < deadline, [(c.assignment(), c.group_metadata()) for c in consumers]
+        for c in consumers:
+            c.poll(0.05)
+
+
+STATIC_INSTANCE_A = "inst-a"  # the restarted consumer's group.instance.id (see the docstring)
+
+
+def test_static_member_restart_through_consumer_keeps_its_assignment_without_a_rebalance(broker: Any,
+                                                                                           kit: Any) -> None:
+    """Two Consumers with group.instance.id share 4 partitions; A closes (a static member sends no
+    LeaveGroup) and a new Consumer with A's instance id comes back within session.timeout.ms: it gets
+    A's partitions at the same generation, and B sees no rebalance (same generation, no callbacks).
+    Made to fail by giving the restarted consumer no instance id (STATIC_INSTANCE_A = None): the
+    group rebalances to generation + 1."""
+    bs = broker.bootstrap
+    kit.create_topic(bs, "static", 4)
+    events: dict[str, list[tuple[str, list[int]]]] = {"A": [], "B": [], "A2": []}
+
+    def make(name: str, instance: str | None) -> Any:
+        conf = {"bootstrap.servers": bs, "group.id": "g-static", "session.timeout.ms": 10000,
+                "heartbeat.interval.ms": 500, "partition.assignment.strategy": "range"}
+        if instance is not None:
+            conf["group.instance.id"] = instance
+        c = Consumer(conf)
+        c.subscribe(["static"],
+                    on_assign=lambda parts: events[name].append(("assign", sorted(p.partition for p in parts))),
+                    on_revoke=lambda parts: events[name].append(("revoke", sorted(p.partition for p in parts))))
+        return c
+
+    a, b = make("A", "inst-a"), make("B", "inst-b")
+    a2 = None
+    try:
+        _wait_assigned([a, b], 2)
+        gen = b.group_metadata().generation_id
+        a_parts = sorted(p.partition for p in a.assignment())
+        a_member = a.group_metadata().member_id
+        b_events = list(events["B"])
+        a.close()
+        t0 = time.monotonic()
+        a2 = make("A2", STATIC_INSTANCE_A)
+        _wait_assigned([a2, b], 2)
+        assert time.monotonic() - t0 < 10, "not within session.timeout.ms"
+        assert sorted(p.partition for p in a2.assignment()) == a_parts
+        assert events["A2"] == [("assign", a_parts)]
+        assert a2.group_metadata().generation_id == b.group_metadata().generation_id == gen
+        assert a2.group_metadata().member_id != a_member  # the coordinator gave the instance a new member id
+        for _ in range(10):  # a rebalance would show up at B within a few heartbeats
+            b.poll(0.1)
+        assert events["B"] == b_events and b.group_metadata().generation_id == gen
+        with Admin({"bootstrap.servers": bs}) as admin:
+            g = admin.describe_groups(["g-static"])["g-static"]
+        assert g.state == "Stable"
+        assert sorted((m.group_instance_id, tuple(m.assignment["static"])) for m in g.members) == sorted(
+            [("inst-a", tuple(a_parts)), ("inst-b", tuple(sorted(p.partition for p in b.assignment())))])
+    finally:
+        for c in (a, b, a2):
+            if c is not None:
+                c.close()
