@@ -153,9 +153,13 @@ def test_a_crc_mismatch_reaches_the_consumer_as_corrupt_message(flavour: str, tm
 # -- Admin: the plural methods, checked against the broker's state ----------------------------------
 
 
+GROUP_BROKER_CONFIG = {"group.initial.rebalance.delay.ms": "0", "oncelog.group.coordinator.tick.ms": "50",
+                       "group.min.session.timeout.ms": "1000"}
+
+
 @pytest.fixture
 def broker(tmp_path: Path, kit: Any) -> Any:
-    b = kit.start_broker(tmp_path)
+    b = kit.start_broker(tmp_path, config=GROUP_BROKER_CONFIG)
     try:
         yield b
     finally:
@@ -332,3 +336,109 @@ def test_static_member_restart_through_consumer_keeps_its_assignment_without_a_r
         for c in (a, b, a2):
             if c is not None:
                 c.close()
+
+
+# -- a consumer process killed with SIGKILL ------------------------------------------------------------
+
+_CHILD = r"""
+import json, sys, time
+from oncelog.client import Consumer
+bootstrap, topic = sys.argv[1], sys.argv[2]
+c = Consumer({"bootstrap.servers": bootstrap, "group.id": "g-kill", "session.timeout.ms": 3000,
+              "heartbeat.interval.ms": 300, "enable.auto.commit": False, "auto.offset.reset": "earliest",
+              "partition.assignment.strategy": "range", "client.id": "doomed"})
+c.subscribe([topic])
+while True:
+    msgs = c.consume(5, 0.2)
+    if msgs:
+        c.commit(asynchronous=False)
+    print(json.dumps({"assignment": sorted(p.partition for p in c.assignment()),
+                      "committed": {m.partition: m.offset + 1 for m in msgs}}), flush=True)
+    time.sleep(0.05)  # slow: most records are still unread when the process is killed
+"""
+
+
+def test_a_consumer_process_killed_with_sigkill_loses_its_partitions_after_the_session_timeout(
+        broker: Any, kit: Any) -> None:
+    """A consumer subprocess (group member, commits after each batch) is killed with SIGKILL: it sends
+    no LeaveGroup, so its partitions move to the surviving member only once session.timeout.ms (3 s)
+    has passed, and the survivor resumes them exactly at the offsets the dead process committed,
+    then reads every remaining record."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    bs, topic, per_part = broker.bootstrap, "killed", 300
+    kit.create_topic(bs, topic, 4)
+    with Producer({"bootstrap.servers": bs}) as p:
+        for part in range(4):
+            for i in range(per_part):
+                p.produce(topic, b"%d-%d" % (part, i), partition=part)
+        assert p.flush(20) == 0
+
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, bs, topic], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    lines: list[dict[str, Any]] = []
+    reader = threading.Thread(target=lambda: [lines.append(json.loads(x)) for x in child.stdout], daemon=True)
+    reader.start()
+    survivor = Consumer({"bootstrap.servers": bs, "group.id": "g-kill", "session.timeout.ms": 3000,
+                         "heartbeat.interval.ms": 300, "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "partition.assignment.strategy": "range"})
+    seen: dict[int, list[int]] = {q: [] for q in range(4)}
+    try:
+        survivor.subscribe([topic])
+
+        def pump(seconds: float) -> None:
+            for m in survivor.consume(500, seconds):
+                seen[m.partition].append(m.offset)
+
+        # both members own two partitions, and the child has committed some of its own
+        deadline = time.monotonic() + 30
+        while True:
+            pump(0.1)
+            child_parts = lines[-1]["assignment"] if lines else []
+            committed = {int(q): o for ln in lines for q, o in ln["committed"].items()}
+            if (len(child_parts) == 2 and len(survivor.assignment()) == 2
+                    and any(committed.get(q, 0) >= 20 for q in child_parts)):
+                break
+            assert child.poll() is None, child.stderr.read()
+            assert time.monotonic() < deadline, (lines[-1:], survivor.assignment())
+        mine = sorted(tp.partition for tp in survivor.assignment())
+        assert sorted(mine + child_parts) == [0, 1, 2, 3]
+        os.kill(child.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        before = {q: set(v) for q, v in seen.items()}  # read while it owned everything, or its own two
+        seen = {q: [] for q in range(4)}
+        child.wait(10)
+        reader.join(5)
+        committed = {int(q): o for ln in lines for q, o in ln["committed"].items()}
+        with Admin({"bootstrap.servers": bs}) as admin:
+            stored = admin.list_group_offsets("g-kill")
+        start = {q: stored.get((topic, q), 0) for q in child_parts}  # none committed: earliest
+        for q in child_parts:  # the dead process's commits survive (at least its last reported one)
+            assert start[q] >= committed.get(q, 0)
+        assert any(0 < start[q] < per_part for q in child_parts), start  # it was killed mid-partition
+
+        # the partitions move only after the session timeout (no LeaveGroup from a killed process)
+        while len(survivor.assignment()) < 4:
+            pump(0.1)
+            assert time.monotonic() - killed_at < 20, "the dead member's partitions never moved"
+        moved_after = time.monotonic() - killed_at
+        assert moved_after >= 3.0 - 0.3 - 0.2, moved_after  # session.timeout.ms - heartbeat interval - slack
+        # the survivor resumes each taken-over partition exactly at the dead process's committed offset
+        deadline = time.monotonic() + 20
+        while any(len(seen[q]) < per_part - start[q] for q in child_parts) or any(
+                len(before[q] | set(seen[q])) < per_part for q in mine):
+            pump(0.2)
+            assert time.monotonic() < deadline, {q: len(v) for q, v in seen.items()}
+        for q in child_parts:
+            assert seen[q] == list(range(start[q], per_part)), (q, seen[q][:3], start[q])
+        for q in mine:  # and its own partitions: every record read
+            assert before[q] | set(seen[q]) == set(range(per_part))
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+        survivor.close()
