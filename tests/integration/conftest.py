@@ -280,11 +280,14 @@ JS_DIR = Path(__file__).resolve().parent.parent / "js"
 
 @pytest.fixture(scope="session")
 def node() -> str:
-    """The node executable, with tests/js's pinned kafkajs 2.2.4 installed."""
+    """The node executable, with tests/js's pinned kafkajs 2.2.4 and its codec packages installed
+    (npm install runs when any dependency of tests/js/package.json does not resolve)."""
     exe = shutil.which("node")
     if exe is None:
         pytest.skip("node is not installed")
-    if not (JS_DIR / "node_modules" / "kafkajs" / "package.json").exists():
+    deps = sorted(json.loads((JS_DIR / "package.json").read_text())["dependencies"])
+    probe = [exe, "-e", "for (const d of process.argv.slice(1)) require.resolve(d)", *deps]
+    if subprocess.run(probe, cwd=JS_DIR, capture_output=True, timeout=60).returncode != 0:
         npm = shutil.which("npm")
         assert npm is not None, "node is installed but npm is not; cannot install kafkajs"
         proc = subprocess.run(

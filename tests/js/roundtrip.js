@@ -1,10 +1,11 @@
 #!/usr/bin/env node
 // kafkajs 2.2.4 against an oncelog broker; driven by tests/integration/test_kafkajs.py.
 //
-//   node roundtrip.js produce BOOTSTRAP TOPIC COUNT PARTITIONS
-//       admin.createTopics, producer.send (acks=all, a mix of uncompressed and
-//       gzip batches, keys, headers, explicit timestamps), admin.fetchTopicOffsets,
-//       then a read back through kafkajs's own Fetch path (see fetchAll).
+//   node roundtrip.js produce BOOTSTRAP TOPIC COUNT PARTITIONS [CODECS]
+//       admin.createTopics, producer.send (acks=all, four sends cycling through
+//       CODECS, default none,gzip; keys, headers, explicit timestamps),
+//       admin.fetchTopicOffsets, then a read back through kafkajs's own Fetch
+//       path (see fetchAll).
 //   node roundtrip.js read BOOTSTRAP TOPIC
 //       only the read back: every record of every partition of TOPIC.
 //
@@ -16,7 +17,15 @@
 // do the same record batch decoding (including gzip) as its Consumer.
 'use strict'
 
-const { Kafka, logLevel, CompressionTypes, Partitioners } = require('kafkajs')
+const { Kafka, logLevel, CompressionTypes, CompressionCodecs, Partitioners } = require('kafkajs')
+
+// kafkajs ships gzip only; snappy and lz4 come from the codec packages in
+// package.json. There is no zstd: @kafkajs/zstd's native addon (cppzst) does
+// not build against Node 20 (see docs/client.md, interop notes).
+CompressionCodecs[CompressionTypes.Snappy] = require('kafkajs-snappy')
+const LZ4Codec = require('kafkajs-lz4')
+CompressionCodecs[CompressionTypes.LZ4] = new LZ4Codec().codec
+const CODECS = { none: CompressionTypes.None, gzip: CompressionTypes.GZIP, snappy: CompressionTypes.Snappy, lz4: CompressionTypes.LZ4 }
 
 const DEADLINE_MS = Number(process.env.ROUNDTRIP_DEADLINE_MS || 60000)
 const watchdog = setTimeout(() => {
@@ -127,7 +136,7 @@ async function fetchAll(kafka, topic) {
   }
 }
 
-async function produceMode(bootstrap, topic, count, numPartitions) {
+async function produceMode(bootstrap, topic, count, numPartitions, codecs) {
   const kafka = makeKafka(bootstrap)
   const admin = kafka.admin()
   await admin.connect()
@@ -151,7 +160,7 @@ async function produceMode(bootstrap, topic, count, numPartitions) {
     const produced = []
     const baseTs = Date.now() - 60000
     try {
-      // four sends, alternating uncompressed and gzip (kafkajs's built-in codec)
+      // four sends, cycling through the codecs asked for
       const perSend = Math.ceil(count / 4)
       for (let s = 0, i = 0; i < count; s++) {
         const batch = []
@@ -168,7 +177,7 @@ async function produceMode(bootstrap, topic, count, numPartitions) {
             },
           })
         }
-        const compression = s % 2 === 1 ? CompressionTypes.GZIP : CompressionTypes.None
+        const compression = codecs[s % codecs.length]
         const meta = await producer.send({
           topic,
           acks: -1,
@@ -235,20 +244,25 @@ async function readMode(bootstrap, topic) {
 }
 
 async function main() {
-  const [mode, bootstrap, topic, count, partitions] = process.argv.slice(2)
+  const [mode, bootstrap, topic, count, partitions, codecNames] = process.argv.slice(2)
   if (!bootstrap || !topic) throw new Error('usage: roundtrip.js produce|read BOOTSTRAP TOPIC [COUNT PARTITIONS]')
   let summary
-  if (mode === 'produce') summary = await produceMode(bootstrap, topic, Number(count || 100), Number(partitions || 3))
+  const codecs = (codecNames || 'none,gzip').split(',').map(n => {
+    if (!(n in CODECS)) throw new Error(`unknown codec ${n} (kafkajs here has ${Object.keys(CODECS)})`)
+    return CODECS[n]
+  })
+  if (mode === 'produce') summary = await produceMode(bootstrap, topic, Number(count || 100), Number(partitions || 3), codecs)
   else if (mode === 'read') summary = await readMode(bootstrap, topic)
   else throw new Error(`unknown mode ${mode}`)
   summary.ok = true
-  process.stdout.write(JSON.stringify(summary) + '\n')
+  return summary
 }
 
 main()
-  .then(() => {
+  .then(summary => {
     clearTimeout(watchdog)
-    process.exit(0)
+    // exit only once the (possibly > 64 KiB) line is flushed: process.exit() cuts a pipe short
+    process.stdout.write(JSON.stringify(summary) + '\n', () => process.exit(0))
   })
   .catch(err => {
     process.stderr.write(`roundtrip.js failed: ${err && err.stack ? err.stack : err}\n`)

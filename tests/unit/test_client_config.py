@@ -9,15 +9,41 @@ from oncelog.client import errors
 
 
 def test_defaults_are_kafkas() -> None:
+    """Every key issue 11 lists, at Kafka's default (producer keys read in a producer config,
+    consumer keys in a consumer config; client.id has no fixed Java default, see docs/client.md)."""
     cfg = parse_config({"bootstrap.servers": "127.0.0.1:9092"}, "producer")
-    assert cfg["acks"] == -1
-    assert cfg["enable.idempotence"] is True
-    assert cfg["linger.ms"] == 5 and cfg["batch.size"] == 16384
-    assert cfg["delivery.timeout.ms"] == 120000 and cfg["retries"] == 2**31 - 1
     assert cfg.bootstrap == [("127.0.0.1", 9092)]
-    c = parse_config({"bootstrap.servers": "h:1", "group.id": "g"}, "consumer")
-    assert c["isolation.level"] == "read_uncommitted" and c["auto.offset.reset"] == "latest"
-    assert c["partition.assignment.strategy"] == ["range", "cooperative-sticky"]
+    producer_defaults = {
+        "acks": -1,                                   # "all"
+        "linger.ms": 5,                               # Kafka 4.0 (KIP-1030)
+        "batch.size": 16384,
+        "compression.type": "none",
+        "enable.idempotence": True,
+        "max.in.flight.requests.per.connection": 5,
+        "delivery.timeout.ms": 120000,
+        "request.timeout.ms": 30000,
+        "retries": 2**31 - 1,
+        "transactional.id": None,
+        "transaction.timeout.ms": 60000,
+    }
+    assert {k: cfg[k] for k in producer_defaults} == producer_defaults
+    assert isinstance(cfg["client.id"], str) and cfg["client.id"]
+    c = parse_config({"bootstrap.servers": "h:1"}, "consumer")
+    consumer_defaults = {
+        "group.id": None,
+        "group.instance.id": None,
+        "session.timeout.ms": 45000,
+        "heartbeat.interval.ms": 3000,
+        "max.poll.interval.ms": 300000,
+        "auto.offset.reset": "latest",
+        "enable.auto.commit": True,
+        "isolation.level": "read_uncommitted",
+        "partition.assignment.strategy": ["range", "cooperative-sticky"],
+        "request.timeout.ms": 30000,
+    }
+    assert {k: c[k] for k in consumer_defaults} == consumer_defaults
+    # 1 (bootstrap.servers) + 1 (client.id) + 11 producer + 9 consumer = the 22 keys of issue 11
+    assert len(set(producer_defaults) | set(consumer_defaults)) + 2 == 22
 
 
 def test_values_are_normalised() -> None:
@@ -86,3 +112,59 @@ def test_secrets_are_not_in_reprs() -> None:
         assert "s3cret" not in text, text
     assert "alice" in repr(cfg) and "sasl.password" in repr(cfg)  # the keys are still shown
     assert cfg["sasl.password"] == "s3cret-sasl" and cfg.security.sasl_password == "s3cret-sasl"
+
+
+_BAD_CONSUMER_CONFIGS = [
+    ({"bootstrap.servers": "127.0.0.1:1", "group.id": "g", "sesion.timeout.ms": 1000},
+     "unknown configuration property 'sesion.timeout.ms' (did you mean session.timeout.ms?)"),
+    ({"bootstrap.servers": "127.0.0.1:1", "isolation.level": "read_dirty"}, "isolation.level: invalid value 'read_dirty'"),
+    ({"bootstrap.servers": "127.0.0.1:1", "partition.assignment.strategy": "sticky-ish"},
+     "partition.assignment.strategy: invalid value"),
+    ({"bootstrap.servers": "127.0.0.1:1", "session.timeout.ms": -5}, "session.timeout.ms: -5 is out of range"),
+    ({"group.id": "g"}, "bootstrap.servers is required"),
+]
+_BAD_ADMIN_CONFIGS = [
+    ({"bootstrap.servers": "127.0.0.1:1", "request.timeout.msec": 1000}, "unknown configuration property 'request.timeout.msec'"),
+    ({"bootstrap.servers": "127.0.0.1:1", "request.timeout.ms": "soon"}, "request.timeout.ms: invalid value 'soon'"),
+    ({"bootstrap.servers": "nohostport"}, "bootstrap.servers: 'nohostport' is not host:port"),
+]
+
+
+@pytest.mark.parametrize("conf, message", _BAD_CONSUMER_CONFIGS)
+@pytest.mark.parametrize("flavour", ["blocking", "asyncio"])
+def test_consumer_construction_refuses_a_bad_config(flavour: str, conf: dict, message: str) -> None:
+    """The ConfigError comes from the constructor itself (issue 11: "at construction, not later");
+    nothing is connected (port 1 is never listened on)."""
+    import asyncio
+
+    from oncelog.client import Consumer
+    from oncelog.client.aio import Consumer as AioConsumer
+
+    if flavour == "blocking":
+        with pytest.raises(ConfigError) as exc:
+            Consumer(conf)
+    else:
+        async def build() -> None:
+            AioConsumer(conf)
+        with pytest.raises(ConfigError) as exc:
+            asyncio.run(build())
+    assert message in str(exc.value)
+
+
+@pytest.mark.parametrize("conf, message", _BAD_ADMIN_CONFIGS)
+@pytest.mark.parametrize("flavour", ["blocking", "asyncio"])
+def test_admin_construction_refuses_a_bad_config(flavour: str, conf: dict, message: str) -> None:
+    import asyncio
+
+    from oncelog.client import Admin
+    from oncelog.client.aio import Admin as AioAdmin
+
+    if flavour == "blocking":
+        with pytest.raises(ConfigError) as exc:
+            Admin(conf)
+    else:
+        async def build() -> None:
+            AioAdmin(conf)
+        with pytest.raises(ConfigError) as exc:
+            asyncio.run(build())
+    assert message in str(exc.value)

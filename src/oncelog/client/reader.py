@@ -63,9 +63,12 @@ _RETRIABLE = {3, 5, 6, 7, 13, 14, 15, 74, 75}  # UNKNOWN_TOPIC..., LEADER_NOT_AV
 class ReaderError(Exception):
     """The cluster answered with an error we cannot read past (``error_code``: Kafka's, or None)."""
 
-    def __init__(self, message: str, error_code: int | None = None) -> None:
+    def __init__(self, message: str, error_code: int | None = None, batch_start: int | None = None) -> None:
         super().__init__(message)
         self.error_code = error_code
+        #: from :func:`decode_batches`: where the batch that failed starts in the data (the batches
+        #: before it passed), so a consumer can hand those out first as Java's does
+        self.batch_start = batch_start
 
 
 # -- decoded data -----------------------------------------------------------------
@@ -162,11 +165,13 @@ def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True, reco
     out: list[Batch] = []
     for hdr, start, end in iter_batch_headers(data):
         if hdr.magic != MAGIC_V2:
-            raise ReaderError(f"partition {partition}: batch at offset {hdr.base_offset} has magic {hdr.magic}")
+            raise ReaderError(f"partition {partition}: batch at offset {hdr.base_offset} has magic {hdr.magic}",
+                              batch_start=start)
         if check_crc:
             crc = crc32c(memoryview(data)[start + CRC_START : end])
             if crc != hdr.crc:
-                raise ReaderError(f"partition {partition}: CRC mismatch in batch at offset {hdr.base_offset}")
+                raise ReaderError(f"partition {partition}: CRC mismatch in batch at offset {hdr.base_offset}",
+                                  batch_start=start)
         batch = Batch(hdr)
         try:
             if hdr.is_control:
@@ -196,7 +201,8 @@ def decode_batches(data: bytes, partition: int = 0, check_crc: bool = True, reco
                     for off, ts, rec in iter_records(raw)
                 ]
         except InvalidRecordError as exc:
-            raise ReaderError(f"partition {partition}: batch at offset {hdr.base_offset}: {exc.message}") from None
+            raise ReaderError(f"partition {partition}: batch at offset {hdr.base_offset}: {exc.message}",
+                              batch_start=start) from None
         out.append(batch)
     return out
 

@@ -1062,15 +1062,25 @@ class Consumer:
         aborted = [(int(a.producer_id), int(a.first_offset)) for a in (p.aborted_transactions or ())]
         pos = st.fetch_pos
         assert pos is not None
+        data = p.records if p.records is not None else b""
         try:  # CRC checks, decompression, the read_committed filter; records are decoded at hand-out
             # a view of the receive buffer, copied batch group by batch group as they are decoded (hot in
             # the cache then: copied here, a Fetch answer's megabytes were cold by the time they were read)
             kept, _batches, _skipped, next_pos = fetched_batches(
-                p.records if p.records is not None else b"", st.partition, pos, self.isolation, aborted,
-                self.config["check.crcs"], defer=True)
+                data, st.partition, pos, self.isolation, aborted, self.config["check.crcs"], defer=True)
         except ReaderError as exc:
             st.error = error_for(CORRUPT_MESSAGE, str(exc))
-            return True
+            # as Java's fetcher: the batches before the bad one (CRC mismatch, bad magic) are handed
+            # out first and the error after them (st.error waits for an empty buffer); the position
+            # stays at the bad batch. They were dropped with it, and re-fetched into the same error.
+            if not exc.batch_start:
+                return True
+            try:
+                kept, _batches, _skipped, next_pos = fetched_batches(
+                    data[:exc.batch_start], st.partition, pos, self.isolation, aborted,
+                    self.config["check.crcs"], defer=True)
+            except ReaderError:
+                return True
         # decoded together in groups of about GROUP_RECORDS records: a compressed batch is decompressed
         # when its group is decoded, so what is decompressed, copied and sliced stays cache-sized
         # (one group per partition decompressed 1 MiB of lz4 into ~50 MB at once, faulting in fresh memory).
