@@ -83,6 +83,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster
+from oncelog.client.arrow import arrow_bounds, arrow_sections, as_binary, is_arrow
 from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
 from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_sections, record_sizes
 from oncelog.client.config import ClientConfig, parse_config
@@ -605,16 +606,20 @@ class ProducerCore:
         n = len(values)
         # records per batch: at most batch.size bytes (one record alone may be larger), by an upper bound
         # of each record's size; ends[i] is the bytes of records 0..i-1
-        ends = list(accumulate(record_sizes(values, keys), initial=0))
         room = self.batch_size - HEADER_SIZE
         bounds: list[tuple[int, int]] = []
-        i = 0
-        while i < n:
-            j = max(i + 1, bisect_right(ends, ends[i] + room, i + 1) - 1)
-            bounds.append((i, j))
-            i = j
-        # every batch's records section at once (the bulk encoding's fixed cost once per call)
-        sections = encode_sections(values, keys, bounds)
+        if is_arrow(values):  # pyarrow binary arrays (oncelog.client.arrow): the same bounds and bytes
+            bounds = arrow_bounds(values, keys, room)
+            sections: Sequence[Any] = arrow_sections(values, keys, bounds)
+        else:
+            ends = list(accumulate(record_sizes(values, keys), initial=0))
+            i = 0
+            while i < n:
+                j = max(i + 1, bisect_right(ends, ends[i] + room, i + 1) - 1)
+                bounds.append((i, j))
+                i = j
+            # every batch's records section at once (the bulk encoding's fixed cost once per call)
+            sections = encode_sections(values, keys, bounds)
         spans = isinstance(futures, BatchFutures)
         for (i, j), section in zip(bounds, sections):
             if p.open is not None:
@@ -1256,16 +1261,27 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _values_list(values: Any) -> list[bytes | None]:
-    """A list of bytes from a list/tuple or a pyarrow array (binary or string), without pyarrow as a dependency."""
+def _values_list(values: Any) -> Any:
+    """A list of bytes from a list/tuple, or a pyarrow array: a binary, string, large_binary or
+    large_string one (chunked or not) comes back as one binary Array (:func:`oncelog.client.arrow.as_binary`,
+    encoded without a list), any other type as a list. pyarrow is not a dependency."""
     if isinstance(values, (list, tuple)):
         if values and not all(type(v) is bytes for v in values):
             return [_to_bytes(v, "value") for v in values]
         return list(values)
+    if is_arrow(values):
+        binary = as_binary(values)
+        if binary is not None:
+            return binary
     to_pylist = getattr(values, "to_pylist", None)
-    if to_pylist is not None:  # pyarrow Array / ChunkedArray
+    if to_pylist is not None:  # pyarrow Array / ChunkedArray of another type
         return [_to_bytes(v, "value") for v in to_pylist()]
     return [_to_bytes(v, "value") for v in values]
+
+
+def _as_list(values: Any) -> Any:
+    """``values`` (from :func:`_values_list`) as a list of bytes when it is an Arrow array."""
+    return [_to_bytes(v, "value") for v in values.to_pylist()] if is_arrow(values) else values
 
 
 async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | None], keys: Any,
@@ -1277,6 +1293,8 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
     ks = None if keys is None else _values_list(keys)
     if ks is not None and len(ks) != len(vals):
         raise ValueError("keys and values differ in length")
+    if ks is not None and (partition is None or is_arrow(vals) != is_arrow(ks)):
+        vals, ks = _as_list(vals), _as_list(ks)  # keyed records spread by key, or Arrow mixed with a list
     info = await core.cluster.wait_topic(topic, core.max_block)
     ts = _now_ms() if timestamp is None else timestamp
     n = info.partitions
