@@ -174,6 +174,39 @@ def test_arrow_batches_read_back_by_confluent(broker: EmbeddedBroker, kit: Any) 
         assert [(m.key(), m.value()) for m in got[q]] == sent[q], f"partition {q}"
 
 
+@pytest.mark.parametrize("codec", ["gzip", "lz4"])
+def test_large_batches_compress_off_the_loop_in_order(broker: EmbeddedBroker, kit: Any, codec: str,
+                                                      monkeypatch: Any) -> None:
+    """Batches of at least _OFFLOAD_MIN bytes are compressed in a worker thread, small ones on the loop;
+    the partition's records still land in produce order (the batch behind waits for the one compressing)."""
+    import threading
+
+    from oncelog.client import batch as batch_mod
+
+    threads: list[tuple[int, str]] = []
+    real = batch_mod.compress
+
+    def spy(c: int, data: bytes) -> bytes:
+        threads.append((len(data), threading.current_thread().name))
+        return real(c, data)
+
+    monkeypatch.setattr(batch_mod, "compress", spy)
+    kit.create_topic(broker.bootstrap, "offload-" + codec, 1)
+    values = [b"%06d" % i + b"x" * 2000 for i in range(1500)]  # about 3 MB: three 1 MiB batches
+    with Producer({"bootstrap.servers": broker.bootstrap, "compression.type": codec, "batch.size": 1 << 20,
+                   "max.request.size": 4 << 20, "linger.ms": 5}) as p:
+        big = p.produce_batch("offload-" + codec, values, partition=0)
+        small = [p.produce("offload-" + codec, b"small-%d" % i, partition=0) for i in range(5)]
+        assert p.flush(60) == 0
+        assert [f.result().offset for f in big] == list(range(len(values)))
+        assert [f.result().offset for f in small] == list(range(len(values), len(values) + 5))
+    loop_thread = {name for size, name in threads if size < 4096}
+    workers = {name for size, name in threads if size >= 512 * 1024}
+    assert loop_thread and workers and not loop_thread & workers, threads
+    got = kit.confluent_consume_all(broker.bootstrap, "offload-" + codec, {0: len(values) + 5})
+    assert [m.value() for m in got[0]] == values + [b"small-%d" % i for i in range(5)]
+
+
 def test_errors_are_typed(broker: EmbeddedBroker, kit: Any) -> None:
     kit.create_topic(broker.bootstrap, "errs", 2)
     with pytest.raises(ConfigError, match="linger.mss"):

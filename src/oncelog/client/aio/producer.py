@@ -117,6 +117,11 @@ OUT_OF_ORDER_SEQUENCE_NUMBER, DUPLICATE_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID = 4
 INVALID_PRODUCER_EPOCH = 47
 OFFSET_MISMATCH, CONDITIONAL_PRODUCE_REFUSED = 10_001, 10_002  # conditional produce (KIP-27)
 _SEQ_MOD = 0x80000000
+# uncompressed batch size from which the sender compresses a batch in a worker thread, per codec: where
+# the paired measurement showed the hop (about 0.1 ms) small next to the loop time it frees
+# (docs/benchmarks.md "Compression on the loop or in a thread")
+_OFFLOAD_MIN = {CODECS["gzip"]: 256 * 1024, CODECS["zstd"]: 256 * 1024, CODECS["lz4"]: 512 * 1024,
+                CODECS["snappy"]: 512 * 1024}
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +181,7 @@ def encode_produce_request(version: int, transactional_id: str | None, acks: int
 
 class _Batch:
     __slots__ = ("topic", "partition", "builder", "futures", "timestamps", "seq", "attempts", "in_flight",
-                 "created", "last_error", "in_doubt", "nbytes", "expected", "spans", "group")
+                 "created", "last_error", "in_doubt", "nbytes", "expected", "spans", "group", "compressing")
 
     def __init__(self, topic: str, partition: int, builder: BatchBuilder) -> None:
         self.topic = topic
@@ -196,6 +201,7 @@ class _Batch:
         self.nbytes = 0
         self.expected = -1  # conditional produce: the offset its first record must get (-1: none)
         self.group: Any = None  # the blocking facade's completion shared by the batch's records' futures
+        self.compressing: Any = None  # the worker thread's future compressing a large batch (see _OFFLOAD_MIN)
 
     @property
     def count(self) -> int:
@@ -403,6 +409,9 @@ class ProducerCore:
         self.config = config
         self.cluster = Cluster(config, allow_auto_create=True)
         self.codec = CODECS[config["compression.type"]]
+        # batches at least this large (uncompressed) are compressed off the loop (docs/benchmarks.md
+        # "Compression on the loop or in a thread"); none for no compression
+        self.offload_min = _OFFLOAD_MIN.get(self.codec, 1 << 62)
         self.acks = config["acks"]
         self.idempotent = bool(config["enable.idempotence"])
         self.transactional_id: str | None = config["transactional.id"]
@@ -931,6 +940,14 @@ class ProducerCore:
                 if not p.ready or (bumping and self.idempotent):
                     continue
                 b = p.ready[0]
+                if b.builder.body is None and b.builder.size >= self.offload_min:
+                    # a large batch is compressed in a worker thread (cramjam releases the GIL: the loop
+                    # keeps serving meanwhile); the partition's batches behind it wait, so order is kept
+                    if b.compressing is None:
+                        b.compressing = asyncio.get_running_loop().run_in_executor(None, b.builder.close)
+                        b.compressing.add_done_callback(lambda _f: self._kick())
+                    if not b.compressing.done():
+                        continue
             if b.expected >= 0 and p.inflight:
                 continue  # a conditional batch waits for the partition's answers: a refusal may take it down
             if adding:
