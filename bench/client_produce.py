@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.rounds} rounds paired ({' '.join(clients)}); oncelog config {ONCELOG_CONFIG}; batch.size of the "
           f"others: {OTHER_BATCH_SIZE or 'their defaults'}; python {meta['python']}, {meta['cpu_count']} CPUs "
           f"(shared), oncelog {meta['oncelog_git']}, librdkafka {meta['librdkafka']}\n`{meta['command']}`\n")
-    refs = [r for r in ("confluent", "confluent-default", "kafkapython", "aiokafka", "oncelog-arrow-list")
+    refs = [r for r in ("confluent", "confluent-default", "kafkapython", "aiokafka", "oncelog-arrow-list",
+                        "oncelog-batch-inline")
             if r in runs]
 
     def ratio(c: str, ref: str) -> str:  # the median of the per-round ratios (pairs run back to back)

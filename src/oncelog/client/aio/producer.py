@@ -118,10 +118,9 @@ INVALID_PRODUCER_EPOCH = 47
 OFFSET_MISMATCH, CONDITIONAL_PRODUCE_REFUSED = 10_001, 10_002  # conditional produce (KIP-27)
 _SEQ_MOD = 0x80000000
 # uncompressed batch size from which the sender compresses a batch in a worker thread, per codec: where
-# the paired measurement showed the hop (about 0.1 ms) small next to the loop time it frees
-# (docs/benchmarks.md "Compression on the loop or in a thread")
-_OFFLOAD_MIN = {CODECS["gzip"]: 256 * 1024, CODECS["zstd"]: 256 * 1024, CODECS["lz4"]: 512 * 1024,
-                CODECS["snappy"]: 512 * 1024}
+# the paired measurement showed the hop (about 0.1 ms) small next to the loop time it frees; lz4 and
+# snappy (2 ms per MiB) did not pay (docs/benchmarks.md "Compression on the loop or in a thread")
+_OFFLOAD_MIN = {CODECS["gzip"]: 256 * 1024, CODECS["zstd"]: 256 * 1024}
 
 
 @dataclass(frozen=True, slots=True)
