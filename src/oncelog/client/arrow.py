@@ -16,7 +16,8 @@ list of ``bytes`` (tests/unit/test_client_arrow.py checks that); the list path
 costs a ``to_pylist()`` (a Python ``bytes`` per value) first.
 
 pyarrow and numpy are imported only when an Arrow array is passed, so
-neither is a dependency of the client.
+neither is a dependency of the client (without numpy an Arrow array takes the
+list path).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def as_binary(values: Any) -> Any:
     when its type is not binary or string (the caller then takes the list path)."""
     import pyarrow as pa
 
+    try:
+        import numpy  # noqa: F401  (pyarrow does not require it; without it: the list path)
+        import pyarrow.compute  # noqa: F401
+    except ImportError:
+        return None
     t = values.type
     if pa.types.is_string(t):
         t2 = pa.binary()
