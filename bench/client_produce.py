@@ -17,6 +17,12 @@ broker process during the run, per MB of record values. Clients:
 
 * ``oncelog``: ``oncelog.client.Producer``, one ``produce()`` per record;
 * ``oncelog-batch``: ``Producer.produce_batch`` with 8 lists (one a partition);
+* ``oncelog-batch-inline``: ``oncelog-batch`` with no batch compressed in a worker thread
+  (``--compression``: every batch compressed on the loop, as before that change);
+* ``oncelog-arrow``: ``produce_batch`` with one pyarrow ``binary`` array per partition (made before
+  the timed run), encoded from its buffers (``oncelog.client.arrow``);
+* ``oncelog-arrow-list``: the same array's ``to_pylist()`` given to ``produce_batch`` (what the
+  connector's sink and ``produce_batch`` itself did with Arrow input before);
 * ``confluent``: confluent-kafka ``Producer`` (librdkafka, C), idempotent;
 * ``confluent-default``: the same at librdkafka's own default, ``enable.idempotence=false``
   (no sequence numbers, up to 1,000,000 requests in flight per connection);
@@ -76,6 +82,50 @@ def run_oncelog_batch(bootstrap: str, topic: str, n: int, payload: bytes) -> Non
                 all(f.done() and f.exception() is None for f in c)
     finally:
         p.close()
+
+
+_ARROW: dict[tuple[int, bytes], object] = {}  # the arrays of the arrow clients, made once (not timed)
+
+
+def _arrow_values(per: int, payload: bytes) -> object:
+    import pyarrow as pa
+
+    key = (per, payload)
+    if key not in _ARROW:
+        _ARROW[key] = pa.array([payload] * per, pa.binary())
+    return _ARROW[key]
+
+
+def run_oncelog_arrow(bootstrap: str, topic: str, n: int, payload: bytes, to_list: bool = False) -> None:
+    from oncelog.client import Producer
+
+    values = _arrow_values(n // PARTITIONS, payload)
+    p = Producer({"bootstrap.servers": bootstrap, **ONCELOG_CONFIG})
+    try:
+        calls = [p.produce_batch(topic, values.to_pylist() if to_list else values, partition=part)  # type: ignore
+                 for part in range(PARTITIONS)]
+        assert p.flush(120) == 0
+        for c in calls:
+            assert c.done() and c.exception() is None
+    finally:
+        p.close()
+
+
+def run_oncelog_arrow_list(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
+    run_oncelog_arrow(bootstrap, topic, n, payload, to_list=True)
+
+
+def run_oncelog_batch_inline(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
+    """``oncelog-batch`` with every batch compressed on the loop (no worker thread: the client before
+    large batches were compressed off the loop), for paired runs against ``oncelog-batch``."""
+    from oncelog.client.aio import producer as aio_producer
+
+    saved = dict(aio_producer._OFFLOAD_MIN)
+    aio_producer._OFFLOAD_MIN.clear()
+    try:
+        run_oncelog_batch(bootstrap, topic, n, payload)
+    finally:
+        aio_producer._OFFLOAD_MIN.update(saved)
 
 
 def run_confluent(bootstrap: str, topic: str, n: int, payload: bytes, idempotent: bool = True) -> None:
@@ -150,6 +200,9 @@ def run_aiokafka(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
 CLIENTS: dict[str, Callable[[str, str, int, bytes], None]] = {
     "oncelog": run_oncelog,
     "oncelog-batch": run_oncelog_batch,
+    "oncelog-batch-inline": run_oncelog_batch_inline,
+    "oncelog-arrow": run_oncelog_arrow,
+    "oncelog-arrow-list": run_oncelog_arrow_list,
     "confluent": run_confluent,
     "confluent-default": run_confluent_default,
     "kafkapython": run_kafkapython,
@@ -174,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                     "max.request.size becomes 8 x that when larger than 1 MiB")
     ap.add_argument("--same-batch-size", type=int, metavar="N",
                     help="batch.size N for every client (confluent-kafka's default is 1,000,000)")
+    ap.add_argument("--compression", default="none", help="compression.type of oncelog's producer (only)")
+    ap.add_argument("--compressible", action="store_true",
+                    help="JSON-like payloads (about 3x compressible) instead of random bytes")
     ap.add_argument("--profile", choices=list(CLIENTS), help="run one client once under pyinstrument")
     args = ap.parse_args(argv)
     if args.same_batch_size:
@@ -183,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         ONCELOG_CONFIG["batch.size"] = args.batch_size
         ONCELOG_CONFIG["max.request.size"] = max(1 << 20, PARTITIONS * args.batch_size)
     payload = os.urandom(args.size)
+    if args.compressible:
+        payload = (b'{"user": "user-00042", "event": "click", "payload": "' + os.urandom(args.size).hex().encode()
+                   )[:args.size]
+    if args.compression != "none":
+        ONCELOG_CONFIG["compression.type"] = args.compression
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
     mb = args.records * args.size / 1e6
     with tempfile.TemporaryDirectory() as tmp, OncelogBroker(Path(tmp) / "data") as broker:
@@ -195,8 +256,15 @@ def main(argv: list[str] | None = None) -> int:
             dt = time.perf_counter() - t0
             return args.records / dt, (cpu_seconds() - c0) / mb, (cpu_seconds(broker.proc.pid) - b0) / mb
 
-        for mod in ("oncelog.client", "confluent_kafka", "kafka", "aiokafka"):  # imports are not part of a run
+        for mod in ("oncelog.client", "confluent_kafka", "kafka", "aiokafka") + \
+                (("pyarrow", "pyarrow.compute", "numpy") if any("arrow" in c for c in clients) else ()):  # imports are not part of a run
             __import__(mod)
+        if any("arrow" in c for c in clients):  # pyarrow.compute loads its kernels at the first call
+            import pyarrow as pa
+
+            from oncelog.client.arrow import arrow_sections, as_binary
+
+            arrow_sections(as_binary(pa.array([b"warm-up"])), None, [(0, 1)])
         if args.profile:
             from pyinstrument import Profiler
 
@@ -220,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.rounds} rounds paired ({' '.join(clients)}); oncelog config {ONCELOG_CONFIG}; batch.size of the "
           f"others: {OTHER_BATCH_SIZE or 'their defaults'}; python {meta['python']}, {meta['cpu_count']} CPUs "
           f"(shared), oncelog {meta['oncelog_git']}, librdkafka {meta['librdkafka']}\n`{meta['command']}`\n")
-    refs = [r for r in ("confluent", "confluent-default", "kafkapython", "aiokafka") if r in runs]
+    refs = [r for r in ("confluent", "confluent-default", "kafkapython", "aiokafka", "oncelog-arrow-list",
+                        "oncelog-batch-inline")
+            if r in runs]
 
     def ratio(c: str, ref: str) -> str:  # the median of the per-round ratios (pairs run back to back)
         return f"{statistics.median(a[0] / b[0] for a, b in zip(runs[c], runs[ref])):.2f}x"

@@ -146,6 +146,67 @@ def test_asyncio_producer_and_batch_api(broker: EmbeddedBroker, kit: Any) -> Non
     assert every == expected
 
 
+def test_arrow_batches_read_back_by_confluent(broker: EmbeddedBroker, kit: Any) -> None:
+    """produce_batch with pyarrow arrays (the encoded-without-a-list path, oncelog.client.arrow): a sliced
+    string array with nulls and keys, a chunked binary array, a large_binary one; confluent-kafka reads
+    every key and value back, in order, at the offsets the futures gave."""
+    pa = pytest.importorskip("pyarrow")
+    kit.create_topic(broker.bootstrap, "arrow", 3)
+    n = 3000
+    texts = [None if i % 17 == 0 else ("é" * (i % 5)) + str(i) for i in range(n + 10)]
+    keys = [None if i % 3 == 0 else b"k%d" % i for i in range(n + 10)]
+    blobs = [b"" if i % 11 == 0 else bytes([i % 256]) * (i % 700) for i in range(n)]
+    sent: dict[int, list[tuple[bytes | None, bytes | None]]] = {0: [], 1: [], 2: []}
+    with Producer({"bootstrap.servers": broker.bootstrap, "compression.type": "gzip",
+                   "batch.size": 4096}) as p:
+        f0 = p.produce_batch("arrow", pa.array(texts).slice(10), keys=pa.array(keys).slice(10), partition=0)
+        sent[0] = [(k, None if t is None else t.encode()) for k, t in zip(keys[10:], texts[10:])]
+        f1 = p.produce_batch("arrow", pa.chunked_array([pa.array(blobs[:1000]), pa.array(blobs[1000:])]),
+                             partition=1)
+        sent[1] = [(None, b) for b in blobs]
+        f2 = p.produce_batch("arrow", pa.array(blobs, pa.large_binary()), partition=2)
+        sent[2] = [(None, b) for b in blobs]
+        assert p.flush(60) == 0
+        for futs in (f0, f1, f2):
+            assert [f.result().offset for f in futs] == list(range(n))
+    got = kit.confluent_consume_all(broker.bootstrap, "arrow", {q: n for q in range(3)})
+    for q in range(3):
+        assert [(m.key(), m.value()) for m in got[q]] == sent[q], f"partition {q}"
+
+
+@pytest.mark.parametrize("codec", ["gzip", "zstd"])
+def test_large_batches_compress_off_the_loop_in_order(broker: EmbeddedBroker, kit: Any, codec: str,
+                                                      monkeypatch: Any) -> None:
+    """Batches of at least _OFFLOAD_MIN bytes (gzip, zstd) are compressed in a worker thread, small ones on the loop;
+    the partition's records still land in produce order (the batch behind waits for the one compressing)."""
+    import threading
+
+    from oncelog.client import batch as batch_mod
+
+    threads: list[tuple[int, str]] = []
+    real = batch_mod.compress
+
+    def spy(c: int, data: bytes) -> bytes:
+        threads.append((len(data), threading.current_thread().name))
+        return real(c, data)
+
+    monkeypatch.setattr(batch_mod, "compress", spy)
+    kit.create_topic(broker.bootstrap, "offload-" + codec, 1)
+    values = [b"%06d" % i + b"x" * 2000 for i in range(1500)]  # about 3 MB: three 1 MiB batches
+    with Producer({"bootstrap.servers": broker.bootstrap, "compression.type": codec, "batch.size": 1 << 20,
+                   "max.request.size": 4 << 20, "linger.ms": 5}) as p:
+        big = p.produce_batch("offload-" + codec, values, partition=0)
+        small = [p.produce("offload-" + codec, b"small-%d" % i, partition=0) for i in range(5)]
+        assert p.flush(60) == 0
+        assert [f.result().offset for f in big] == list(range(len(values)))
+        assert [f.result().offset for f in small] == list(range(len(values), len(values) + 5))
+    loop_thread = {name for size, name in threads if size < 4096}
+    workers = {name for size, name in threads if size >= 256 * 1024}
+    assert loop_thread and workers and not loop_thread & workers, threads
+    got = kit.confluent_consume_all(broker.bootstrap, "offload-" + codec, {0: len(values) + 5})
+    assert [m.value() for m in got[0]] == values + [b"small-%d" % i for i in range(5)]
+
+
 def test_errors_are_typed(broker: EmbeddedBroker, kit: Any) -> None:
     kit.create_topic(broker.bootstrap, "errs", 2)
     with pytest.raises(ConfigError, match="linger.mss"):

@@ -262,3 +262,42 @@ def test_missing_value_column_is_one_clear_error(spark: Any, spark_broker: Any, 
     with pytest.raises(Exception, match="Required attribute 'value' not found"):
         (df.write.format("oncelog").mode("append").option("kafka.bootstrap.servers", spark_broker.bootstrap)
          .option("topic", topic_name).save())
+
+
+def test_write_batches_hands_arrow_columns_to_produce_batch() -> None:
+    """The sink passes Spark's Arrow value/key columns to produce_batch as Arrow arrays (encoded from
+    their buffers, oncelog.client.arrow), a partition's subset as a take() of them; rows with headers
+    still go one produce() each. No Spark, no broker: a recording producer."""
+    import pyarrow as pa
+
+    from oncelog.client.arrow import is_arrow
+    from oncelog.spark.sink import write_batches
+
+    calls: list[tuple[Any, ...]] = []
+
+    class Recorder:
+        def produce_batch(self, topic: str, values: Any, keys: Any = None, partition: int | None = None) -> None:
+            calls.append(("batch", topic, values, keys, partition))
+
+        def produce(self, topic: str, value: Any, key: Any = None, partition: Any = None, headers: Any = None) -> None:
+            calls.append(("one", topic, value, key, partition, headers))
+
+    opts = parse_sink_options({"kafka.bootstrap.servers": "127.0.0.1:1", "topic": "t"}, False)
+    rb = pa.record_batch({"value": pa.array(["a", None, "c", "d"]), "key": pa.array([b"k0", b"k1", None, b"k3"]),
+                          "partition": pa.array([0, 1, 0, 1], pa.int32())})
+    assert write_batches(Recorder(), opts, iter([rb])) == 4  # type: ignore[arg-type]
+    assert [c[4] for c in calls] == [0, 1]
+    for kind, topic, values, keys, part in calls:
+        assert kind == "batch" and is_arrow(values) and is_arrow(keys)
+    assert [calls[0][2].to_pylist(), calls[0][3].to_pylist()] == [["a", "c"], [b"k0", None]]
+    assert [calls[1][2].to_pylist(), calls[1][3].to_pylist()] == [[None, "d"], [b"k1", b"k3"]]
+    calls.clear()
+    whole = pa.record_batch({"value": pa.array([b"x", b"y"])})
+    assert write_batches(Recorder(), opts, iter([whole])) == 2  # type: ignore[arg-type]
+    assert len(calls) == 1 and is_arrow(calls[0][2]) and calls[0][2].to_pylist() == [b"x", b"y"]
+    calls.clear()
+    hdr_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    with_headers = pa.record_batch({"value": pa.array(["v"]), "headers": pa.array([[{"key": "h", "value": b"1"}]],
+                                                                                   hdr_type)})
+    assert write_batches(Recorder(), opts, iter([with_headers])) == 1  # type: ignore[arg-type]
+    assert calls == [("one", "t", b"v", None, None, [("h", b"1")])]

@@ -395,6 +395,29 @@ def _bytes_column(col: Any) -> list[bytes | None]:
     return [_bytes(v) for v in col.to_pylist()]
 
 
+def _arrow_or_list(col: Any) -> Any:
+    """A binary or string Arrow column as it is (``produce_batch`` encodes it from its buffers,
+    :mod:`oncelog.client.arrow`), any other as a list of bytes."""
+    import pyarrow as pa
+
+    t = col.type
+    if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+        return col
+    return _bytes_column(col)
+
+
+def _take(col: Any, idx: list[int]) -> Any:
+    if isinstance(col, list):
+        return [col[i] for i in idx]
+    import pyarrow as pa
+
+    return col.take(pa.array(idx, pa.int64()))
+
+
+def _as_list(col: Any) -> list[bytes | None]:
+    return col if isinstance(col, list) else _bytes_column(col)
+
+
 def write_batches(p: Producer, opts: SinkOptions, batches: Iterator[Any]) -> int:
     """Produce every row of the Arrow ``batches``; returns how many (delivery is checked by flush)."""
     n = 0
@@ -404,8 +427,8 @@ def write_batches(p: Producer, opts: SinkOptions, batches: Iterator[Any]) -> int
             raise SinkOptionError("Required attribute 'value' not found")
         cols = {name: rb.column(name).to_pylist() for name in names if name in ("topic", "partition", "headers")}
         rows = rb.num_rows
-        values = _bytes_column(rb.column("value"))
-        keys = _bytes_column(rb.column("key")) if "key" in names else None
+        values = _arrow_or_list(rb.column("value"))
+        keys = _arrow_or_list(rb.column("key")) if "key" in names else None
         topics = cols.get("topic")
         parts = cols.get("partition")
         headers = cols.get("headers")
@@ -429,10 +452,12 @@ def write_batches(p: Producer, opts: SinkOptions, batches: Iterator[Any]) -> int
                 if len(idx) == rows:
                     p.produce_batch(topic, values, keys, partition=part)
                 else:
-                    p.produce_batch(topic, [values[i] for i in idx],
-                                    [keys[i] for i in idx] if keys is not None else None, partition=part)
+                    p.produce_batch(topic, _take(values, idx), _take(keys, idx) if keys is not None else None,
+                                    partition=part)
             n += rows
             continue
+        values = _as_list(values)
+        keys = _as_list(keys) if keys is not None else None
         for i in range(rows):
             topic = opts.topic or (topics[i] if topics is not None else None)
             if topic is None:

@@ -83,6 +83,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster
+from oncelog.client.arrow import arrow_bounds, arrow_sections, as_binary, is_arrow
 from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
 from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_sections, record_sizes
 from oncelog.client.config import ClientConfig, parse_config
@@ -116,6 +117,10 @@ OUT_OF_ORDER_SEQUENCE_NUMBER, DUPLICATE_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID = 4
 INVALID_PRODUCER_EPOCH = 47
 OFFSET_MISMATCH, CONDITIONAL_PRODUCE_REFUSED = 10_001, 10_002  # conditional produce (KIP-27)
 _SEQ_MOD = 0x80000000
+# uncompressed batch size from which the sender compresses a batch in a worker thread, per codec: where
+# the paired measurement showed the hop (about 0.1 ms) small next to the loop time it frees; lz4 and
+# snappy (2 ms per MiB) did not pay (docs/benchmarks.md "Compression on the loop or in a thread")
+_OFFLOAD_MIN = {CODECS["gzip"]: 256 * 1024, CODECS["zstd"]: 256 * 1024}
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +180,7 @@ def encode_produce_request(version: int, transactional_id: str | None, acks: int
 
 class _Batch:
     __slots__ = ("topic", "partition", "builder", "futures", "timestamps", "seq", "attempts", "in_flight",
-                 "created", "last_error", "in_doubt", "nbytes", "expected", "spans", "group")
+                 "created", "last_error", "in_doubt", "nbytes", "expected", "spans", "group", "compressing")
 
     def __init__(self, topic: str, partition: int, builder: BatchBuilder) -> None:
         self.topic = topic
@@ -195,6 +200,7 @@ class _Batch:
         self.nbytes = 0
         self.expected = -1  # conditional produce: the offset its first record must get (-1: none)
         self.group: Any = None  # the blocking facade's completion shared by the batch's records' futures
+        self.compressing: Any = None  # the worker thread's future compressing a large batch (see _OFFLOAD_MIN)
 
     @property
     def count(self) -> int:
@@ -402,6 +408,9 @@ class ProducerCore:
         self.config = config
         self.cluster = Cluster(config, allow_auto_create=True)
         self.codec = CODECS[config["compression.type"]]
+        # batches at least this large (uncompressed) are compressed off the loop (docs/benchmarks.md
+        # "Compression on the loop or in a thread"); none for no compression
+        self.offload_min = _OFFLOAD_MIN.get(self.codec, 1 << 62)
         self.acks = config["acks"]
         self.idempotent = bool(config["enable.idempotence"])
         self.transactional_id: str | None = config["transactional.id"]
@@ -605,16 +614,20 @@ class ProducerCore:
         n = len(values)
         # records per batch: at most batch.size bytes (one record alone may be larger), by an upper bound
         # of each record's size; ends[i] is the bytes of records 0..i-1
-        ends = list(accumulate(record_sizes(values, keys), initial=0))
         room = self.batch_size - HEADER_SIZE
         bounds: list[tuple[int, int]] = []
-        i = 0
-        while i < n:
-            j = max(i + 1, bisect_right(ends, ends[i] + room, i + 1) - 1)
-            bounds.append((i, j))
-            i = j
-        # every batch's records section at once (the bulk encoding's fixed cost once per call)
-        sections = encode_sections(values, keys, bounds)
+        if is_arrow(values):  # pyarrow binary arrays (oncelog.client.arrow): the same bounds and bytes
+            bounds = arrow_bounds(values, keys, room)
+            sections: Sequence[Any] = arrow_sections(values, keys, bounds)
+        else:
+            ends = list(accumulate(record_sizes(values, keys), initial=0))
+            i = 0
+            while i < n:
+                j = max(i + 1, bisect_right(ends, ends[i] + room, i + 1) - 1)
+                bounds.append((i, j))
+                i = j
+            # every batch's records section at once (the bulk encoding's fixed cost once per call)
+            sections = encode_sections(values, keys, bounds)
         spans = isinstance(futures, BatchFutures)
         for (i, j), section in zip(bounds, sections):
             if p.open is not None:
@@ -926,6 +939,14 @@ class ProducerCore:
                 if not p.ready or (bumping and self.idempotent):
                     continue
                 b = p.ready[0]
+                if b.builder.body is None and b.builder.size >= self.offload_min:
+                    # a large batch is compressed in a worker thread (cramjam releases the GIL: the loop
+                    # keeps serving meanwhile); the partition's batches behind it wait, so order is kept
+                    if b.compressing is None:
+                        b.compressing = asyncio.get_running_loop().run_in_executor(None, b.builder.close)
+                        b.compressing.add_done_callback(lambda _f: self._kick())
+                    if not b.compressing.done():
+                        continue
             if b.expected >= 0 and p.inflight:
                 continue  # a conditional batch waits for the partition's answers: a refusal may take it down
             if adding:
@@ -1256,16 +1277,27 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _values_list(values: Any) -> list[bytes | None]:
-    """A list of bytes from a list/tuple or a pyarrow array (binary or string), without pyarrow as a dependency."""
+def _values_list(values: Any) -> Any:
+    """A list of bytes from a list/tuple, or a pyarrow array: a binary, string, large_binary or
+    large_string one (chunked or not) comes back as one binary Array (:func:`oncelog.client.arrow.as_binary`,
+    encoded without a list), any other type as a list. pyarrow is not a dependency."""
     if isinstance(values, (list, tuple)):
         if values and not all(type(v) is bytes for v in values):
             return [_to_bytes(v, "value") for v in values]
         return list(values)
+    if is_arrow(values):
+        binary = as_binary(values)
+        if binary is not None:
+            return binary
     to_pylist = getattr(values, "to_pylist", None)
-    if to_pylist is not None:  # pyarrow Array / ChunkedArray
+    if to_pylist is not None:  # pyarrow Array / ChunkedArray of another type
         return [_to_bytes(v, "value") for v in to_pylist()]
     return [_to_bytes(v, "value") for v in values]
+
+
+def _as_list(values: Any) -> Any:
+    """``values`` (from :func:`_values_list`) as a list of bytes when it is an Arrow array."""
+    return [_to_bytes(v, "value") for v in values.to_pylist()] if is_arrow(values) else values
 
 
 async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | None], keys: Any,
@@ -1277,6 +1309,8 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
     ks = None if keys is None else _values_list(keys)
     if ks is not None and len(ks) != len(vals):
         raise ValueError("keys and values differ in length")
+    if ks is not None and (partition is None or is_arrow(vals) != is_arrow(ks)):
+        vals, ks = _as_list(vals), _as_list(ks)  # keyed records spread by key, or Arrow mixed with a list
     info = await core.cluster.wait_topic(topic, core.max_block)
     ts = _now_ms() if timestamp is None else timestamp
     n = info.partitions
