@@ -38,13 +38,17 @@ Internal design (for the transactions work that builds on it):
   gap) and resent in order. A batch whose fate is unknown (network error,
   timeout) keeps its sequence, so a resend is recognised by the broker as a
   duplicate. That is franz-go's per-partition sequence buffer idea.
-* Epoch bump (KIP-360): OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID
-  on the first unacked batch, or giving up on a batch whose fate is unknown
-  (``retries`` or ``delivery.timeout.ms`` exhausted), marks the partition
-  ``needs_bump``. The bump waits until no other partition has a batch in
-  doubt (those are resent under the old epoch first, so nothing is written
-  twice), then InitProducerId (v3+ with the current id and epoch) gives a new
-  epoch (or id) and every partition's sequences restart at 0.
+* Epoch bump (KIP-360, as Java's idempotent producer): OUT_OF_ORDER_SEQUENCE_NUMBER
+  or UNKNOWN_PRODUCER_ID on the first unacked batch (the batch is kept and
+  retried; UNKNOWN_PRODUCER_ID with log start offset -1 is retried without a
+  bump), or giving up on a batch whose fate is unknown (``retries`` or
+  ``delivery.timeout.ms`` exhausted), marks the partition ``needs_bump``. The
+  bump waits until no other partition has a batch in doubt (those are resent
+  under the old epoch first, so nothing is written twice), then the epoch goes
+  to epoch + 1 client-side (same id, no request; InitProducerId(-1, -1) for a
+  fresh id only at epoch 32767) and every partition's sequences restart at 0.
+* Helper tasks (metadata waits and refreshes, connects, the id request) are
+  kept in ``_helpers``; ``close()`` cancels and awaits them.
 * Conditional produce (``expected_offset``, docs/conditional-publish.md):
   ``_Batch.expected`` >= 0. Such a batch holds only records with contiguous
   expected offsets, is sent only in requests of conditional batches (tag
@@ -54,7 +58,8 @@ Internal design (for the transactions work that builds on it):
   ``ConditionalProduceNotSupported``). A refusal (10001/10002) fails it and
   the queued batches continuing it, and re-sequences the partition's rest.
 * ``delivery.timeout.ms``: a batch not in flight whose first record is older
-  fails with :class:`~oncelog.client.errors.DeliveryTimeoutError`.
+  fails with :class:`~oncelog.client.errors.DeliveryTimeoutError` (an
+  in-flight one once its request is answered or times out).
 * Transactions (``transactional.id``): ``self.txn`` is a
   :class:`~oncelog.client.aio.transactions.TransactionManager`. No producer
   id is fetched at start (``init_transactions()`` does it). The sender asks
