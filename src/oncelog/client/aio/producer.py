@@ -38,13 +38,17 @@ Internal design (for the transactions work that builds on it):
   gap) and resent in order. A batch whose fate is unknown (network error,
   timeout) keeps its sequence, so a resend is recognised by the broker as a
   duplicate. That is franz-go's per-partition sequence buffer idea.
-* Epoch bump (KIP-360): OUT_OF_ORDER_SEQUENCE_NUMBER or UNKNOWN_PRODUCER_ID
-  on the first unacked batch, or giving up on a batch whose fate is unknown
-  (``retries`` or ``delivery.timeout.ms`` exhausted), marks the partition
-  ``needs_bump``. The bump waits until no other partition has a batch in
-  doubt (those are resent under the old epoch first, so nothing is written
-  twice), then InitProducerId (v3+ with the current id and epoch) gives a new
-  epoch (or id) and every partition's sequences restart at 0.
+* Epoch bump (KIP-360, as Java's idempotent producer): OUT_OF_ORDER_SEQUENCE_NUMBER
+  or UNKNOWN_PRODUCER_ID on the first unacked batch (the batch is kept and
+  retried; UNKNOWN_PRODUCER_ID with log start offset -1 is retried without a
+  bump), or giving up on a batch whose fate is unknown (``retries`` or
+  ``delivery.timeout.ms`` exhausted), marks the partition ``needs_bump``. The
+  bump waits until no other partition has a batch in doubt (those are resent
+  under the old epoch first, so nothing is written twice), then the epoch goes
+  to epoch + 1 client-side (same id, no request; InitProducerId(-1, -1) for a
+  fresh id only at epoch 32767) and every partition's sequences restart at 0.
+* Helper tasks (metadata waits and refreshes, connects, the id request) are
+  kept in ``_helpers``; ``close()`` cancels and awaits them.
 * Conditional produce (``expected_offset``, docs/conditional-publish.md):
   ``_Batch.expected`` >= 0. Such a batch holds only records with contiguous
   expected offsets, is sent only in requests of conditional batches (tag
@@ -54,7 +58,8 @@ Internal design (for the transactions work that builds on it):
   ``ConditionalProduceNotSupported``). A refusal (10001/10002) fails it and
   the queued batches continuing it, and re-sequences the partition's rest.
 * ``delivery.timeout.ms``: a batch not in flight whose first record is older
-  fails with :class:`~oncelog.client.errors.DeliveryTimeoutError`.
+  fails with :class:`~oncelog.client.errors.DeliveryTimeoutError` (an
+  in-flight one once its request is answered or times out).
 * Transactions (``transactional.id``): ``self.txn`` is a
   :class:`~oncelog.client.aio.transactions.TransactionManager`. No producer
   id is fetched at start (``init_transactions()`` does it). The sender asks
@@ -114,6 +119,7 @@ PRODUCE_VERSIONS = (3, 12)  # v13 addresses topics by id
 PRODUCE_VERSIONS_TV1 = (3, 11)  # v12 is transactions v2 (implicit adds)
 INIT_PRODUCER_ID_VERSIONS = (0, 6)
 OUT_OF_ORDER_SEQUENCE_NUMBER, DUPLICATE_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID = 45, 46, 59
+_EPOCH_MAX = 32767  # Short.MAX_VALUE: an idempotent producer at this epoch takes a fresh id to bump
 INVALID_PRODUCER_EPOCH = 47
 OFFSET_MISMATCH, CONDITIONAL_PRODUCE_REFUSED = 10_001, 10_002  # conditional produce (KIP-27)
 _SEQ_MOD = 0x80000000
@@ -440,6 +446,7 @@ class ProducerCore:
         self._outstanding = 0  # records produced and not yet completed
         self._idle: asyncio.Event | None = None
         self._init_task: asyncio.Task[None] | None = None
+        self._helpers: set[asyncio.Task[Any]] = set()  # metadata refreshes, connects, the id reset: close() ends them
         self._bump_wanted = False
         self._fatal: KafkaError | None = None
         self.buffered_bytes = 0
@@ -493,6 +500,11 @@ class ProducerCore:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
+        helpers = list(self._helpers)
+        for task in helpers:
+            task.cancel()
+        if helpers:  # awaited, so none is destroyed pending when the loop goes
+            await asyncio.gather(*helpers, return_exceptions=True)
         err = ClientClosedError("producer closed before the record was delivered")
         for p in self.partitions.values():
             for b in ([p.open] if p.open else []) + list(p.ready) + list(p.unacked):
@@ -502,6 +514,13 @@ class ProducerCore:
                 self._fail_record(r[6], r[1], r[2], err)
         self._waiting.clear()
         await self.cluster.close()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Run a helper coroutine of the sender; a reference is kept until it ends, and close() cancels it."""
+        task = asyncio.ensure_future(coro)
+        self._helpers.add(task)
+        task.add_done_callback(self._helpers.discard)
+        return task
 
     def _kick(self) -> None:
         if self._wake is not None:
@@ -677,7 +696,7 @@ class ProducerCore:
             waiting.append(record)
             return
         self._waiting[topic] = [record]
-        asyncio.ensure_future(self._fetch_topic(topic))
+        self._spawn(self._fetch_topic(topic))
 
     async def _fetch_topic(self, topic: str) -> None:
         try:
@@ -803,13 +822,24 @@ class ProducerCore:
                 return True
             if not p.needs_bump and p.unacked:
                 return True  # batches in doubt under the old epoch go first
-        self._init_task = asyncio.ensure_future(self._bump())
+        if self.producer_id >= 0 and 0 <= self.producer_epoch < _EPOCH_MAX:
+            # Java's bumpIdempotentProducerEpoch: the same id, epoch + 1, no request (a broker accepts a
+            # known producer id at a higher epoch from sequence 0)
+            self.producer_epoch += 1
+            self._bumped()
+            return False
+        # the epoch is exhausted (or there is no id): a fresh id, InitProducerId(-1, -1)
+        self.producer_id = self.producer_epoch = -1
+        self._init_task = self._spawn(self._bump())
         return True
 
     async def _bump(self) -> None:
         try:
             await self._init_producer_id()
         except KafkaError as exc:
+            if exc.retriable:  # asked again by the next sender pass (Java re-enqueues the request)
+                self._kick()
+                return
             self._fatal = exc
             for p in self.partitions.values():
                 for b in ([p.open] if p.open else []) + list(p.ready) + list(p.unacked):
@@ -820,6 +850,9 @@ class ProducerCore:
             return
         finally:
             self._init_task = None
+        self._bumped()
+
+    def _bumped(self) -> None:
         self.stats["epoch_bumps"] += 1
         for p in self.partitions.values():
             p.acked_seq = 0
@@ -966,7 +999,7 @@ class ProducerCore:
             refresh.update(t for t, _ in self.partitions)  # metadata.max.age.ms
         for topic in refresh - self._refreshing:
             self._refreshing.add(topic)
-            asyncio.ensure_future(self._refresh(topic))
+            self._spawn(self._refresh(topic))
         for node, items in by_node.items():
             self._send(node, items, now)
         return max(next_due, 0.001)
@@ -1017,7 +1050,7 @@ class ProducerCore:
         if conn is None or conn.closed:
             if node not in self._connecting:
                 self._connecting.add(node)
-                asyncio.ensure_future(self._connect(node))
+                self._spawn(self._connect(node))
             return
         txn = self.txn
         version = conn.version(PRODUCE, PRODUCE_VERSIONS if txn is None or txn.tv2 else PRODUCE_VERSIONS_TV1)
@@ -1114,7 +1147,7 @@ class ProducerCore:
         if self._closed:
             return
         exc = fut.exception()
-        results: dict[tuple[str, int], tuple[int, int, int, str | None]] = {}
+        results: dict[tuple[str, int], tuple[int, int, int, str | None, int]] = {}
         actual: dict[tuple[str, int], int] = {}  # conditional refusals: the partition's actual next offset
         resp = None
         if exc is None:
@@ -1139,14 +1172,16 @@ class ProducerCore:
         if exc is None:
             if resp is None:  # acks=0
                 for b in sent:
-                    results[(b.topic, b.partition)] = (0, -1, -1, None)
+                    results[(b.topic, b.partition)] = (0, -1, -1, None, -1)
             else:
                 for t in resp.responses:
                     for pr in t.partition_responses:
                         lat = pr.log_append_time
+                        lso = getattr(pr, "log_start_offset", None)
                         results[(t.name, int(pr.index))] = (int(pr.error_code), int(pr.base_offset),
                                                             to_ms(lat) if lat is not None else -1,
-                                                            getattr(pr, "error_message", None))
+                                                            getattr(pr, "error_message", None),
+                                                            int(lso) if lso is not None else -2)
             network_error: KafkaError | None = None
         else:
             network_error = exc if isinstance(exc, KafkaError) else KafkaError(str(exc))
@@ -1163,7 +1198,7 @@ class ProducerCore:
             if network_error is not None:
                 self._batch_failed(p, b, network_error, in_doubt=True)
                 continue
-            code, base, lat, msg = results.get((b.topic, b.partition), (-2, -1, -1, None))
+            code, base, lat, msg, log_start = results.get((b.topic, b.partition), (-2, -1, -1, None, -1))
             if code == -2:
                 self._batch_failed(p, b, KafkaError("the response did not mention the partition"), in_doubt=True)
             elif code == 0 or (code == DUPLICATE_SEQUENCE_NUMBER and self.idempotent):
@@ -1184,7 +1219,7 @@ class ProducerCore:
                 err.expected_offset, err.topic, err.partition = b.expected, b.topic, b.partition
                 self._refused(p, b, err)
             else:
-                self._batch_failed(p, b, error_for(code, msg), in_doubt=False)
+                self._batch_failed(p, b, error_for(code, msg), in_doubt=False, log_start_offset=log_start)
         self._kick()
 
     def _refused(self, p: _Partition, b: _Batch, err: KafkaError) -> None:
@@ -1214,7 +1249,10 @@ class ProducerCore:
             self._fail_batch(o, type(err)(err.message, getattr(err, "actual_offset", -1), o.expected, o.topic,
                                           o.partition))
 
-    def _batch_failed(self, p: _Partition, b: _Batch, err: KafkaError, in_doubt: bool) -> None:
+    def _batch_failed(self, p: _Partition, b: _Batch, err: KafkaError, in_doubt: bool,
+                      log_start_offset: int = -2) -> None:
+        """``log_start_offset``: the partition's, from the Produce answer (-1: the broker did not know it,
+        -2: not in that answer)."""
         b.last_error = err
         b.in_doubt = b.in_doubt or in_doubt
         if err.code in REFRESH_ERRORS:
@@ -1240,10 +1278,21 @@ class ProducerCore:
             p.unacked.remove(b)
             self._fail_batch(b, err)
             return
-        if code == UNKNOWN_PRODUCER_ID:
-            p.needs_bump = True  # refused, so safe to resend under the new epoch
+        # KIP-360, as Java's idempotent producer (TransactionManager.canRetry): both codes mean the broker
+        # appended nothing of the batch, so it is retried (while retries last); UNKNOWN_PRODUCER_ID with no
+        # log start offset in the answer is retried as is, else (and OUT_OF_ORDER_SEQUENCE_NUMBER on the
+        # next batch to be acknowledged, the head) the epoch is bumped client-side and the partition's
+        # sequences restart at 0 (_maybe_bump).
+        if code in (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID):
+            if b.attempts <= self.retries:
+                if not (code == UNKNOWN_PRODUCER_ID and log_start_offset == -1):
+                    p.needs_bump = True
+                return
+            p.unacked.remove(b)
+            p.needs_bump = True
+            self._fail_batch(b, err)
             return
-        if code in (OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH):
+        if code == INVALID_PRODUCER_EPOCH:
             p.unacked.remove(b)
             p.needs_bump = True
             self._fail_batch(b, err)
