@@ -668,3 +668,40 @@ def test_close_leaves_no_pending_task(tmp_path: Any, kit: Any, caplog: pytest.Lo
             broker.close()
     destroyed = [r.getMessage() for r in caplog.records if "destroyed but it is pending" in r.getMessage()]
     assert destroyed == []
+
+
+@pytest.mark.parametrize("acks", [1, -1])
+def test_close_fails_records_of_requests_still_unanswered(acks: int, caplog: pytest.LogCaptureFixture) -> None:
+    """``close(timeout)`` whose flush gives up fails every record still in a request whose answer has not
+    come, idempotent or not, as Java's forced close does (review C5: a producer that is not idempotent
+    keeps no ``unacked`` queue, so its in-flight records stayed pending for ever once close() had
+    stopped reading answers), and leaves no "Future exception was never retrieved" behind. The broker
+    process is stopped (SIGSTOP) while the requests are out, and resumed after the close."""
+    import gc
+    import logging
+    import os
+    import signal
+
+    from oncelog.client.errors import ClientClosedError
+
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    with EmbeddedBroker() as b:
+        async def run() -> list[asyncio.Future[Any]]:
+            p = aio.Producer({"bootstrap.servers": b.bootstrap, "acks": acks, "linger.ms": 0,
+                              "enable.idempotence": acks == -1})
+            await p.start()
+            assert (await p.produce("t", b"first", partition=0)).offset == 0
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            try:
+                futs = [p.produce("t", b"y" * 100_000, partition=0) for _ in range(150)]
+                await p.close(2)
+            finally:
+                os.kill(b.proc.pid, signal.SIGCONT)
+            await asyncio.sleep(0.5)
+            return futs
+
+        futs = asyncio.run(run())
+        gc.collect()
+    assert sum(not f.done() for f in futs) == 0
+    assert all(isinstance(f.exception(), ClientClosedError) for f in futs)
+    assert [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()] == []

@@ -438,6 +438,9 @@ class ProducerCore:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._node_inflight: dict[int, int] = {}
+        # the batches of every Produce request whose answer has not come (by id of its list): what
+        # close() fails once flushing gave up, idempotent or not (Java's forced close)
+        self._requests: dict[int, list[_Batch]] = {}
         self._connecting: set[int] = set()
         self._refreshing: set[str] = set()
         self._flushing = 0
@@ -509,6 +512,13 @@ class ProducerCore:
         for p in self.partitions.values():
             for b in ([p.open] if p.open else []) + list(p.ready) + list(p.unacked):
                 self._fail_batch(b, err)
+        # batches in requests still unanswered that no partition queue holds (a producer that is not
+        # idempotent keeps none in ``unacked``): their answers are no longer read, so they fail here
+        for sent in list(self._requests.values()):
+            for b in sent:
+                if b.futures:
+                    self._fail_batch(b, err)
+        self._requests.clear()
         for recs in self._waiting.values():
             for r in recs:
                 self._fail_record(r[6], r[1], r[2], err)
@@ -1121,6 +1131,7 @@ class ProducerCore:
         # a conditional request's answer is decoded here, keeping the unknown tags (the actual next offset)
         fut = conn.send(PRODUCE, version, body, expect_response=self.acks != 0, raw_response=conditional)
         self._node_inflight[node] = self._node_inflight.get(node, 0) + 1
+        self._requests[id(sent)] = sent
         self.stats["requests"] += 1
         self.stats["batches_sent"] += len(sent)
         fut.add_done_callback(lambda f: self._on_response(node, sent, f, version if conditional else -1))
@@ -1144,7 +1155,10 @@ class ProducerCore:
 
     def _on_response(self, node: int, sent: list[_Batch], fut: asyncio.Future[Any], raw_version: int = -1) -> None:
         self._node_inflight[node] -= 1
+        self._requests.pop(id(sent), None)
         if self._closed:
+            if not fut.cancelled():
+                fut.exception()  # marked retrieved: a closed producer reads no answer (its batches failed)
             return
         exc = fut.exception()
         results: dict[tuple[str, int], tuple[int, int, int, str | None, int]] = {}
