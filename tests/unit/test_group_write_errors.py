@@ -182,3 +182,49 @@ def test_static_member_rejoin_whose_write_fails_answers_not_coordinator(tmp_path
         env.store.close()
 
     asyncio.run(main())
+
+
+def test_delete_groups_whose_write_fails_keeps_the_group_for_the_retry(tmp_path: Path) -> None:
+    """Kafka reverts the in-memory state of a failed write: the group answered NOT_COORDINATOR
+    is still there, so the client's retry deletes it (not GROUP_ID_NOT_FOUND while its
+    offsets are still served)."""
+
+    async def main() -> None:
+        env = Env(tmp_path)
+        assert await env.commit({TP0: 5}, group="b") == {TP0: 0}
+        ctx = SimpleNamespace(broker=SimpleNamespace(groups=env.c))
+        env.fail_sync = True
+        resp = await delete_groups.handle(ctx, SimpleNamespace(groups_names=["b"]))
+        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", E.not_coordinator)]
+        assert "b" in env.c.groups and env.c.groups["b"].state == GroupState.EMPTY
+        env.fail_sync = False
+        resp = await delete_groups.handle(ctx, SimpleNamespace(groups_names=["b"]))
+        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", 0)]
+        assert "b" not in env.c.groups and env.visible("b") == {}
+        env.store.close()
+
+    asyncio.run(main())
+
+
+def test_delete_groups_whose_append_fails_keeps_the_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        env = Env(tmp_path)
+        assert await env.commit({TP0: 5}, group="b") == {TP0: 0}
+        plog = env.store._log
+        assert plog is not None
+
+        def full(*_a: Any, **_k: Any) -> Any:
+            raise OSError(28, "No space left on device")
+
+        ctx = SimpleNamespace(broker=SimpleNamespace(groups=env.c))
+        monkeypatch.setattr(plog, "append", full)
+        resp = await delete_groups.handle(ctx, SimpleNamespace(groups_names=["b"]))
+        monkeypatch.undo()
+        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", E.not_coordinator)]
+        assert env.c.groups["b"].state == GroupState.EMPTY and env.visible("b") == {TP0: 5}
+        resp = await delete_groups.handle(ctx, SimpleNamespace(groups_names=["b"]))
+        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", 0)]
+        assert "b" not in env.c.groups and env.visible("b") == {}
+        env.store.close()
+
+    asyncio.run(main())
