@@ -228,3 +228,42 @@ def test_delete_groups_whose_append_fails_keeps_the_group(tmp_path: Path, monkey
         env.store.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("trigger", ["topic_deleted", "expiry"])
+def test_background_deletion_whose_append_fails_is_quiet_and_keeps_the_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, trigger: str
+) -> None:
+    """Offsets deleted in the background (topic deletion, expiry) with a failing append: one
+    clear log line, no "Future exception was never retrieved" traceback, and the group is
+    still there as long as its offsets are."""
+    import gc
+
+    async def main() -> None:
+        env = Env(tmp_path)
+        assert await env.commit({TP0: 5}, group="a") == {TP0: 0}
+        assert "a" in env.c.groups
+        plog = env.store._log
+        assert plog is not None
+
+        def full(*_a: Any, **_k: Any) -> Any:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(plog, "append", full)
+        if trigger == "topic_deleted":
+            env.c.on_topic_deleted("t")
+        else:
+            env.clock.now += 8 * 24 * 3600 * 1000  # past offsets.retention.minutes (7 days)
+            env.c.expire_offsets()
+        monkeypatch.undo()
+        await asyncio.sleep(0)
+        assert env.visible("a") == {TP0: 5}
+        assert "a" in env.c.groups and env.c.groups["a"].state == GroupState.EMPTY
+        env.store.close()
+
+    with caplog.at_level("WARNING"):
+        asyncio.run(main())
+        gc.collect()
+    texts = [r.getMessage() for r in caplog.records]
+    assert not [t for t in texts if "never retrieved" in t], texts
+    assert any("No space left on device" in t for t in texts)

@@ -146,12 +146,16 @@ def _decode(rec: Record) -> Op:
 def _failed_write(exc: OSError) -> Any:
     """A write that failed before it reached the log, as a failed durability future (what
     callers await and map to their answer, as for a failed fsync); without a running
-    event loop (unit tests of the store alone) the error is raised."""
+    event loop (unit tests of the store alone) the error is raised. The error is already
+    logged (one line) and marked retrieved, so a caller that drops the future (expiry, topic
+    deletion) leaves no "Future exception was never retrieved" traceback; one that awaits it
+    still gets the error."""
     try:
         fut = asyncio.get_running_loop().create_future()
     except RuntimeError:
         raise exc from None
     fut.set_exception(exc)
+    fut.exception()  # retrieved: logged by the caller of _failed_write
     return fut
 
 
