@@ -310,6 +310,15 @@ def test_failed_authentication_delay_config() -> None:
     assert _broker(**{"connection.failed.authentication.delay.ms": "0"}).connection_failed_authentication_delay_ms == 0
     with pytest.raises(ConfigError, match="connection.failed.authentication.delay.ms"):
         _broker(**{"connection.failed.authentication.delay.ms": "-1"})
+    # Kafka refuses a delay not below connections.max.idle.ms (when that is not -1): the answer would time out
+    with pytest.raises(ConfigError, match="must be less than connections.max.idle.ms=600000"):
+        _broker(**{"connection.failed.authentication.delay.ms": "600000"})
+    with pytest.raises(ConfigError, match="must be less than connections.max.idle.ms=50"):
+        _broker(**{"connection.failed.authentication.delay.ms": "100", "connections.max.idle.ms": "50"})
+    assert _broker(**{"connection.failed.authentication.delay.ms": "599999"}) \
+        .connection_failed_authentication_delay_ms == 599999
+    assert _broker(**{"connection.failed.authentication.delay.ms": "700000", "connections.max.idle.ms": "-1"}) \
+        .connection_failed_authentication_delay_ms == 700000
 
 
 def _token(principal: str = "alice", life: float = 60.0, **claims: Any) -> bytes:
