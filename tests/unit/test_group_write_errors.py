@@ -33,6 +33,7 @@ class Env:
     def __init__(self, tmp_path: Path) -> None:
         self.clock = Clock()
         self.fail_sync = False
+        self.cancel_sync = False  # the fsync round is cancelled (the broker shutting down)
         self.store = OffsetStore.open(tmp_path, self._durability, self.clock)
         self.c = GroupCoordinator(self.store, self.clock, GroupConfig(initial_rebalance_delay_ms=0))
 
@@ -42,7 +43,9 @@ class Env:
         fut = loop.create_future()
 
         def round_done() -> None:
-            if self.fail_sync:
+            if self.cancel_sync:
+                fut.cancel()
+            elif self.fail_sync:
                 fut.set_exception(EIO)  # the batch stays in the log, not durable
             else:
                 handle.log.sync()
@@ -267,3 +270,28 @@ def test_background_deletion_whose_append_fails_is_quiet_and_keeps_the_group(
     texts = [r.getMessage() for r in caplog.records]
     assert not [t for t in texts if "never retrieved" in t], texts
     assert any("No space left on device" in t for t in texts)
+
+
+def test_writes_cancelled_at_shutdown_answer_coordinator_not_available(tmp_path: Path) -> None:
+    """A write whose durability future is cancelled (shutdown) answers COORDINATOR_NOT_AVAILABLE in
+    OffsetCommit, TxnOffsetCommit, OffsetDelete and DeleteGroups, as documented (the request task
+    ended cancelled and the request got no answer)."""
+
+    async def main() -> None:
+        env = Env(tmp_path)
+        assert await env.commit({TP0: 5}, group="a") == {TP0: 0}
+        assert await env.commit({TP0: 5}, group="b") == {TP0: 0}
+        env.cancel_sync = True
+        assert await env.commit({TP0: 6}, group="a") == {TP0: E.coordinator_not_available}
+        errors, fut = env.c.txn_commit_offsets("g", 1000, 0, -1, "", None, {TP0: OffsetAndMetadata(4)})
+        assert await await_stored(fut, errors) == {TP0: E.coordinator_not_available}
+        broker = SimpleNamespace(groups=env.c, topics={"t": SimpleNamespace(partitions=[0, 1])})
+        req = SimpleNamespace(group_id="a", topics=[SimpleNamespace(name="t", partitions=[SimpleNamespace(partition_index=0)])])
+        resp = await offset_delete.handle(SimpleNamespace(broker=broker), req)
+        assert resp["error_code"] == E.coordinator_not_available
+        resp = await delete_groups.handle(SimpleNamespace(broker=broker), SimpleNamespace(groups_names=["b"]))
+        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", E.coordinator_not_available)]
+        assert "b" in env.c.groups  # the deletion was not written: the group stays
+        env.store.close()
+
+    asyncio.run(main())

@@ -100,6 +100,22 @@ def append_error(exc: BaseException | None) -> int:
     return int(E.coordinator_not_available)
 
 
+async def write_error(fut: Any) -> int:
+    """Wait for an offsets-log write (a store future, or None: nothing to wait for) and give the
+    request's answer for it: 0 once durable, else :func:`append_error` of its failure. A write
+    cancelled at shutdown answers COORDINATOR_NOT_AVAILABLE (awaiting it directly ended the request
+    unanswered); only the request's own cancellation propagates. Not logged here: the store and
+    the durability layer log the failure itself."""
+    if fut is None:
+        return 0
+    if not fut.done():
+        await asyncio.wait([fut])  # never cancels ``fut``, and is not cancelled by it
+    if fut.cancelled():
+        return append_error(None)
+    exc = fut.exception()
+    return 0 if exc is None else append_error(exc)
+
+
 def _storage_error(fut: Any) -> int | None:
     """The error code for a finished store future (None = durable)."""
     if fut is None:
