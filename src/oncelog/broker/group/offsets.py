@@ -42,7 +42,8 @@ durable, in append order, so an OffsetFetch never returns an offset that a
 crash could take back. A write that fails (the append's or the fsync's
 OSError) fails its future; the coordinator answers NOT_COORDINATOR
 (:func:`~oncelog.broker.group.coordinator.append_error`). A batch whose fsync
-failed stays in the log and is applied once a later fsync covers it. With ``log.flush.interval.messages`` > 1 writes are
+failed stays in the log and is applied once a later fsync covers it (trusting that later fsync:
+a known limitation, docs/groups.md "a failed fsync is retried, not trusted"). With ``log.flush.interval.messages`` > 1 writes are
 visible at once, like produced records.
 
 **Compaction.** Once the log holds more than ``snapshot_bytes`` since the
