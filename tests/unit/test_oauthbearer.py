@@ -670,6 +670,9 @@ def test_asyncio_token_is_refreshed_by_a_timer_at_80_percent() -> None:
         await asyncio.sleep(0.47)  # past 80% (0.4 s), before the expiry
         assert len(calls) == 2
         assert (await src.atoken()).value == "tok2"
+        # a source nobody asks any more (its client closed) refreshes once more at most, then stops
+        await asyncio.sleep(1.2)
+        assert len(calls) == 3
 
     asyncio.run(main())
 

@@ -185,6 +185,7 @@ class TokenSource:
         self._retry_at: float | None = None  # after a failed refresh: keep the current token until then
         self._pending: asyncio.Future[OAuthToken] | None = None
         self._timer: asyncio.TimerHandle | None = None  # the asyncio path's next background refresh
+        self._used = False  # atoken was called since the last timed refresh (else the timer stops)
 
     def __repr__(self) -> str:
         return f"TokenSource({'oauth_cb' if self.oauth_cb is not None else 'unsecured JWT'})"
@@ -250,6 +251,7 @@ class TokenSource:
         unexpired, it is returned at once and the new one is fetched in the background (librdkafka and
         the Java client never make a connection wait for a refresh while a valid token is cached); only
         without an unexpired token does the caller wait for the fetch, which concurrent callers share."""
+        self._used = True
         cached = self._cached()
         if cached is not None:
             return cached
@@ -295,7 +297,10 @@ class TokenSource:
 
     def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
+        if not self._used or loop.is_closed():
+            return  # nobody asked for a token since the last timed refresh (a closed client): stop
         if self._cached() is None:
+            self._used = False
             self._start(loop)  # stale and not waiting out a failure: refresh (its end schedules the next)
         else:
             self._schedule()
