@@ -547,6 +547,49 @@ def test_raw_protocol_failed_login_is_answered_after_the_delay_then_closed(broke
         assert _recv(s) is None
 
 
+def test_raw_protocol_every_failed_authentication_is_delayed(brokers: dict[str, EmbeddedBroker]) -> None:
+    """Kafka delays the close of every authentication failure by connection.failed.authentication.delay.ms
+    (100 ms): SaslHandshake v0's bare PLAIN token that is wrong (closed without an answer: it closed at once,
+    so a password guesser bypassed the delay), UNSUPPORTED_SASL_MECHANISM and ILLEGAL_SASL_STATE (answered at
+    once); a good bare token is not delayed. About 0.5 s."""
+    b = brokers["oauth"]
+    before = _log(b)
+
+    def raw(token: bytes) -> bytes:
+        return struct.pack(">i", len(token)) + token
+
+    v0 = _request(17, 0, 1, struct.pack(">h", 5) + b"PLAIN")
+    with socket.create_connection((b.host, b.port), timeout=10) as s:
+        s.sendall(v0)
+        assert _recv(s) is not None
+        sent = time.monotonic()
+        s.sendall(raw(b"\0alice\0wrong"))
+        assert _recv(s) is None
+        assert time.monotonic() - sent >= 0.095, "a wrong v0 token must be closed after the delay"
+    with socket.create_connection((b.host, b.port), timeout=10) as s:
+        s.sendall(v0)
+        assert _recv(s) is not None
+        sent = time.monotonic()
+        s.sendall(raw(b"\0alice\0alice-secret"))
+        assert _recv(s) is not None and time.monotonic() - sent < 0.095  # the empty answer, at once
+    with socket.create_connection((b.host, b.port), timeout=10) as s:
+        sent = time.monotonic()
+        s.sendall(_request(17, 1, 1, struct.pack(">h", 6) + b"GSSAPI"))
+        resp = _recv(s)
+        assert resp is not None and struct.unpack_from(">ih", resp) == (1, 33)
+        assert time.monotonic() - sent >= 0.095, "UNSUPPORTED_SASL_MECHANISM comes after the delay"
+        assert _recv(s) is None
+    with socket.create_connection((b.host, b.port), timeout=10) as s:
+        s.sendall(_request(17, 1, 1, struct.pack(">h", 5) + b"PLAIN"))
+        assert _recv(s) is not None
+        sent = time.monotonic()
+        s.sendall(_request(3, 1, 2, struct.pack(">i", -1)))  # Metadata during authentication
+        assert _recv(s) is not None
+        assert time.monotonic() - sent >= 0.095, "ILLEGAL_SASL_STATE comes after the delay"
+        assert _recv(s) is None
+    assert "Traceback" not in _log(b)[len(before):]
+
+
 def test_raw_protocol_crafted_tokens_are_answered_not_crashed(brokers: dict[str, EmbeddedBroker]) -> None:
     """Tokens with NaN, Infinity or too deeply nested JSON are invalid_token (the broker logged a traceback and
     dropped the connection); one valid until 1e20 s is accepted with a session lifetime the answer can carry

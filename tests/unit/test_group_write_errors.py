@@ -33,6 +33,7 @@ class Env:
     def __init__(self, tmp_path: Path) -> None:
         self.clock = Clock()
         self.fail_sync = False
+        self.cancel_sync = False  # the fsync round is cancelled (the broker shutting down)
         self.store = OffsetStore.open(tmp_path, self._durability, self.clock)
         self.c = GroupCoordinator(self.store, self.clock, GroupConfig(initial_rebalance_delay_ms=0))
 
@@ -42,7 +43,9 @@ class Env:
         fut = loop.create_future()
 
         def round_done() -> None:
-            if self.fail_sync:
+            if self.cancel_sync:
+                fut.cancel()
+            elif self.fail_sync:
                 fut.set_exception(EIO)  # the batch stays in the log, not durable
             else:
                 handle.log.sync()
@@ -179,6 +182,116 @@ def test_static_member_rejoin_whose_write_fails_answers_not_coordinator(tmp_path
         again = await c.join_group("g", "", "inst", SESSION, REBALANCE, "consumer", RANGE, "cl", "/h", True, True)
         assert again["error_code"] == E.not_coordinator
         assert c.groups["g"].static_member_id("inst") == old_id
+        env.store.close()
+
+    asyncio.run(main())
+
+
+def test_delete_groups_whose_write_fails_keeps_the_group_for_the_retry(tmp_path: Path) -> None:
+    """Kafka reverts the in-memory state of a failed write: the group answered NOT_COORDINATOR
+    is still there, so the client's retry deletes it (not GROUP_ID_NOT_FOUND while its
+    offsets are still served)."""
+
+    async def main() -> None:
+        env = Env(tmp_path)
+        assert await env.commit({TP0: 5}, group="b") == {TP0: 0}
+        ctx = SimpleNamespace(broker=SimpleNamespace(groups=env.c))
+        env.fail_sync = True
+        resp = await delete_groups.handle(ctx, SimpleNamespace(groups_names=["b"]))
+        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", E.not_coordinator)]
+        assert "b" in env.c.groups and env.c.groups["b"].state == GroupState.EMPTY
+        env.fail_sync = False
+        resp = await delete_groups.handle(ctx, SimpleNamespace(groups_names=["b"]))
+        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", 0)]
+        assert "b" not in env.c.groups and env.visible("b") == {}
+        env.store.close()
+
+    asyncio.run(main())
+
+
+def test_delete_groups_whose_append_fails_keeps_the_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        env = Env(tmp_path)
+        assert await env.commit({TP0: 5}, group="b") == {TP0: 0}
+        plog = env.store._log
+        assert plog is not None
+
+        def full(*_a: Any, **_k: Any) -> Any:
+            raise OSError(28, "No space left on device")
+
+        ctx = SimpleNamespace(broker=SimpleNamespace(groups=env.c))
+        monkeypatch.setattr(plog, "append", full)
+        resp = await delete_groups.handle(ctx, SimpleNamespace(groups_names=["b"]))
+        monkeypatch.undo()
+        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", E.not_coordinator)]
+        assert env.c.groups["b"].state == GroupState.EMPTY and env.visible("b") == {TP0: 5}
+        resp = await delete_groups.handle(ctx, SimpleNamespace(groups_names=["b"]))
+        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", 0)]
+        assert "b" not in env.c.groups and env.visible("b") == {}
+        env.store.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("trigger", ["topic_deleted", "expiry"])
+def test_background_deletion_whose_append_fails_is_quiet_and_keeps_the_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, trigger: str
+) -> None:
+    """Offsets deleted in the background (topic deletion, expiry) with a failing append: one
+    clear log line, no "Future exception was never retrieved" traceback, and the group is
+    still there as long as its offsets are."""
+    import gc
+
+    async def main() -> None:
+        env = Env(tmp_path)
+        assert await env.commit({TP0: 5}, group="a") == {TP0: 0}
+        assert "a" in env.c.groups
+        plog = env.store._log
+        assert plog is not None
+
+        def full(*_a: Any, **_k: Any) -> Any:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(plog, "append", full)
+        if trigger == "topic_deleted":
+            env.c.on_topic_deleted("t")
+        else:
+            env.clock.now += 8 * 24 * 3600 * 1000  # past offsets.retention.minutes (7 days)
+            env.c.expire_offsets()
+        monkeypatch.undo()
+        await asyncio.sleep(0)
+        assert env.visible("a") == {TP0: 5}
+        assert "a" in env.c.groups and env.c.groups["a"].state == GroupState.EMPTY
+        env.store.close()
+
+    with caplog.at_level("WARNING"):
+        asyncio.run(main())
+        gc.collect()
+    texts = [r.getMessage() for r in caplog.records]
+    assert not [t for t in texts if "never retrieved" in t], texts
+    assert any("No space left on device" in t for t in texts)
+
+
+def test_writes_cancelled_at_shutdown_answer_coordinator_not_available(tmp_path: Path) -> None:
+    """A write whose durability future is cancelled (shutdown) answers COORDINATOR_NOT_AVAILABLE in
+    OffsetCommit, TxnOffsetCommit, OffsetDelete and DeleteGroups, as documented (the request task
+    ended cancelled and the request got no answer)."""
+
+    async def main() -> None:
+        env = Env(tmp_path)
+        assert await env.commit({TP0: 5}, group="a") == {TP0: 0}
+        assert await env.commit({TP0: 5}, group="b") == {TP0: 0}
+        env.cancel_sync = True
+        assert await env.commit({TP0: 6}, group="a") == {TP0: E.coordinator_not_available}
+        errors, fut = env.c.txn_commit_offsets("g", 1000, 0, -1, "", None, {TP0: OffsetAndMetadata(4)})
+        assert await await_stored(fut, errors) == {TP0: E.coordinator_not_available}
+        broker = SimpleNamespace(groups=env.c, topics={"t": SimpleNamespace(partitions=[0, 1])})
+        req = SimpleNamespace(group_id="a", topics=[SimpleNamespace(name="t", partitions=[SimpleNamespace(partition_index=0)])])
+        resp = await offset_delete.handle(SimpleNamespace(broker=broker), req)
+        assert resp["error_code"] == E.coordinator_not_available
+        resp = await delete_groups.handle(SimpleNamespace(broker=broker), SimpleNamespace(groups_names=["b"]))
+        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", E.coordinator_not_available)]
+        assert "b" in env.c.groups  # the deletion was not written: the group stays
         env.store.close()
 
     asyncio.run(main())

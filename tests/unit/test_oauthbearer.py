@@ -310,6 +310,15 @@ def test_failed_authentication_delay_config() -> None:
     assert _broker(**{"connection.failed.authentication.delay.ms": "0"}).connection_failed_authentication_delay_ms == 0
     with pytest.raises(ConfigError, match="connection.failed.authentication.delay.ms"):
         _broker(**{"connection.failed.authentication.delay.ms": "-1"})
+    # Kafka refuses a delay not below connections.max.idle.ms (when that is not -1): the answer would time out
+    with pytest.raises(ConfigError, match="must be less than connections.max.idle.ms=600000"):
+        _broker(**{"connection.failed.authentication.delay.ms": "600000"})
+    with pytest.raises(ConfigError, match="must be less than connections.max.idle.ms=50"):
+        _broker(**{"connection.failed.authentication.delay.ms": "100", "connections.max.idle.ms": "50"})
+    assert _broker(**{"connection.failed.authentication.delay.ms": "599999"}) \
+        .connection_failed_authentication_delay_ms == 599999
+    assert _broker(**{"connection.failed.authentication.delay.ms": "700000", "connections.max.idle.ms": "-1"}) \
+        .connection_failed_authentication_delay_ms == 700000
 
 
 def _token(principal: str = "alice", life: float = 60.0, **claims: Any) -> bytes:
@@ -581,8 +590,14 @@ def test_failed_refresh_keeps_the_unexpired_token_and_retries_later(mode: str, c
     cb, calls = _flaky(clock, {2, 3, 4})
     src = TokenSource(cb, None, None, clock=clock)
 
+    async def aget() -> str:
+        token = await src.atoken()
+        if src._pending is not None and not src._pending.done():  # a background refresh: let it end
+            await asyncio.wait([src._pending])
+        return token.value
+
     def get() -> str:
-        return (src.token() if mode == "blocking" else asyncio.run(src.atoken())).value
+        return src.token().value if mode == "blocking" else asyncio.run(aget())
 
     assert get() == "tok1"
     clock.now = NOW + 85
@@ -598,6 +613,73 @@ def test_failed_refresh_keeps_the_unexpired_token_and_retries_later(mode: str, c
     with pytest.raises(TokenError, match="oauth_cb raised RuntimeError: token endpoint 503"):
         get()
     assert get() == "tok5" and len(calls) == 5  # the next call succeeds
+
+
+def test_valid_cached_token_is_returned_at_once_and_a_hung_oauth_cb_is_called_again() -> None:
+    """Past the refresh point a still-valid token is returned at once while oauth_cb runs in the
+    background (librdkafka, Java); a call that hangs past the timeout is abandoned, so the retry 10 s
+    later calls oauth_cb again (the hung call was reused for ever and every caller after each retry
+    window waited the whole timeout on it)."""
+    import asyncio
+    import time as _time
+
+    clock = _Clock()
+    calls: list[float] = []
+
+    async def cb(config: str | None) -> tuple[str, float]:
+        calls.append(clock.now - NOW)
+        if len(calls) == 1:
+            return "tok1", clock.now + 100
+        await asyncio.sleep(3600)  # the IdP hangs
+        raise AssertionError("unreachable")
+
+    async def main() -> None:
+        src = TokenSource(cb, None, None, clock=clock, timeout=0.2)
+        assert (await src.atoken()).value == "tok1"
+        for at, ncalls in ((81, 2), (85, 2), (92, 3), (93, 3)):  # retries 10 s after each failure
+            clock.now = NOW + at
+            t0 = _time.monotonic()
+            assert (await src.atoken()).value == "tok1"
+            assert _time.monotonic() - t0 < 0.1, at
+            await asyncio.sleep(0.01)
+            assert len(calls) == ncalls, (at, calls)
+            await asyncio.sleep(0.3)  # past the timeout: the hung call is abandoned
+        clock.now = NOW + 103  # expired: the caller waits for a new call, and gets the timeout's TokenError
+        with pytest.raises(TokenError, match="did not return within 200 ms"):
+            await src.atoken()
+        assert len(calls) == 4
+
+    asyncio.run(main())
+
+
+def test_asyncio_token_is_refreshed_by_a_timer_at_80_percent() -> None:
+    """The next token is fetched in the background at 80% of the current one's life, without a caller
+    asking (librdkafka's and Java's refresh timer): the re-authentication at 85-95% then sends it."""
+    import asyncio
+    import time as _time
+
+    calls: list[float] = []
+
+    def cb(config: str | None) -> tuple[str, float]:
+        calls.append(_time.time())
+        return f"tok{len(calls)}", _time.time() + 0.5
+
+    async def main() -> None:
+        src = TokenSource(cb, None, None, timeout=5)
+        assert (await src.atoken()).value == "tok1"
+        await asyncio.sleep(0.47)  # past 80% (0.4 s), before the expiry
+        assert len(calls) == 2
+        assert (await src.atoken()).value == "tok2"
+        # a source nobody asks any more (its client closed) refreshes once more at most, then stops
+        await asyncio.sleep(1.2)
+        assert len(calls) == 3
+
+    asyncio.run(main())
+
+
+def test_oauth_cb_expiry_beyond_a_float_is_a_token_error() -> None:
+    with pytest.raises(TokenError, match="the expiry must be a number"):
+        TokenSource(lambda c: ("t", 10**400), None, None, clock=_Clock()).token()
 
 
 def test_hung_oauth_cb_times_out_and_failed_fetch_is_retrieved(caplog: pytest.LogCaptureFixture) -> None:

@@ -502,6 +502,11 @@ class BrokerConfig:
         for key, value in overrides.items():
             if value is not None:
                 setattr(cfg, key, value)
+        if 0 <= cfg.connections_max_idle_ms <= cfg.connection_failed_authentication_delay_ms:
+            # Kafka's rule (its broker config validation): the delayed answer must not outlive the idle timeout
+            raise ConfigError(f"connection.failed.authentication.delay.ms={cfg.connection_failed_authentication_delay_ms}"
+                              f" must be less than connections.max.idle.ms={cfg.connections_max_idle_ms}, or a "
+                              "failed authentication's delayed answer could time out")
         # the listener's security protocol (--listen NAME://... may have named another listener)
         protocol = protocols.get(cfg.listener_name)
         if protocol is None:

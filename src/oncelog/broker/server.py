@@ -225,7 +225,12 @@ class KafkaConnection(asyncio.Protocol):
             if self.auth is None:
                 parts = await handle_frame(self.broker, body, self.peer, mark_applied)
             else:
-                parts = await handle_frame(self.broker, body, self.peer, mark_applied, auth=self.auth)
+                try:
+                    parts = await handle_frame(self.broker, body, self.peer, mark_applied, auth=self.auth)
+                except CloseConnection:
+                    await self._delay_failed_authentication()
+                    raise
+                await self._delay_failed_authentication()
             if self.auth is not None:
                 if self.auth.close_after_response:
                     self._closing_task = asyncio.current_task()
@@ -243,6 +248,18 @@ class KafkaConnection(asyncio.Protocol):
             return None
         finally:
             mark_applied()
+
+    async def _delay_failed_authentication(self) -> None:
+        """A failed authentication (the auth state FAILED: a refused token, SaslHandshake v0's bare token
+        included, an unsupported mechanism, a request other than SaslAuthenticate during authentication, a
+        re-authentication that changed mechanism) is answered, or its connection closed without an answer,
+        connection.failed.authentication.delay.ms later, as Kafka delays the close of every
+        AuthenticationException; a malformed request is not delayed (Kafka neither). The connection reads
+        nothing meanwhile and other connections are not affected."""
+        auth = self.auth
+        delay_ms = self.broker.config.connection_failed_authentication_delay_ms
+        if auth is not None and auth.state == auth.FAILED and delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
 
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         """Write every finished response at the head of the queue, in order."""

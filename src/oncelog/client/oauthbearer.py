@@ -132,7 +132,7 @@ def _token_from_callback(result: Any, now: float) -> OAuthToken:
     principal, extensions = (result[2], result[3]) if len(result) == 4 else ("", {})
     if not isinstance(token, str) or not token or "\x01" in token or " " in token:
         raise TokenError(f"{shape}: the token must be a non-empty string without spaces")
-    if isinstance(expiry, bool) or not isinstance(expiry, (int, float)) or not math.isfinite(expiry):
+    if isinstance(expiry, bool) or not isinstance(expiry, (int, float)) or not _finite(expiry):
         raise TokenError(f"{shape}: the expiry must be a number of seconds since the epoch, got {expiry!r}")
     if expiry <= now:
         raise TokenError(f"oauth_cb returned a token that has already expired (expiry {expiry}, now {now:.3f}): "
@@ -155,13 +155,22 @@ def _token_from_callback(result: Any, now: float) -> OAuthToken:
     return OAuthToken(token, float(expiry), principal, dict(extensions), now)
 
 
+def _finite(number: float) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an int beyond a float (10**400): not a usable expiry either
+        return False
+
+
 class TokenSource:
     """The current token of one client, shared by its connections (see the module docstring).
 
     A refresh that fails (oauth_cb raised, returned something unusable or, asyncio, did not return within
     ``timeout`` seconds) while the current token is still unexpired keeps that token: a WARNING is logged
     and oauth_cb is tried again :data:`RETRY_AFTER_FAILURE` seconds later, as librdkafka does; the failure
-    reaches a connection (TokenError) only when no unexpired token is left."""
+    reaches a connection (TokenError) only when no unexpired token is left. The asyncio path refreshes in
+    the background while the current token is unexpired (:meth:`atoken`); the blocking one calls oauth_cb
+    inline."""
 
     def __init__(self, oauth_cb: Callable[..., Any] | None, config: str | None,
                  unsecured: UnsecuredJwtConfig | None, clock: Callable[[], float] = time.time,
@@ -175,6 +184,8 @@ class TokenSource:
         self._token: OAuthToken | None = None
         self._retry_at: float | None = None  # after a failed refresh: keep the current token until then
         self._pending: asyncio.Future[OAuthToken] | None = None
+        self._timer: asyncio.TimerHandle | None = None  # the asyncio path's next background refresh
+        self._used = False  # atoken was called since the last timed refresh (else the timer stops)
 
     def __repr__(self) -> str:
         return f"TokenSource({'oauth_cb' if self.oauth_cb is not None else 'unsecured JWT'})"
@@ -236,26 +247,79 @@ class TokenSource:
             return self._refresh_failed(exc)
 
     async def atoken(self) -> OAuthToken:
-        """The current token (asyncio): concurrent callers share one fetch."""
+        """The current token (asyncio). Past the refresh point, while the current token is still
+        unexpired, it is returned at once and the new one is fetched in the background (librdkafka and
+        the Java client never make a connection wait for a refresh while a valid token is cached); only
+        without an unexpired token does the caller wait for the fetch, which concurrent callers share."""
+        self._used = True
         cached = self._cached()
         if cached is not None:
             return cached
         if self.unsecured is not None:
             return self._keep(self.unsecured.token(self._clock()))
-        loop = asyncio.get_running_loop()
+        pending = self._start(asyncio.get_running_loop())
+        now = self._clock()
+        with self._lock:
+            current = self._token
+        if current is not None and now < current.expiry:
+            return current  # still valid: the refresh goes on in the background
+        return await asyncio.shield(pending)
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[OAuthToken]:
+        """The refresh under way, or a new one."""
         pending = self._pending
         if pending is None or pending.done() or pending.get_loop() is not loop:
-            pending = self._pending = loop.create_task(self._fetch())
-            # retrieved here, so that a failure whose waiters were all cancelled is not logged by asyncio
+            pending = self._pending = loop.create_task(self._refresh())
+            # retrieved here, so that a failure whose waiters were all cancelled (or a background refresh
+            # nobody waits for) is not logged by asyncio
             pending.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return pending
+
+    def _schedule(self) -> None:
+        """Start the next refresh in the background at 80% of the current token's life (librdkafka's and
+        the Java client's refresh timer), or when the retry pause after a failed refresh ends, so that a
+        re-authentication, due at 85-95% of the session, finds the new token ready rather than sending
+        the old one for a session that ends with it."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        now = self._clock()
+        with self._lock:
+            token, retry_at = self._token, self._retry_at
+        if token is None or now >= token.expiry:
+            return  # nothing valid to keep using: the next caller waits for a fetch
+        if retry_at is not None and now < retry_at:
+            delay = retry_at - now
+        else:
+            delay = token.obtained + REFRESH_FRACTION * (token.expiry - token.obtained) - now
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(min(max(delay, 0.0), 86400.0), self._on_timer, loop)
+
+    def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        if not self._used or loop.is_closed():
+            return  # nobody asked for a token since the last timed refresh (a closed client): stop
+        if self._cached() is None:
+            self._used = False
+            self._start(loop)  # stale and not waiting out a failure: refresh (its end schedules the next)
+        else:
+            self._schedule()
+
+    async def _refresh(self) -> OAuthToken:
+        """One call of oauth_cb, bounded by ``timeout``: a callback that does not return in time is
+        abandoned (cancelled when it is a coroutine; a worker thread cannot be stopped), so the next
+        refresh calls oauth_cb again rather than waiting on the same hung call."""
         try:
-            return await asyncio.wait_for(asyncio.shield(pending), self.timeout)
-        except asyncio.TimeoutError:
-            assert self.timeout is not None
-            return self._refresh_failed(TokenError(f"oauth_cb did not return within {self.timeout * 1000:.0f} ms "
-                                                   "(request.timeout.ms)"))
-        except TokenError as exc:
-            return self._refresh_failed(exc)
+            try:
+                return await asyncio.wait_for(self._fetch(), self.timeout)
+            except asyncio.TimeoutError:
+                assert self.timeout is not None
+                return self._refresh_failed(TokenError(f"oauth_cb did not return within "
+                                                       f"{self.timeout * 1000:.0f} ms (request.timeout.ms)"))
+            except TokenError as exc:
+                return self._refresh_failed(exc)
+        finally:
+            self._schedule()
 
     async def _fetch(self) -> OAuthToken:
         assert self.oauth_cb is not None

@@ -6,7 +6,7 @@
   pending until their transaction's marker) and group metadata.
 """
 
-from oncelog.broker.group.coordinator import GroupConfig, GroupCoordinator, append_error
+from oncelog.broker.group.coordinator import GroupConfig, GroupCoordinator, append_error, write_error
 from oncelog.broker.group.offsets import OffsetAndMetadata, OffsetStore, TopicPartition
 from oncelog.broker.group.state import Group, GroupState, Member
 
@@ -20,4 +20,5 @@ __all__ = [
     "OffsetStore",
     "TopicPartition",
     "append_error",
+    "write_error",
 ]

@@ -100,6 +100,22 @@ def append_error(exc: BaseException | None) -> int:
     return int(E.coordinator_not_available)
 
 
+async def write_error(fut: Any) -> int:
+    """Wait for an offsets-log write (a store future, or None: nothing to wait for) and give the
+    request's answer for it: 0 once durable, else :func:`append_error` of its failure. A write
+    cancelled at shutdown answers COORDINATOR_NOT_AVAILABLE (awaiting it directly ended the request
+    unanswered); only the request's own cancellation propagates. Not logged here: the store and
+    the durability layer log the failure itself."""
+    if fut is None:
+        return 0
+    if not fut.done():
+        await asyncio.wait([fut])  # never cancels ``fut``, and is not cancelled by it
+    if fut.cancelled():
+        return append_error(None)
+    exc = fut.exception()
+    return 0 if exc is None else append_error(exc)
+
+
 def _storage_error(fut: Any) -> int | None:
     """The error code for a finished store future (None = durable)."""
     if fut is None:
@@ -1012,13 +1028,37 @@ class GroupCoordinator:
         return now - start >= retention
 
     def _delete_group(self, group: Group) -> Any:
+        """Mark ``group`` Dead, forget it and write its tombstones. If that write fails (the
+        append's or the fsync's OSError, or a cancellation at shutdown) the group is put back
+        as it was, as Kafka's runtime reverts the in-memory state of a failed write: the
+        client's retry then finds it and deletes it again, rather than GROUP_ID_NOT_FOUND
+        while its offsets are still served."""
+        prev_state, prev_ts = group.state, group.state_timestamp
         if group.state != DEAD:
             group.transition(DEAD, self.clock())
         self.groups.pop(group.group_id, None)
         gid = group.group_id
-        if self.store.has_offsets(gid) or self.store.has_pending(gid) or gid in self.store.group_records:
-            return self.store.delete_group(gid)
-        return None
+        if not (self.store.has_offsets(gid) or self.store.has_pending(gid) or gid in self.store.group_records):
+            return None
+        fut = self.store.delete_group(gid)
+        if fut is None:
+            return None
+
+        def revert(f: Any) -> None:
+            exc = asyncio.CancelledError() if f.cancelled() else f.exception()
+            if exc is None:
+                return
+            if prev_state == DEAD or self.groups.get(gid) is not None:
+                return  # a new group of that id was created meanwhile: it stays
+            group.state, group.state_timestamp = prev_state, prev_ts  # a revert, not a transition
+            self.groups[gid] = group
+            log.warning("group %s: its deletion was not written (%s); the group is kept", gid, exc or "cancelled")
+
+        if fut.done():  # an append that failed at once: revert before anyone looks
+            revert(fut)
+        else:
+            fut.add_done_callback(revert)
+        return fut
 
     def delete_groups(self, group_ids: list[str]) -> tuple[dict[str, int], list[Any]]:
         errors: dict[str, int] = {}

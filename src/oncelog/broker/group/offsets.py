@@ -42,7 +42,8 @@ durable, in append order, so an OffsetFetch never returns an offset that a
 crash could take back. A write that fails (the append's or the fsync's
 OSError) fails its future; the coordinator answers NOT_COORDINATOR
 (:func:`~oncelog.broker.group.coordinator.append_error`). A batch whose fsync
-failed stays in the log and is applied once a later fsync covers it. With ``log.flush.interval.messages`` > 1 writes are
+failed stays in the log and is applied once a later fsync covers it (trusting that later fsync:
+a known limitation, docs/groups.md "a failed fsync is retried, not trusted"). With ``log.flush.interval.messages`` > 1 writes are
 visible at once, like produced records.
 
 **Compaction.** Once the log holds more than ``snapshot_bytes`` since the
@@ -146,12 +147,16 @@ def _decode(rec: Record) -> Op:
 def _failed_write(exc: OSError) -> Any:
     """A write that failed before it reached the log, as a failed durability future (what
     callers await and map to their answer, as for a failed fsync); without a running
-    event loop (unit tests of the store alone) the error is raised."""
+    event loop (unit tests of the store alone) the error is raised. The error is already
+    logged (one line) and marked retrieved, so a caller that drops the future (expiry, topic
+    deletion) leaves no "Future exception was never retrieved" traceback; one that awaits it
+    still gets the error."""
     try:
         fut = asyncio.get_running_loop().create_future()
     except RuntimeError:
         raise exc from None
     fut.set_exception(exc)
+    fut.exception()  # retrieved: logged by the caller of _failed_write
     return fut
 
 

@@ -10,11 +10,10 @@ Version notes: v0-v2 handled. v2+ flexible.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from oncelog.broker.context import RequestContext
-from oncelog.broker.group import append_error
+from oncelog.broker.group import write_error
 
 API_KEY = 42
 MIN_VERSION = 0
@@ -26,10 +25,7 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
     errors, futures = ctx.broker.groups.delete_groups(names)
     failed = 0
     for fut in futures:
-        try:
-            await asyncio.shield(fut)
-        except Exception as exc:  # the offsets log write failed: NOT_COORDINATOR for a storage error
-            failed = append_error(exc)
+        failed = await write_error(fut) or failed  # NOT_COORDINATOR for a storage error, see append_error
     results = []
     for name in names:
         code = errors.get(name, 0) or failed

@@ -23,11 +23,10 @@ v10 names topics by id.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from oncelog.broker.context import RequestContext
-from oncelog.broker.group import OffsetAndMetadata, TopicPartition, append_error
+from oncelog.broker.group import OffsetAndMetadata, TopicPartition, write_error
 from oncelog.protocol.build import to_ms
 from oncelog.protocol.errors import ErrorCode
 
@@ -46,13 +45,10 @@ def resolve_topic(broker: Any, topic: Any, version: int, by_id_from: int) -> tup
 async def await_stored(fut: Any, errors: dict[Any, int]) -> dict[Any, int]:
     """Wait until the offsets store made the commit durable; if that failed,
     every partition accepted for it answers the write's error (NOT_COORDINATOR
-    for a storage error, see :func:`~oncelog.broker.group.append_error`)."""
-    if fut is None:
-        return errors
-    try:
-        await asyncio.shield(fut)
-    except Exception as exc:
-        code = append_error(exc)
+    for a storage error, COORDINATOR_NOT_AVAILABLE for a write cancelled at shutdown,
+    see :func:`~oncelog.broker.group.append_error`)."""
+    code = await write_error(fut)
+    if code:
         return {tp: (err or code) for tp, err in errors.items()}
     return errors
 

@@ -13,11 +13,10 @@ Version notes: v0 only.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from oncelog.broker.context import RequestContext
-from oncelog.broker.group import TopicPartition, append_error
+from oncelog.broker.group import TopicPartition, write_error
 from oncelog.protocol.errors import ErrorCode
 
 API_KEY = 47
@@ -40,11 +39,9 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
     error, errors, fut = broker.groups.delete_offsets(request.group_id, known)
     if error:
         return {"error_code": error, "throttle_time": 0, "topics": []}
-    if fut is not None:
-        try:
-            await asyncio.shield(fut)
-        except Exception as exc:  # the offsets log write failed: NOT_COORDINATOR for a storage error
-            return {"error_code": append_error(exc), "throttle_time": 0, "topics": []}
+    failed = await write_error(fut)  # NOT_COORDINATOR for a storage error, see append_error
+    if failed:
+        return {"error_code": failed, "throttle_time": 0, "topics": []}
     topics = []
     for t in request.topics:
         parts = []

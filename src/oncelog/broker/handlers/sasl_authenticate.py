@@ -24,7 +24,6 @@ Version notes:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -51,10 +50,7 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
         answer = auth.evaluate(bytes(request.auth_bytes))
     except SaslError as exc:
         # as Kafka, the failure is answered (and the connection then closed) connection.failed.authentication.delay.ms
-        # later, which slows down guessing
-        delay_ms = ctx.broker.config.connection_failed_authentication_delay_ms
-        if delay_ms > 0:
-            await asyncio.sleep(delay_ms / 1000)
+        # later, which slows down guessing: the server's _delay_failed_authentication (auth.state is FAILED)
         return {"error_code": SASL_AUTHENTICATION_FAILED,
                 "error_message": failure_message(auth.mechanism, exc, auth.reauthenticating),
                 "auth_bytes": b"", "session_lifetime": 0}
@@ -64,7 +60,7 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
 
 def raw_token(auth: Any, token: bytes) -> list[bytes] | None:
     """A bare token after SaslHandshake v0: answered bare; a failure closes the connection with no answer
-    (there is no field to carry an error in), as Kafka does."""
+    (there is no field to carry an error in), connection.failed.authentication.delay.ms later, as Kafka does."""
     from oncelog.broker.context import CloseConnection
 
     try:
