@@ -348,9 +348,11 @@ def test_a_decode_group_spans_the_partitions_of_one_answer(numpy: bool, monkeypa
     starts = {0: 2, 1: 5, 2: 0}
     c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
     c.assign([("t", p, s) for p, s in starts.items()])
-    grouping: list[Any] = [[], 0]
+    grouping: list[Any] = [[], 0, []]
     for p in starts:
         assert c._apply(c._parts[("t", p)], response(log(p)), grouping)
+    assert not any(c._parts[("t", p)].buffer for p in starts)  # published only once the answer is built
+    c._publish(grouping[2])
     chunks = [ch for p in starts for ch in c._parts[("t", p)].buffer]
     assert len({id(ch.group) for ch in chunks}) == 1  # one group for all three partitions
     got = c.take_nowait(100)

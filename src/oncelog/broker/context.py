@@ -22,7 +22,7 @@ class RequestContext:
     broker: "Broker"
     header: RequestHeader
     peer: str = "?"
-    on_applied: Callable[[], None] | None = None
+    on_applied: Callable[..., None] | None = None
     # tags the codec did not know, by entity (see protocol.codec): empty unless the
     # request carried one (conditional produce reads its tag from here)
     unknown_tags: "UnknownTags | None" = None
@@ -43,3 +43,11 @@ class RequestContext:
         never before one that precedes a state change of its own."""
         if self.on_applied is not None:
             self.on_applied()
+
+    def waiting(self) -> None:
+        """Say that this request's effects are applied and that it now only waits (for a rebalance),
+        but still holds the connection: while the connection is open the next request waits for it,
+        as behind Kafka's muted channel; once the client has closed the connection nothing waits
+        behind it (it is cancelled, as its answer has no one to go to)."""
+        if self.on_applied is not None:
+            self.on_applied(True)

@@ -88,6 +88,8 @@ class KafkaConnection(asyncio.Protocol):
         self._expired_task: asyncio.Task[Any] | None = None
         # each pending request's "effects applied" future (see connection_lost)
         self._applied: dict[asyncio.Task[Any], asyncio.Future[None]] = {}
+        # requests that only wait for a rebalance (ctx.waiting()): cancelled at once when the peer closes
+        self._waiting: set[asyncio.Task[Any]] = set()
         self._lost = False  # closed by the peer: the requests read before still apply their effects
 
     # -- asyncio.Protocol ---------------------------------------------------
@@ -116,7 +118,8 @@ class KafkaConnection(asyncio.Protocol):
         self.server.connections.discard(self)
         for task in self.pending:
             applied = self._applied.get(task)
-            if keep and applied is not None and not applied.done() and not task.done():
+            waits = task in self._waiting  # a JoinGroup's rebalance: the requests behind it need not wait
+            if keep and applied is not None and not applied.done() and not task.done() and not waits:
                 applied.add_done_callback(lambda _f, t=task: t.cancel())
                 self.server.orphans.add(task)
                 task.add_done_callback(self.server.orphans.discard)
@@ -124,6 +127,7 @@ class KafkaConnection(asyncio.Protocol):
                 task.cancel()
         self.pending.clear()
         self._applied.clear()
+        self._waiting.clear()
         self._lost = keep
 
     def pause_writing(self) -> None:
@@ -213,7 +217,12 @@ class KafkaConnection(asyncio.Protocol):
         connection) has applied its effects; resolve ``applied`` when this one
         has (the handler says so through ``ctx.applied()``, or by returning)."""
 
-        def mark_applied() -> None:
+        task = asyncio.current_task()
+
+        def mark_applied(waiting: bool = False) -> None:
+            if waiting and not self.closed:  # ctx.waiting(): holds the order while the connection is open
+                self._waiting.add(task)  # type: ignore[arg-type]
+                return
             if not applied.done():
                 applied.set_result(None)
 
@@ -264,6 +273,7 @@ class KafkaConnection(asyncio.Protocol):
     def _on_done(self, task: asyncio.Task[Any]) -> None:
         """Write every finished response at the head of the queue, in order."""
         self._applied.pop(task, None)
+        self._waiting.discard(task)
         self._collect_done()
         pending = self.pending
         if self.reading_paused and len(pending) < MAX_IN_FLIGHT // 2 and self.transport and not self.closed:

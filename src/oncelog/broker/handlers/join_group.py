@@ -51,6 +51,8 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
         require_known_member_id=v >= 4,
         support_skip_assignment=v >= 9,
     )
+    if not fut.done():  # the member's join is registered; the rest only waits for the rebalance
+        ctx.waiting()
     result = dict(await fut)
     if v < 7 and result["protocol_name"] is None:
         result["protocol_name"] = ""

@@ -36,6 +36,10 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
         getattr(request, "protocol_name", None),
         {a.member_id: a.assignment for a in request.assignments},
     )
+    if not fut.done():
+        group = ctx.broker.groups.group(request.group_id)
+        if group is not None and not group.is_leader(request.member_id):
+            ctx.waiting()  # a follower only waits for the leader's assignment (the leader's is stored first)
     result = dict(await fut)
     result["throttle_time"] = 0
     return result

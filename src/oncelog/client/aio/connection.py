@@ -44,7 +44,9 @@ Internal API (used by :mod:`oncelog.client.aio.cluster` and the clients):
   for ``expect_response=False``, i.e. Produce with acks=0, resolved once the request has been
   handed to the socket, as the Java client completes an acks=0 send: so ``flush()`` returns only
   after the records went out). ``close()`` without an error sends the requests already written
-  before it closes the socket; ``close(error)`` aborts.
+  before it closes the socket; ``close(error)`` aborts. An acks=0 request not handed to the socket
+  within request.timeout.ms, and a graceful close's sending, are bounded by it: the connection is
+  then aborted and the unsent requests fail (:meth:`BrokerConnection._unsent_timed_out`).
 
 Answers are received straight into buffers (``asyncio.BufferedProtocol`` and
 :class:`~oncelog.protocol.framing.FrameReader`, plain TCP and TLS alike): a
@@ -143,12 +145,15 @@ def _write_parts(write: Any, small: list[Any], parts: list[Any]) -> None:
 
 class _Sent:
     """A mark in the write backlog: ``future`` (of a request that gets no response) resolves once
-    everything before the mark has been handed to the socket."""
+    everything before the mark has been handed to the socket. ``timer``: request.timeout.ms from the
+    write (as Java's InFlightRequests times out an acks=0 request not yet sent), which aborts the
+    connection."""
 
-    __slots__ = ("future",)
+    __slots__ = ("future", "timer")
 
-    def __init__(self, future: asyncio.Future[Any]) -> None:
+    def __init__(self, future: asyncio.Future[Any], timer: asyncio.TimerHandle | None = None) -> None:
         self.future = future
+        self.timer = timer
 
 
 class _Pending:
@@ -192,6 +197,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self._backlog: deque[Any] = deque()
         self._paused = False
         self._draining = False  # closed gracefully, the backlog still being sent (see close())
+        self._drain_timer: asyncio.TimerHandle | None = None  # bounds that drain (request.timeout.ms)
         self.closed_future: asyncio.Future[None] | None = None
         # KIP-368: the loop time from which the next request re-authenticates first, and the requests sent
         # during a re-authentication (written after it)
@@ -352,11 +358,18 @@ class BrokerConnection(asyncio.BufferedProtocol):
             if error is not None:
                 transport.abort()
                 self._drop_backlog()
-            elif any(type(item) is not _Sent for item in self._backlog):
-                self._draining = True  # resume_writing() sends the rest, then closes the transport
+            elif self._backlog:
+                # resume_writing() sends the rest (resolving the acks=0 marks as it reaches them), then
+                # closes the transport; with only marks left, the transport still sends the tail it
+                # buffered (close() flushes it) and resume_writing() resolves them then. Bounded by
+                # request.timeout.ms, as a request waiting for its answer is
+                self._draining = True
+                loop = self._loop or asyncio.get_running_loop()
+                self._drain_timer = loop.call_later(self.request_timeout, self._unsent_timed_out)
+                if all(type(item) is _Sent for item in self._backlog):
+                    transport.close()
             else:
                 transport.close()
-                self._drop_backlog()
         else:
             self._drop_backlog()
         self._reader.release()
@@ -368,10 +381,31 @@ class BrokerConnection(asyncio.BufferedProtocol):
         """Forget the unsent writes; an ``expect_response=False`` request among them fails (it never went out)."""
         backlog, self._backlog = self._backlog, deque()
         self._draining = False
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
         error = self._close_error or KafkaConnectionError(f"connection to {self.host}:{self.port} closed")
         for item in backlog:
-            if type(item) is _Sent and not item.future.done():
-                item.future.set_exception(type(error)(error.message))
+            if type(item) is _Sent:
+                if item.timer is not None:
+                    item.timer.cancel()
+                if not item.future.done():
+                    item.future.set_exception(type(error)(error.message))
+
+    def _unsent_timed_out(self, mark: _Sent | None = None) -> None:
+        """An acks=0 request (``mark``) or a graceful close's drain not sent within request.timeout.ms
+        (the peer does not read): abort the connection, drop the backlog, fail the unsent requests."""
+        if mark is not None and mark.future.done():
+            return
+        error = KafkaConnectionError(f"connection to {self.host}:{self.port} closed after a request timeout "
+                                     f"({self.request_timeout:g}s without sending)")
+        if not self._closed:
+            self.close(error)
+            return
+        self._close_error = error  # a graceful close still draining: aborted now
+        if self._transport is not None:
+            self._transport.abort()
+        self._drop_backlog()
 
     def _fail_all(self, error: KafkaError) -> None:
         pending = list(self._inflight.values())
@@ -449,7 +483,9 @@ class BrokerConnection(asyncio.BufferedProtocol):
             if self._paused or self._backlog:
                 # as the Java client, a request without a response is complete once it is written to the
                 # socket: when resume_writing() reaches this mark (the transport has sent what was before it)
-                self._backlog.append(_Sent(fut))
+                mark = _Sent(fut)
+                mark.timer = loop.call_later(self.request_timeout, self._unsent_timed_out, mark)
+                self._backlog.append(mark)
             else:
                 fut.set_result(None)
             return fut
@@ -501,13 +537,27 @@ class BrokerConnection(asyncio.BufferedProtocol):
         while backlog and not self._paused:  # write() pauses us again when the socket takes only part
             item = backlog.popleft()
             if type(item) is _Sent:  # everything written before it has been sent
+                if item.timer is not None:
+                    item.timer.cancel()
                 if not item.future.done():
                     item.future.set_result(None)
             else:
                 write(item)
         if self._draining and not self._paused and not backlog:  # a graceful close: all sent, now close
+            # on the next loop pass: this runs inside the transport's _write_ready, which goes on to
+            # tear the transport down itself if it is closing (a close() here made asyncio run
+            # connection_lost twice and log an "Exception in callback" traceback)
+            (self._loop or asyncio.get_running_loop()).call_soon(self._close_drained)
+
+    def _close_drained(self) -> None:
+        transport = self._transport
+        if self._draining and not self._backlog and transport is not None:
             self._draining = False
-            self._transport.close()  # type: ignore[union-attr]
+            if self._drain_timer is not None:
+                self._drain_timer.cancel()
+                self._drain_timer = None
+            if not transport.is_closing():
+                transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._drop_backlog()  # a graceful close that was still sending them: the socket is gone

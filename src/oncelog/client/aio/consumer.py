@@ -22,6 +22,9 @@ Internal design (for the group consumer that builds on it):
   A group's batches are copied out of the receive buffer, or decompressed (all
   four codecs), only then: the bytes are still in the cache when their values
   are sliced. The receive buffer lives until its last group is decoded.
+  A group spans the partitions of one answer, so an answer's chunks are
+  published to the buffers together, under one ``_lock`` hold, once all are
+  built (a half-built group must never be reachable by a decode).
 * ``consume`` hands out one partition's buffer until it is empty before the
   next partition's (Java's fetch buffer), so partitions drain and are
   refetched one after another. ``take_nowait`` is the same hand-out callable
@@ -1011,16 +1014,7 @@ class Consumer:
             del frame
             if int(resp.error_code):
                 raise error_for(int(resp.error_code), "Fetch")
-            got = False
-            grouping: list[Any] = [[], 0]  # the decode group being filled, across the answer's partitions
-            for t in resp.responses:
-                for p in t.partitions:
-                    key = (t.topic, int(p.partition_index))
-                    st = self._parts.get(key)
-                    if st is None or gens.get(key, (None,))[0] != st.generation:
-                        continue  # unassigned or sought meanwhile
-                    got |= self._apply(st, p, grouping)
-            if got:
+            if self._apply_answer(resp, gens):
                 self._data.set()
         except KafkaError as exc:
             for st in states:
@@ -1041,9 +1035,42 @@ class Consumer:
             self._node_busy.discard(node)
             self._wake.set()
 
+    def _apply_answer(self, resp: Any, gens: dict[tuple[str, int], tuple[int, int | None]]) -> bool:
+        """Buffer a Fetch answer's partitions (those still assigned at the generation fetched);
+        whether any got records or an error to hand out."""
+        got = False
+        # the decode group being filled, across the answer's partitions, and what is to publish
+        grouping: list[Any] = [[], 0, []]
+        for t in resp.responses:
+            for p in t.partitions:
+                key = (t.topic, int(p.partition_index))
+                st = self._parts.get(key)
+                if st is None or gens.get(key, (None,))[0] != st.generation:
+                    continue  # unassigned or sought meanwhile
+                got |= self._apply(st, p, grouping)
+        self._publish(grouping[2])
+        return got
+
+    def _publish(self, staged: list[tuple[_PartitionState, list[_Chunk], int]]) -> None:
+        """Hand a Fetch answer's chunks to their partitions' buffers, all under one lock hold, once all
+        are complete: a decode group spans the answer's partitions, and the blocking facade's caller
+        thread decodes a whole group as soon as one of its chunks is reachable. A chunk published while
+        another of its group was still being filled was decoded half-filled (its later batches lost)."""
+        with self._lock:
+            for st, chunks, next_pos in staged:
+                st.buffer.extend(chunks)
+                if not chunks and not st.buffer:
+                    st.consumed = next_pos  # only markers or aborted batches: the position moves past them
+                st.fetch_pos = next_pos
+        for st, chunks, _next_pos in staged:
+            if st.paused and chunks:  # paused while this Fetch was in flight: kept, but not as views of its answer
+                self._detach(st)
+
     def _apply(self, st: _PartitionState, p: Any, grouping: list[Any] | None = None) -> bool:
-        """Buffer one partition's part of a Fetch answer. ``grouping``: ``[group, records in it]``, the
-        decode group being filled, shared by the partitions of one answer (None: a group of its own)."""
+        """Buffer one partition's part of a Fetch answer. ``grouping``: ``[group, records in it, staged]``,
+        the decode group being filled, shared by the partitions of one answer, and the chunks built, which
+        the caller publishes (:meth:`_publish`) once the whole answer is built. None: a group of its own,
+        published at once."""
         code = int(p.error_code)
         if code == OFFSET_OUT_OF_RANGE:
             reset = self.config["auto.offset.reset"]
@@ -1087,7 +1114,7 @@ class Consumer:
         # A group goes on across the partitions of one answer: uncompressed, a partition's 1 MiB is about
         # 900 records of 1 KiB, and numpy's cost per call weighed 20 % more at 900 records than at 1,800
         chunks: list[_Chunk] = []
-        group, n = grouping if grouping is not None else ([], 0)
+        group, n = (grouping[0], grouping[1]) if grouping is not None else ([], 0)
         ch = None  # this partition's chunk of the current group
         for b in kept:
             k = b.header.records_count
@@ -1101,13 +1128,9 @@ class Consumer:
                     chunks.append(ch)
                 ch.batches.append(b)  # type: ignore[union-attr]
                 n += k
-        if grouping is not None:
-            grouping[:] = group, n
-        with self._lock:
-            st.buffer.extend(chunks)
-            if not chunks and not st.buffer:
-                st.consumed = next_pos  # only markers or aborted batches: the position moves past them
-            st.fetch_pos = next_pos
-        if st.paused and chunks:  # paused while this Fetch was in flight: kept, but not as views of its answer
-            self._detach(st)
+        if grouping is not None:  # unreachable from other threads until the whole answer is built
+            grouping[0], grouping[1] = group, n
+            grouping[2].append((st, chunks, next_pos))
+        else:
+            self._publish([(st, chunks, next_pos)])
         return bool(chunks)
