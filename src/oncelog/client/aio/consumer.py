@@ -378,7 +378,9 @@ class Consumer:
             raise KafkaError(f"{tp.topic}-{tp.partition} is not assigned")
         if st.consumed is None:
             await self._resolve([st])
-        if st.error is not None:
+        if st.error is not None and not st.buffer:
+            # an error waits behind the records buffered before it (a CRC mismatch after good
+            # batches): the position is the next of those until they are consumed, as Java's
             raise st.error
         assert st.consumed is not None
         return st.consumed
