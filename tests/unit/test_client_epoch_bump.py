@@ -84,3 +84,30 @@ def test_an_exhausted_epoch_takes_a_fresh_producer_id() -> None:
         assert (b.seq, p.needs_bump) == (0, False)
 
     asyncio.run(run())
+
+
+def test_a_fatal_fresh_id_answer_stops_asking_for_ids() -> None:
+    """review5 K4: InitProducerId answered with a non-retriable error makes the producer fatal (its
+    batches fail) and the sender asks for no further id (Java's FATAL_ERROR), however many passes run."""
+    async def run() -> None:
+        core, p, b, futs = _first_then_failed(OUT_OF_ORDER_SEQUENCE_NUMBER, 0)
+        core.producer_epoch = 32767
+        calls: list[int] = []
+
+        async def init_producer_id() -> None:
+            calls.append(1)
+            raise error_for(31)  # CLUSTER_AUTHORIZATION_FAILED (not retriable)
+
+        core._init_producer_id = init_producer_id  # type: ignore[method-assign]
+        core._pass(0.0)
+        assert core._init_task is not None
+        await core._init_task
+        assert core._fatal is not None and core._fatal.code == 31
+        assert all(f.done() and f.exception() is core._fatal for f in futs)
+        for _ in range(3):  # later sender passes (one a second at least in _run)
+            core._pass(0.0)
+            assert core._init_task is None
+            await asyncio.sleep(0)
+        assert calls == [1] and not core._bump_wanted
+
+    asyncio.run(run())

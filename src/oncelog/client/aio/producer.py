@@ -823,8 +823,8 @@ class ProducerCore:
 
     def _maybe_bump(self) -> bool:
         """Start the epoch bump when it is safe; True while a bump is wanted or running."""
-        if not self._bump_wanted:
-            return False
+        if not self._bump_wanted or self._fatal is not None:
+            return False  # a fatal producer sends nothing more (Java's FATAL_ERROR state)
         if self._init_task is not None:
             return True
         for p in self.partitions.values():
@@ -851,12 +851,17 @@ class ProducerCore:
                 self._kick()
                 return
             self._fatal = exc
+            self._bump_wanted = False  # no further InitProducerId (the next pass would ask again)
             for p in self.partitions.values():
                 for b in ([p.open] if p.open else []) + list(p.ready) + list(p.unacked):
                     self._fail_batch(b, exc)
                 p.open = None
                 p.ready.clear()
                 p.unacked.clear()
+            for recs in self._waiting.values():  # records waiting for their topic's metadata
+                for r in recs:
+                    self._fail_record(r[6], r[1], r[2], exc)
+                recs.clear()
             return
         finally:
             self._init_task = None
