@@ -932,6 +932,11 @@ class ProducerCore:
                 finally:
                     timer.cancel()
 
+    def _compressed(self, fut: Any) -> None:
+        if not fut.cancelled():
+            fut.exception()  # retrieved here (a batch failed meanwhile is dropped); _pass fails its batch
+        self._kick()
+
     def _pass(self, now: float) -> float:
         """Close due batches, expire old ones, send what can go; returns seconds until the next due time."""
         next_due = 1.0
@@ -992,8 +997,14 @@ class ProducerCore:
                     # keeps serving meanwhile); the partition's batches behind it wait, so order is kept
                     if b.compressing is None:
                         b.compressing = asyncio.get_running_loop().run_in_executor(None, b.builder.close)
-                        b.compressing.add_done_callback(lambda _f: self._kick())
+                        b.compressing.add_done_callback(self._compressed)
                     if not b.compressing.done():
+                        continue
+                    if b.builder.body is None:  # the worker raised (codec error, MemoryError): that batch fails
+                        exc = None if b.compressing.cancelled() else b.compressing.exception()
+                        p.ready.popleft()
+                        self._fail_batch(b, KafkaError(f"compression failed: {exc!r}"))
+                        self._kick()  # the partition's next batch goes on the next pass
                         continue
             if b.expected >= 0 and p.inflight:
                 continue  # a conditional batch waits for the partition's answers: a refusal may take it down
