@@ -11,6 +11,9 @@ test (test_client_mock_cluster.py) cannot show the UNKNOWN_PRODUCER_ID bump: its
 from __future__ import annotations
 
 import asyncio
+import time
+import types
+from concurrent.futures import Future
 from typing import Any
 
 from oncelog.client.errors import error_for
@@ -109,5 +112,41 @@ def test_a_fatal_fresh_id_answer_stops_asking_for_ids() -> None:
             assert core._init_task is None
             await asyncio.sleep(0)
         assert calls == [1] and not core._bump_wanted
+
+    asyncio.run(run())
+
+
+def test_the_pass_that_asks_for_a_fresh_id_sends_no_batch_without_an_id() -> None:
+    """review5 K2: at epoch 32767 the pass that starts InitProducerId(-1, -1) (partition 0 answered
+    OUT_OF_ORDER) must not send partition 1's new batch with producer id -1; it goes, sequenced,
+    under the fresh id."""
+    async def run() -> None:
+        core, p0, b0, _ = _first_then_failed(OUT_OF_ORDER_SEQUENCE_NUMBER, 0)
+        core.cluster.topic = lambda name: types.SimpleNamespace(partitions=2)  # type: ignore[method-assign]
+        core.producer_epoch = 32767
+        futs: list[Future[Any]] = [Future() for _ in range(3)]
+        core.append_many("t", [b"b"] * 3, None, 1, 1_700_000_000_000, futs)
+        p1 = core.partitions[("t", 1)]
+        assert len(p1.ready) == 1
+        fresh = asyncio.Event()
+
+        async def init_producer_id() -> None:
+            await fresh.wait()
+            core.producer_id, core.producer_epoch = 8, 0
+
+        core._init_producer_id = init_producer_id  # type: ignore[method-assign]
+        core.cluster.leader = lambda topic, partition: 1  # type: ignore[method-assign]
+        core.cluster.stale = lambda topic: False  # type: ignore[method-assign]
+        core.cluster.last_refresh = time.monotonic() + 1e9
+        sent: list[tuple[int, int, int]] = []
+        core._send = lambda node, items, now: sent.extend(  # type: ignore[method-assign]
+            (p.partition, core.producer_id, core.producer_epoch) for p, _b in items)
+        core._pass(time.monotonic())
+        assert core._init_task is not None and core.producer_id == -1
+        assert sent == []  # nothing without an id
+        fresh.set()
+        await core._init_task
+        core._pass(time.monotonic())
+        assert sorted(sent) == [(0, 8, 0), (1, 8, 0)]
 
     asyncio.run(run())

@@ -1020,7 +1020,10 @@ class ProducerCore:
         if txn is not None:
             txn.send_adds()
         elif self._bump_wanted and not bumping:
-            self._maybe_bump()
+            if self._maybe_bump() and self.producer_id < 0:
+                # a fresh id was just asked for (exhausted epoch): the new batches picked above wait for
+                # it (never sent with producer id -1, which the broker could not deduplicate)
+                by_node.clear()
         if now - self.cluster.last_refresh > self.metadata_max_age and self.partitions:
             refresh.update(t for t, _ in self.partitions)  # metadata.max.age.ms
         for topic in refresh - self._refreshing:
