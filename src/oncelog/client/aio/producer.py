@@ -491,11 +491,13 @@ class ProducerCore:
         return self._outstanding
 
     async def close(self, timeout: float | None = None) -> None:
-        if self._closed:
+        if self._closed or self._closing:
             return
         if self._task is not None and self._fatal is None:
             await self.flush(timeout)
-        self._closed = True
+        # ``_closing`` stops the sending side; ``_closed`` (answers no longer read) only once nothing
+        # awaited here is left: an answer read while the sender and the helpers end is processed (its
+        # batch completed, or put back in its queue and failed below), never dropped with its batch
         self._closing = True
         if self._task is not None:
             self._task.cancel()
@@ -508,6 +510,7 @@ class ProducerCore:
             task.cancel()
         if helpers:  # awaited, so none is destroyed pending when the loop goes
             await asyncio.gather(*helpers, return_exceptions=True)
+        self._closed = True
         err = ClientClosedError("producer closed before the record was delivered")
         for p in self.partitions.values():
             for b in ([p.open] if p.open else []) + list(p.ready) + list(p.unacked):
@@ -745,6 +748,8 @@ class ProducerCore:
     def _fail_batch(self, b: _Batch, exc: KafkaError) -> None:
         if self.txn is not None and b.futures:
             self.txn.batch_failed(exc, b.seq >= 0)
+        if not b.futures:
+            return  # completed already (its bytes released then): never subtracted twice
         per = b.nbytes
         futs, b.futures = b.futures, []
         if b.spans:
