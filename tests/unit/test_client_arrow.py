@@ -94,6 +94,26 @@ def test_produce_batch_keeps_arrow_arrays_as_arrow() -> None:
         _values_list(pa.array([1, 2]))
 
 
+def test_a_record_batch_or_table_gets_the_clear_type_error() -> None:
+    """review5 A2: not an array of values: the list path's TypeError (it was an AttributeError)."""
+    rb = pa.record_batch([pa.array([b"a", b"b"])], names=["v"])
+    for given in (rb, pa.Table.from_batches([rb])):
+        assert not is_arrow(given)
+        with pytest.raises(TypeError, match="value must be bytes, str or None, not dict"):
+            _values_list(given)
+
+
+@pytest.mark.parametrize("typ", ["binary", "string", "large_binary"])
+def test_a_zero_length_array_without_offsets_is_empty(typ: str) -> None:
+    """review5 A4: a length-0 array may come without an offsets buffer (valid for pyarrow): no batch."""
+    arr = pa.Array.from_buffers(getattr(pa, typ)(), 0, [None, None, pa.py_buffer(b"")])
+    arr.validate()
+    got = _values_list(arr)
+    assert is_arrow(got) and len(got) == 0
+    assert arrow_bounds(got, None, 1000) == [] and arrow_bounds(got, got, 1000) == []
+    assert list(arrow_sections(got, None, [])) == []
+
+
 def test_sections_decode_to_the_records() -> None:
     """A section from the Arrow path, wrapped in a batch, decodes to the original keys and values."""
     from oncelog.client.batch import BatchBuilder

@@ -30,8 +30,13 @@ __all__ = ["arrow_bounds", "arrow_sections", "as_binary", "is_arrow"]
 
 
 def is_arrow(values: Any) -> bool:
-    """True for a pyarrow Array or ChunkedArray (without importing pyarrow)."""
-    return type(values).__module__.startswith("pyarrow") and hasattr(values, "to_pylist")
+    """True for a pyarrow Array or ChunkedArray (pyarrow is imported only when ``values`` comes from it;
+    a RecordBatch or Table is not one: it takes the list path and its clear TypeError)."""
+    if not type(values).__module__.startswith("pyarrow"):
+        return False
+    import pyarrow as pa
+
+    return isinstance(values, (pa.Array, pa.ChunkedArray))
 
 
 def as_binary(values: Any) -> Any:
@@ -67,6 +72,8 @@ def _lengths(arr: Any) -> Any:
     import pyarrow as pa
 
     n = len(arr)
+    if n == 0:  # a zero-length array may have no offsets buffer (IPC / C data producers)
+        return np.zeros(0, np.int64)
     dtype = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
     offsets = np.frombuffer(arr.buffers()[1], dtype=dtype, count=arr.offset + n + 1)[arr.offset:]
     lens = np.diff(offsets).astype(np.int64)
@@ -87,6 +94,8 @@ def arrow_bounds(values: Any, keys: Any, room: int) -> list[tuple[int, int]]:
     import numpy as np
 
     n = len(values)
+    if n == 0:
+        return []
     sizes = _lengths(values) + RECORD_OVERHEAD_MAX
     if keys is not None:
         sizes += _lengths(keys)
