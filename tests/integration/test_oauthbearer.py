@@ -26,6 +26,9 @@ from oncelog.client.config import ConfigError
 from oncelog.client.errors import SaslAuthenticationFailedError
 from oncelog.protocol.oauthbearer import client_initial_response, unsecured_jws
 from oncelog.testing import EmbeddedBroker
+from tests.integration.sasl_wire import confluent_roundtrip
+from tests.integration.sasl_wire import recv_frame as _recv
+from tests.integration.sasl_wire import request as _request
 
 MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
 PLAIN_JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret";'
@@ -96,35 +99,12 @@ def _topic(b: EmbeddedBroker, prefix: str) -> str:
 # -- third-party clients ----------------------------------------------------------------------------------
 
 
-def _confluent_roundtrip(conf: dict[str, Any], topic: str, n: int) -> list[bytes]:
-    from confluent_kafka import Consumer as CConsumer
-    from confluent_kafka import Producer as CProducer
-    from confluent_kafka import TopicPartition as CTP
-
-    p = CProducer({**conf, "linger.ms": 0})
-    for i in range(n):
-        p.produce(topic, f"c{i}".encode())
-    assert p.flush(20) == 0, "confluent-kafka could not deliver"
-    c = CConsumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False})
-    try:
-        c.assign([CTP(topic, 0, 0)])
-        got: list[bytes] = []
-        deadline = time.monotonic() + 20
-        while len(got) < n and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is not None and m.error() is None:
-                got.append(m.value())
-        return got
-    finally:
-        c.close()
-
-
 def test_confluent_unsecured_jwt_and_oauth_cb(brokers: dict[str, EmbeddedBroker]) -> None:
     b = brokers["oauth"]
     n = 50
     topic = _topic(b, "cf")
     before = _log(b)
-    got = _confluent_roundtrip(_unsecure(b, "principal=alice scope=produce,consume extension_traceId=t1"), topic, n)
+    got = confluent_roundtrip(_unsecure(b, "principal=alice scope=produce,consume extension_traceId=t1"), topic, n)
     assert got == [f"c{i}".encode() for i in range(n)]
     calls: list[str | None] = []
 
@@ -133,7 +113,7 @@ def test_confluent_unsecured_jwt_and_oauth_cb(brokers: dict[str, EmbeddedBroker]
         return _jwt(principal="carol")
 
     topic2 = _topic(b, "cf-cb")
-    got = _confluent_roundtrip({**_base(b), "oauth_cb": oauth_cb, "sasl.oauthbearer.config": "anything"}, topic2, n)
+    got = confluent_roundtrip({**_base(b), "oauth_cb": oauth_cb, "sasl.oauthbearer.config": "anything"}, topic2, n)
     assert got == [f"c{i}".encode() for i in range(n)]
     assert calls and set(calls) == {"anything"}
     log = _log(b)[len(before):]
@@ -465,27 +445,6 @@ def test_missing_required_scope_and_confluent_sees_the_failure(brokers: dict[str
     with pytest.raises(SaslAuthenticationFailedError, match="invalid_token"):
         with Admin(_unsecure(b, "principal=kim scope=produce")) as admin:
             admin.list_topics()
-
-
-def _request(api_key: int, version: int, corr: int, body: bytes) -> bytes:
-    head = struct.pack(">hhih", api_key, version, corr, 3) + b"raw"
-    return struct.pack(">i", len(head) + len(body)) + head + body
-
-
-def _recv(sock: socket.socket) -> bytes | None:
-    data = b""
-    want = 4
-    while len(data) < want:
-        try:
-            chunk = sock.recv(want - len(data))
-        except ConnectionResetError:
-            return None
-        if not chunk:
-            return None
-        data += chunk
-        if want == 4 and len(data) == 4:
-            want = 4 + struct.unpack(">i", data)[0]
-    return data[4:]
 
 
 def _authenticate(corr: int, token: bytes) -> bytes:

@@ -28,6 +28,8 @@ from oncelog.client.config import parse_config
 from oncelog.client.errors import SaslAuthenticationFailedError
 from oncelog.client.security import reauthentication_delay
 from oncelog.testing import EmbeddedBroker
+from tests.integration.sasl_wire import recv_frame as _recv
+from tests.integration.sasl_wire import request as _request
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 JAAS = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
@@ -61,29 +63,8 @@ def _log(b: EmbeddedBroker) -> str:
 # -- raw protocol ------------------------------------------------------------------------------------
 
 
-def _request(api_key: int, version: int, corr: int, body: bytes) -> bytes:
-    head = struct.pack(">hhih", api_key, version, corr, 3) + b"raw"
-    return struct.pack(">i", len(head) + len(body)) + head + body
-
-
 def _string(s: str) -> bytes:
     return struct.pack(">h", len(s)) + s.encode()
-
-
-def _recv(sock: socket.socket) -> bytes | None:
-    data = b""
-    want = 4
-    while len(data) < want:
-        try:
-            chunk = sock.recv(want - len(data))
-        except ConnectionResetError:
-            return None
-        if not chunk:
-            return None
-        data += chunk
-        if want == 4 and len(data) == 4:
-            want = 4 + struct.unpack(">i", data)[0]
-    return data[4:]
 
 
 def _handshake(corr: int, mechanism: str = "PLAIN") -> bytes:

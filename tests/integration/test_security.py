@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.sasl_wire import confluent_roundtrip
 from tests.integration.tls_material import KEY_PASSWORD, Pki, make_pki  # cryptography: the test extra
 
 from oncelog.client import Admin, Consumer, Producer, TopicPartition
@@ -99,29 +100,6 @@ def _conf(b: EmbeddedBroker, pki: Pki, protocol: str, mechanism: str | None = No
         conf.update({"sasl.mechanism": mechanism, "sasl.username": user,
                      "sasl.password": USERS[user] if password is None else password})
     return conf
-
-
-def confluent_roundtrip(conf: dict[str, Any], topic: str, n: int = 3) -> list[bytes]:
-    from confluent_kafka import Consumer as CConsumer
-    from confluent_kafka import Producer as CProducer
-    from confluent_kafka import TopicPartition as CTP
-
-    p = CProducer({**conf, "linger.ms": 0})
-    for i in range(n):
-        p.produce(topic, f"c{i}".encode())
-    assert p.flush(20) == 0, "confluent-kafka could not deliver"
-    c = CConsumer({**conf, "group.id": f"g-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False})
-    try:
-        c.assign([CTP(topic, 0, 0)])
-        got: list[bytes] = []
-        deadline = time.monotonic() + 20
-        while len(got) < n and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is not None and m.error() is None:
-                got.append(m.value())
-        return got
-    finally:
-        c.close()
 
 
 def oncelog_roundtrip(conf: dict[str, Any], topic: str, n: int = 3) -> list[bytes]:
