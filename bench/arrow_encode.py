@@ -19,8 +19,6 @@ import random
 import statistics
 import sys
 import time
-from bisect import bisect_right
-from itertools import accumulate
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -28,19 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import pyarrow as pa  # noqa: E402
 
 from oncelog.client.arrow import arrow_bounds, arrow_sections, as_binary  # noqa: E402
-from oncelog.client.batch import encode_sections, record_sizes  # noqa: E402
+from oncelog.client.batch import batch_bounds, encode_sections  # noqa: E402
 
 ROOM = 16384 - 61
-
-
-def list_bounds(vals: list) -> list[tuple[int, int]]:
-    ends = list(accumulate(record_sizes(vals, None), initial=0))
-    bounds, i = [], 0
-    while i < len(vals):
-        j = max(i + 1, bisect_right(ends, ends[i] + ROOM, i + 1) - 1)
-        bounds.append((i, j))
-        i = j
-    return bounds
 
 
 def main() -> int:
@@ -64,11 +52,11 @@ def main() -> int:
         res: dict[str, list[float]] = {"list": [], "old": [], "new": []}
         for _ in range(args.rounds):
             t = time.process_time()
-            encode_sections(vals, None, list_bounds(vals))
+            encode_sections(vals, None, batch_bounds(vals, None, ROOM))
             res["list"].append(time.process_time() - t)
             t = time.process_time()
             v = arr.to_pylist()
-            encode_sections(v, None, list_bounds(v))
+            encode_sections(v, None, batch_bounds(v, None, ROOM))
             res["old"].append(time.process_time() - t)
             del v
             t = time.process_time()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import random
-from bisect import bisect_right
-from itertools import accumulate
 
 import pytest
 
@@ -13,19 +11,8 @@ pytest.importorskip("numpy")
 
 from oncelog.client.aio.producer import _values_list  # noqa: E402
 from oncelog.client.arrow import arrow_bounds, arrow_sections, as_binary, is_arrow  # noqa: E402
-from oncelog.client.batch import encode_sections, record_sizes  # noqa: E402
+from oncelog.client.batch import batch_bounds, encode_sections  # noqa: E402
 from oncelog.client.reader import decode_batches  # noqa: E402
-
-
-def _list_bounds(values: list, keys: list | None, room: int) -> list[tuple[int, int]]:
-    """ProducerCore.append_many's split for lists (the reference)."""
-    ends = list(accumulate(record_sizes(values, keys), initial=0))
-    bounds, i = [], 0
-    while i < len(values):
-        j = max(i + 1, bisect_right(ends, ends[i] + room, i + 1) - 1)
-        bounds.append((i, j))
-        i = j
-    return bounds
 
 
 def _random_column(rng: random.Random, n: int, p_null: float, longest: int) -> list[bytes | None]:
@@ -56,7 +43,7 @@ def test_arrow_sections_equal_the_list_path_byte_for_byte() -> None:
             varr = pa.chunked_array([varr.slice(0, m), varr.slice(m)])
             seen.add("chunked")
         room = rng.choice([16384, 1000, 1 << 20]) - 61
-        bounds = _list_bounds(values, keys, room)
+        bounds = batch_bounds(values, keys, room)  # the list path's split (append_many)
         vb, kb = as_binary(varr), None if karr is None else as_binary(karr)
         assert arrow_bounds(vb, kb, room) == bounds, trial
         want = encode_sections(values, keys, bounds) if values else []

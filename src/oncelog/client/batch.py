@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import struct
 import time
+from bisect import bisect_right
 from collections.abc import Sequence
-from itertools import chain, repeat
+from itertools import accumulate, chain, repeat
 from operator import add
 from typing import Any
 
@@ -225,6 +226,20 @@ def record_sizes(values: Sequence[bytes | None], keys: Sequence[bytes | None] | 
         kl = [0 if k is None else len(k) for k in keys] if None in keys else list(map(len, keys))
         vl = list(map(add, vl, kl))
     return list(map(add, vl, repeat(RECORD_OVERHEAD_MAX, len(vl))))
+
+
+def batch_bounds(values: Sequence[bytes | None], keys: Sequence[bytes | None] | None, room: int
+                 ) -> list[tuple[int, int]]:
+    """Records ``values[i:j]`` per batch, as ``(i, j)``: at most ``room`` bytes each by :func:`record_sizes`'
+    bound (one record alone may be larger); ``ends[i]`` is the bytes of records ``0..i-1``."""
+    ends = list(accumulate(record_sizes(values, keys), initial=0))
+    bounds: list[tuple[int, int]] = []
+    i, n = 0, len(values)
+    while i < n:
+        j = max(i + 1, bisect_right(ends, ends[i] + room, i + 1) - 1)
+        bounds.append((i, j))
+        i = j
+    return bounds
 
 
 # -- compression -------------------------------------------------------------------

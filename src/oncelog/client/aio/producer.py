@@ -80,9 +80,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from bisect import bisect_right
 from collections import deque
-from itertools import accumulate
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,7 +88,7 @@ from typing import Any
 from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster
 from oncelog.client.arrow import arrow_bounds, arrow_sections, as_binary, is_arrow
 from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
-from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, encode_sections, record_sizes
+from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, batch_bounds, encode_sections
 from oncelog.client.config import ClientConfig, parse_config
 from oncelog.client.config import ConfigError
 from oncelog.client.errors import (
@@ -643,21 +641,14 @@ class ProducerCore:
         if not self._outstanding:
             self._idle.clear()  # type: ignore[union-attr]
         self._outstanding += len(values)
-        n = len(values)
         # records per batch: at most batch.size bytes (one record alone may be larger), by an upper bound
-        # of each record's size; ends[i] is the bytes of records 0..i-1
+        # of each record's size
         room = self.batch_size - HEADER_SIZE
-        bounds: list[tuple[int, int]] = []
         if is_arrow(values):  # pyarrow binary arrays (oncelog.client.arrow): the same bounds and bytes
             bounds = arrow_bounds(values, keys, room)
             sections: Sequence[Any] = arrow_sections(values, keys, bounds)
         else:
-            ends = list(accumulate(record_sizes(values, keys), initial=0))
-            i = 0
-            while i < n:
-                j = max(i + 1, bisect_right(ends, ends[i] + room, i + 1) - 1)
-                bounds.append((i, j))
-                i = j
+            bounds = batch_bounds(values, keys, room)
             # every batch's records section at once (the bulk encoding's fixed cost once per call)
             sections = encode_sections(values, keys, bounds)
         spans = isinstance(futures, BatchFutures)
