@@ -156,27 +156,32 @@ class _Records(logging.Handler):
         self.records.append(record)
 
 
+async def _late_reading_peer() -> tuple[asyncio.Server, asyncio.Event, list[int]]:
+    """A peer that starts reading after 0.3 s, counts every byte (``got[0]``) until the client closes,
+    then closes and sets ``done``."""
+    done = asyncio.Event()
+    got = [0]
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(0.3)
+        while chunk := await reader.read(1 << 20):
+            got[0] += len(chunk)
+        writer.close()
+        done.set()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0), done, got
+
+
 def test_graceful_drain_makes_asyncio_log_nothing() -> None:
     """review3 C3: the connection closed its transport from inside asyncio's ``_write_ready`` (the
     ``resume_writing`` that sent the last of the backlog), and asyncio then called ``connection_lost``
     twice and logged an "Exception in callback ... AttributeError" traceback on every graceful drain."""
-    got = 0
+    got: list[int] = []
 
     async def main() -> tuple[asyncio.Future, list[object]]:
-        nonlocal got
-        done = asyncio.Event()
         handler_calls: list[object] = []
         asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: handler_calls.append(ctx))
-
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            nonlocal got
-            await asyncio.sleep(0.3)
-            while chunk := await reader.read(1 << 20):
-                got += len(chunk)
-            writer.close()
-            done.set()
-
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        server, done, counted = await _late_reading_peer()
         conn = await _connected(server.sockets[0].getsockname()[1])
         fut = conn.send(0, 3, [b"\x01" * (16 << 20)], expect_response=False)
         assert conn._backlog and conn._paused, "the test needs writes waiting in the backlog"
@@ -185,6 +190,7 @@ def test_graceful_drain_makes_asyncio_log_nothing() -> None:
         await asyncio.sleep(0.1)  # the callbacks scheduled by the close have run
         server.close()
         await server.wait_closed()
+        got[:] = counted
         return fut, handler_calls
 
     log = logging.getLogger("asyncio")
@@ -194,7 +200,7 @@ def test_graceful_drain_makes_asyncio_log_nothing() -> None:
         fut, handler_calls = asyncio.run(main())
     finally:
         log.removeHandler(records)
-    assert got == 16 * 2**20 + 15
+    assert got == [16 * 2**20 + 15]
     assert fut.done() and fut.exception() is None
     assert handler_calls == []
     assert [r.getMessage() for r in records.records if r.levelno >= logging.WARNING] == []
@@ -260,21 +266,10 @@ def test_graceful_close_resolves_a_marker_whose_request_the_transport_still_send
     the transport, which ``transport.close()`` still sends): the request reaches the peer, so its future
     must not report it unsent (a retry would duplicate it)."""
     size = 8 << 20
-    got = 0
+    got: list[int] = []
 
     async def main() -> tuple[asyncio.Future, list[object]]:
-        nonlocal got
-        done = asyncio.Event()
-
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            nonlocal got
-            await asyncio.sleep(0.3)
-            while chunk := await reader.read(1 << 20):
-                got += len(chunk)
-            writer.close()
-            done.set()
-
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        server, done, counted = await _late_reading_peer()
         conn = await _connected(server.sockets[0].getsockname()[1])
         fut = conn.send(0, 3, b"\x01" * size, expect_response=False)  # one write: the transport buffers its tail
         assert [type(item).__name__ for item in conn._backlog] == ["_Sent"]
@@ -283,9 +278,10 @@ def test_graceful_close_resolves_a_marker_whose_request_the_transport_still_send
         await asyncio.wait_for(asyncio.wait([fut]), 5)
         server.close()
         await server.wait_closed()
+        got[:] = counted
         return fut, list(conn._backlog)
 
     fut, backlog = asyncio.run(main())
-    assert got == size + 15
+    assert got == [size + 15]
     assert fut.done() and fut.exception() is None, fut.exception()
     assert backlog == []
