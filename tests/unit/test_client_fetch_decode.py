@@ -312,18 +312,23 @@ def test_consumer_reads_a_view_of_the_receive_buffer(codec: int, isolation: int,
     assert [m.offset for m in got][-4:] == [40, 41, 42, 43]
 
 
+def three_batches_assigned(codec: int) -> tuple[bytearray, Consumer, Any]:
+    """A Fetch answer's records (three batches of ``k<j>``/``v<j>``, offsets 0-8, in ``codec``) as the
+    receive buffer ``frame``, and a consumer assigned ``t-0`` at 0 with that partition's state."""
+    plain = [encode_record_batch([Record(b"k%d" % j, b"v%d" % j) for j in range(3)], base_offset=3 * i)
+             for i in range(3)]
+    frame = bytearray(b"".join(compressed(codec, b) if codec else b for b in plain))
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
+    c.assign([("t", 0, 0)])
+    return frame, c, c._parts[("t", 0)]
+
+
 @pytest.mark.parametrize("codec", [0, 3])
 def test_pause_copies_the_partitions_records_out_of_the_receive_buffer(codec: int) -> None:
     """A paused partition's undecoded batches no longer point into the Fetch answer's receive
     buffer (which they would keep alive while paused): rewritten afterwards, the records handed
     out after resume are still the fetched ones."""
-    plain = [encode_record_batch([Record(b"k%d" % j, b"v%d" % j) for j in range(3)], base_offset=3 * i)
-             for i in range(3)]
-    data = b"".join(compressed(codec, b) if codec else b for b in plain)
-    frame = bytearray(data)
-    c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
-    c.assign([("t", 0, 0)])
-    st = c._parts[("t", 0)]
+    frame, c, st = three_batches_assigned(codec)
     assert c._apply(st, response(memoryview(frame)))  # type: ignore[arg-type]
     c.pause([("t", 0)])
     frame[:] = b"\xff" * len(frame)

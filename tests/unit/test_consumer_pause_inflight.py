@@ -6,20 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from oncelog.client.aio.consumer import Consumer
-from oncelog.protocol.records import Record, encode_record_batch
-from tests.unit.test_client_fetch_decode import compressed, response
+from tests.unit.test_client_fetch_decode import response, three_batches_assigned
 
 
 @pytest.mark.parametrize("codec", [0, 3])
 def test_answer_to_a_fetch_in_flight_at_pause_does_not_pin_the_receive_buffer(codec: int) -> None:
-    plain = [encode_record_batch([Record(b"k%d" % j, b"v%d" % j) for j in range(3)], base_offset=3 * i)
-             for i in range(3)]
-    data = b"".join(compressed(codec, b) if codec else b for b in plain)
-    frame = bytearray(data)
-    c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
-    c.assign([("t", 0, 0)])
-    st = c._parts[("t", 0)]
+    frame, c, st = three_batches_assigned(codec)
     c.pause([("t", 0)])  # the Fetch for it is in flight; its answer comes after the pause
     c._apply(st, response(memoryview(frame)))  # type: ignore[arg-type]
     assert st.buffer
