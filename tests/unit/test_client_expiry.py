@@ -1,8 +1,10 @@
 """delivery.timeout.ms and the idempotent producer's epoch, sans-IO (no broker, no socket).
 
 A batch that expires after it was sent may have been written (its fate is
-unknown), so the partition's sequences restart under a new epoch (KIP-360;
-Java marks that batch's sequence unresolved). A batch that expires before it
+unknown): its sequence is unresolved (Java's markSequenceUnresolved) and, with
+no later batch sent to settle it, the partition's sequences restart under a
+new epoch (KIP-360; test_client_unresolved_sequence.py has the cases with a
+later batch). A batch that expires before it
 was ever sent spent no sequence: nothing to resolve, no bump, and the next
 batch takes the sequence it would have had. The integration test
 test_client_producer.py::test_delivery_timeout_then_epoch_bump_and_recovery
@@ -90,4 +92,9 @@ def test_batch_expired_after_it_was_sent_and_not_answered_needs_an_epoch_bump() 
     _expire_all(core, p)
     assert all(isinstance(f.exception(0), DeliveryTimeoutError) for f in futs)
     assert not p.unacked
-    assert p.needs_bump and p.blocked  # nothing more goes out for it until the epoch is bumped
+    # its sequence is unresolved (Java's markSequenceUnresolved) and nothing more goes out for it...
+    assert (p.unresolved, p.blocked) == (10, True)
+    # ...and with no later batch sent to settle it, the gap remains: the next sender pass bumps the epoch
+    core.cluster.last_refresh = time.monotonic() + 1e9  # (no metadata refresh)
+    core._pass(time.monotonic())
+    assert (core.producer_epoch, core.stats["epoch_bumps"], p.unresolved, p.needs_bump) == (1, 1, -1, False)

@@ -41,12 +41,19 @@ Internal design (for the transactions work that builds on it):
 * Epoch bump (KIP-360, as Java's idempotent producer): OUT_OF_ORDER_SEQUENCE_NUMBER
   or UNKNOWN_PRODUCER_ID on the first unacked batch (the batch is kept and
   retried; UNKNOWN_PRODUCER_ID with log start offset -1 is retried without a
-  bump), or giving up on a batch whose fate is unknown (``retries`` or
-  ``delivery.timeout.ms`` exhausted), marks the partition ``needs_bump``. The
-  bump waits until no other partition has a batch in doubt (those are resent
-  under the old epoch first, so nothing is written twice), then the epoch goes
-  to epoch + 1 client-side (same id, no request; InitProducerId(-1, -1) for a
-  fresh id only at epoch 32767) and every partition's sequences restart at 0.
+  bump) marks the partition ``needs_bump``. Giving up on a sent batch whose
+  fate is unknown (``retries`` or ``delivery.timeout.ms`` exhausted) marks its
+  sequence *unresolved* instead (``_Partition.unresolved``, Java's
+  markSequenceUnresolved): the partition's other sent batches are resent under
+  the old epoch with their own sequences (no renumbering) and nothing new is
+  sequenced; once none is left (acknowledged or failed), the partition goes on
+  if the last acknowledged sequence reaches the last one handed out (a later
+  batch was written, so the given-up one was too), else it is marked
+  ``needs_bump`` (Java's maybeResolveSequences). The bump waits until no other
+  partition has a batch in doubt (those are resent under the old epoch first,
+  so nothing is written twice), then the epoch goes to epoch + 1 client-side
+  (same id, no request; InitProducerId(-1, -1) for a fresh id only at epoch
+  32767) and every partition's sequences restart at 0.
 * Helper tasks (metadata waits and refreshes, connects, the id request) are
   kept in ``_helpers``; ``close()`` cancels and awaits them.
 * Conditional produce (``expected_offset``, docs/conditional-publish.md):
@@ -213,7 +220,7 @@ class _Batch:
 
 class _Partition:
     __slots__ = ("topic", "partition", "open", "ready", "unacked", "inflight", "acked_seq", "next_seq", "blocked",
-                 "retry_at", "needs_bump", "node")
+                 "retry_at", "needs_bump", "unresolved", "node")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -227,6 +234,11 @@ class _Partition:
         self.blocked = False
         self.retry_at = 0.0
         self.needs_bump = False
+        # the sequence after the last batch given up while its fate was unknown (Java's
+        # partitionsWithUnresolvedSequences), -1: none. While set, the partition's other sent batches keep their
+        # sequences and are resent under the old epoch; nothing new is sent; once none is left, the gap is
+        # resolved (every sequence acknowledged) or the epoch is bumped (see ProducerCore._resolve)
+        self.unresolved = -1
         self.node = -1  # the broker its in-flight batches went to
 
     def has_data(self) -> bool:
@@ -559,6 +571,7 @@ class ProducerCore:
         for p in self.partitions.values():
             p.acked_seq = 0
             p.needs_bump = False
+            p.unresolved = -1
             self._resequence(p)
 
     def check_conditional(self, partition: int | None, expected_offset: int) -> None:
@@ -868,6 +881,7 @@ class ProducerCore:
         for p in self.partitions.values():
             p.acked_seq = 0
             p.needs_bump = False
+            p.unresolved = -1
             self._resequence(p)
         self._bump_wanted = False
         self._kick()
@@ -898,6 +912,25 @@ class ProducerCore:
             seq = (seq + b.count) % _SEQ_MOD
         p.next_seq = seq
         p.blocked = False
+
+    def _mark_unresolved(self, p: _Partition, b: _Batch) -> None:
+        """``b`` (sent, so it holds a sequence) is given up while it may have been written (Java's
+        markSequenceUnresolved): its sequences stay spent, the partition's later sent batches keep theirs and
+        are resent under the old epoch, and :meth:`_resolve` decides once none of them is left."""
+        end = (b.seq + b.count) % _SEQ_MOD
+        if p.unresolved < 0 or (end - p.acked_seq) % _SEQ_MOD > (p.unresolved - p.acked_seq) % _SEQ_MOD:
+            p.unresolved = end
+        p.blocked = True
+
+    def _resolve(self, p: _Partition) -> None:
+        """Java's maybeResolveSequences for one partition with a given-up sequence and nothing sent left
+        (``unacked`` empty, nothing in flight): if every sequence it handed out is acknowledged (a later
+        batch was, so the given-up one was written too), the partition goes on under this epoch;
+        otherwise a gap may remain and the epoch is bumped."""
+        p.unresolved = -1
+        if p.acked_seq != p.next_seq:
+            p.needs_bump = True
+            p.blocked = True
 
     # -- the sender -------------------------------------------------------------------
 
@@ -952,7 +985,7 @@ class ProducerCore:
         for p in list(self.partitions.values()):
             o = p.open
             ready, unacked = p.ready, p.unacked
-            if o is None and not ready and not unacked:
+            if o is None and not ready and not unacked and p.unresolved < 0:
                 continue
             if (ready and ready[0].created <= limit) or (unacked and unacked[0].created <= limit) or \
                     (o is not None and o.created <= limit):
@@ -966,6 +999,8 @@ class ProducerCore:
                     self._close_open(p)
                 elif due - now < next_due:
                     next_due = due - now
+            if p.unresolved >= 0 and not p.unacked and p.inflight == 0:
+                self._resolve(p)
             if p.blocked:
                 if p.inflight == 0:
                     if p.needs_bump:
@@ -974,7 +1009,10 @@ class ProducerCore:
                     if p.retry_at > now:
                         next_due = min(next_due, p.retry_at - now)
                         continue
-                    self._resequence(p)
+                    if p.unresolved >= 0:
+                        p.blocked = False  # the sent batches are resent with their own sequences (no renumbering)
+                    else:
+                        self._resequence(p)
                 else:
                     continue
             if p.needs_bump or p.inflight >= self.max_in_flight:
@@ -985,8 +1023,8 @@ class ProducerCore:
                     b = cand
                     break
             if b is None:
-                if not p.ready or (bumping and self.idempotent):
-                    continue
+                if not p.ready or (bumping and self.idempotent) or p.unresolved >= 0:
+                    continue  # (nothing new is sequenced while a given-up sequence is unresolved)
                 b = p.ready[0]
                 if b.builder.body is None and b.builder.size >= self.offload_min:
                     # a large batch is compressed in a worker thread (cramjam releases the GIL: the loop
@@ -1054,8 +1092,7 @@ class ProducerCore:
                     keep.append(b)
                     continue
                 if self.idempotent and queue is p.unacked and self.txn is None:
-                    p.needs_bump = True  # its fate is unknown: sequences restart under a new epoch
-                    p.blocked = True
+                    self._mark_unresolved(p, b)  # sent: its fate is unknown
                 err = b.last_error
                 self._fail_batch(b, error or DeliveryTimeoutError(
                     f"{b.count} record(s) for {b.topic}-{b.partition} not delivered within "
@@ -1100,7 +1137,10 @@ class ProducerCore:
             p.unacked.remove(b)
             p.blocked = True
             if b.in_doubt:
-                p.needs_bump = True
+                if self.txn is None:
+                    self._mark_unresolved(p, b)
+                else:
+                    p.needs_bump = True
         why = "the broker does not advertise the feature oncelog.conditional.produce" \
             if not conn.conditional_produce else f"the broker speaks Produce v{version} (v9+ needed)"
         self._fail_batch(b, ConditionalProduceNotSupported(
@@ -1331,13 +1371,15 @@ class ProducerCore:
                 return
             p.unacked.remove(b)
             if b.in_doubt:
-                p.needs_bump = True
+                self._mark_unresolved(p, b)  # retries exhausted, an attempt may have been written
             self._fail_batch(b, err)
             return
-        # refused for good (MESSAGE_TOO_LARGE, INVALID_RECORD, ...): later batches close the sequence gap
+        # refused for good (MESSAGE_TOO_LARGE, INVALID_RECORD, ...): later batches close the sequence gap (not
+        # while a sequence is unresolved: then the partition's next batch is answered OUT_OF_ORDER at the head
+        # and the epoch is bumped)
         p.unacked.remove(b)
         if b.in_doubt:
-            p.needs_bump = True
+            self._mark_unresolved(p, b)  # an earlier attempt may have been written
         self._fail_batch(b, err)
 
 
