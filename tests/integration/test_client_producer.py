@@ -286,6 +286,56 @@ def test_delivery_timeout_then_epoch_bump_and_recovery(tmp_path: Any, kit: Any) 
     assert middle and middle == [b"lost-%d" % i for i in range(len(middle))]
 
 
+def test_expired_batch_then_written_later_batch_in_doubt_is_written_once(tmp_path: Any, kit: Any) -> None:
+    """review5 K1 against the real broker: every Produce answer is lost (the proxy drops it and closes the
+    connection) while A and then B, one record each, are written; A expires with B still in doubt and
+    retriable. B's sequence after A's is then unresolved: B is resent under the same epoch with its own
+    sequence and the broker recognises the duplicate, so A and B are each in the log once and no epoch is
+    bumped (before, the producer bumped as soon as nothing was in flight and wrote B again at epoch + 1
+    from sequence 0). About 5 s: delivery.timeout.ms=3000 for A, then B's resolution."""
+    import time
+
+    from oncelog.client.errors import DeliveryTimeoutError
+    from oncelog.testing import free_port
+    from oncelog.testing.fault_proxy import FaultProxy
+
+    port = free_port()
+    with FaultProxy(("127.0.0.1", port), seed=3) as proxy:
+        broker = kit.start_broker(tmp_path, config={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{proxy.port}"},
+                                  port=port)
+        try:
+            kit.create_topic(broker.bootstrap, "k1", 1)
+            with Producer({"bootstrap.servers": proxy.bootstrap, "delivery.timeout.ms": 3000,
+                           "request.timeout.ms": 1000, "linger.ms": 0, "retry.backoff.ms": 20,
+                           "retry.backoff.max.ms": 100}) as p:
+                first = p.produce("k1", b"first", partition=0)
+                assert p.flush(10) == 0 and first.result().offset == 0
+                epoch = p.producer_id
+                proxy.set_faults(drop_response_rate=1.0, drop_mode="close")  # Produce answers only
+                a = p.produce("k1", b"a", partition=0)
+                t_a = time.monotonic()
+                kit.wait_until(lambda: kit.confluent_watermarks(broker.bootstrap, "k1", 1)[0][1] == 2, 10,
+                               interval=0.1, message="A written, its answers lost")
+                time.sleep(max(0.0, 1.5 - (time.monotonic() - t_a)))  # B expires 1.5 s after A: time to resolve
+                b = p.produce("k1", b"b", partition=0)
+                kit.wait_until(lambda: kit.confluent_watermarks(broker.bootstrap, "k1", 1)[0][1] == 3, 10,
+                               interval=0.1, message="B written behind A, its answers lost")
+                assert not a.done() and not b.done()
+                kit.wait_until(a.done, 10, interval=0.01, message="A expired")
+                proxy.set_faults(drop_response_rate=0.0)
+                assert isinstance(a.exception(0), DeliveryTimeoutError)
+                assert b.result(10).offset == 2  # the original offset: a duplicate, not written again
+                c = p.produce("k1", b"c", partition=0)
+                assert p.flush(10) == 0 and c.result().offset == 3
+                assert p.producer_id == epoch and p._core.stats["epoch_bumps"] == 0
+            assert proxy.stats.dropped_by_api.get(0, 0) >= 2
+            ends = {0: kit.confluent_watermarks(broker.bootstrap, "k1", 1)[0][1]}
+            values = [m.value() for m in kit.confluent_consume_all(broker.bootstrap, "k1", ends)[0]]
+        finally:
+            broker.close()
+    assert values == [b"first", b"a", b"b", b"c"]
+
+
 def test_queued_batches_fill_max_in_flight(broker: EmbeddedBroker, kit: Any) -> None:
     """A backlog of full batches goes out as up to ``max.in.flight.requests.per.connection`` pipelined
     requests at once, not one request per answer (it was one: each sender pass sent one request and then
