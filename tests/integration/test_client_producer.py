@@ -336,6 +336,45 @@ def test_expired_batch_then_written_later_batch_in_doubt_is_written_once(tmp_pat
     assert values == [b"first", b"a", b"b", b"c"]
 
 
+def test_record_in_flight_fails_at_delivery_timeout(tmp_path: Any, kit: Any) -> None:
+    """A record whose request is unanswered at delivery.timeout.ms fails then (Java's
+    getExpiredInflightBatches), not when that request times out: with every Produce answer dropped and
+    request.timeout.ms=2500, the second attempt goes out at about 2.5 s and is still in flight at the
+    3 s deadline (it failed at about 5 s before). The record was written; the next one follows it once
+    under the same epoch. About 4 s."""
+    import time
+
+    from oncelog.client.errors import DeliveryTimeoutError
+    from oncelog.testing import free_port
+    from oncelog.testing.fault_proxy import FaultProxy
+
+    port = free_port()
+    with FaultProxy(("127.0.0.1", port), seed=5) as proxy:
+        broker = kit.start_broker(tmp_path, config={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{proxy.port}"},
+                                  port=port)
+        try:
+            kit.create_topic(broker.bootstrap, "deadline", 1)
+            with Producer({"bootstrap.servers": proxy.bootstrap, "delivery.timeout.ms": 3000,
+                           "request.timeout.ms": 2500, "linger.ms": 0, "retry.backoff.ms": 20}) as p:
+                first = p.produce("deadline", b"first", partition=0)
+                assert p.flush(10) == 0 and first.result().offset == 0
+                proxy.set_faults(drop_response_rate=1.0, drop_mode="gap")  # Produce answers only
+                t0 = time.monotonic()
+                lost = p.produce("deadline", b"lost", partition=0)
+                assert isinstance(lost.exception(10), DeliveryTimeoutError)
+                elapsed = time.monotonic() - t0
+                assert 2.9 < elapsed < 4.0, elapsed
+                proxy.set_faults(drop_response_rate=0.0)
+                after = p.produce("deadline", b"after", partition=0)
+                assert after.result(10).offset == 2
+                assert p._core.stats["epoch_bumps"] == 0
+            ends = {0: kit.confluent_watermarks(broker.bootstrap, "deadline", 1)[0][1]}
+            values = [m.value() for m in kit.confluent_consume_all(broker.bootstrap, "deadline", ends)[0]]
+        finally:
+            broker.close()
+    assert values == [b"first", b"lost", b"after"]
+
+
 def test_queued_batches_fill_max_in_flight(broker: EmbeddedBroker, kit: Any) -> None:
     """A backlog of full batches goes out as up to ``max.in.flight.requests.per.connection`` pipelined
     requests at once, not one request per answer (it was one: each sender pass sent one request and then

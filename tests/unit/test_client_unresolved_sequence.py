@@ -123,6 +123,15 @@ def _pass(core: ProducerCore) -> None:
     core._pass(time.monotonic() + 1.0)
 
 
+def _age(core: ProducerCore, b: Any) -> None:
+    """Make ``b`` older than delivery.timeout.ms, as if produced that long ago (the others stay young)."""
+    b.created -= core.delivery_timeout + 1
+    oldest = getattr(core, "_request_oldest", {})  # a request in flight remembers its oldest batch
+    for rid, sent in core._requests.items():
+        if b in sent and rid in oldest:
+            oldest[rid] = min(oldest[rid], b.created)
+
+
 def _values(name: str, n: int) -> list[bytes]:
     return [b"%s-%d" % (name.encode(), i) for i in range(n)]
 
@@ -171,7 +180,7 @@ def test_expired_batch_then_a_later_written_batch_in_doubt_is_written_once() -> 
     core, leader = _producer()
     a, b, a_futs, b_futs = _two_in_doubt(core, leader, a_written=True)
     assert leader.log == _values("p", 2) + _values("a", 3) + _values("b", 2)
-    a.created -= core.delivery_timeout + 1  # A is older than delivery.timeout.ms (B is not)
+    _age(core, a)  # A is older than delivery.timeout.ms (B is not)
     _settle(core, leader)
     assert leader.log == _values("p", 2) + _values("a", 3) + _values("b", 2)  # B once
     assert all(isinstance(f.exception(0), DeliveryTimeoutError) for f in a_futs)
@@ -217,7 +226,7 @@ def test_expired_batch_not_written_then_the_later_batch_is_resent_after_the_bump
     core, leader = _producer()
     a, b, a_futs, b_futs = _two_in_doubt(core, leader, a_written=False)
     assert leader.log == _values("p", 2)
-    a.created -= core.delivery_timeout + 1
+    _age(core, a)
     before = len(leader.sent)
     _settle(core, leader)
     assert all(isinstance(f.exception(0), DeliveryTimeoutError) for f in a_futs)
@@ -235,7 +244,7 @@ def test_nothing_new_is_sent_while_a_given_up_sequence_is_unresolved() -> None:
     then goes under the same epoch right after B."""
     core, leader = _producer()
     a, b, _, _ = _two_in_doubt(core, leader, a_written=True)
-    a.created -= core.delivery_timeout + 1
+    _age(core, a)
     c, _ = _produce(core, "c", 2)
     for _ in range(3):
         _pass(core)
@@ -256,7 +265,7 @@ def test_expired_batch_with_nothing_sent_behind_it_bumps_the_epoch() -> None:
     a, a_futs = _produce(core, "a", 3)
     _pass(core)
     leader.deliver(written=True, answered=False)
-    a.created -= core.delivery_timeout + 1
+    _age(core, a)
     _pass(core)
     assert all(isinstance(f.exception(0), DeliveryTimeoutError) for f in a_futs)
     assert core.stats["epoch_bumps"] == 1 and core.producer_epoch == 1
@@ -264,3 +273,70 @@ def test_expired_batch_with_nothing_sent_behind_it_bumps_the_epoch() -> None:
     _settle(core, leader)
     assert leader.sent[-1] == (1, 0, 2)
     assert leader.log == _values("p", 2) + _values("a", 3) + _values("b", 2)
+
+
+# -- a batch in flight at delivery.timeout.ms (Java's Sender.getExpiredInflightBatches) ------------------
+
+
+def test_batch_in_flight_fails_at_delivery_timeout_and_its_late_success_still_counts() -> None:
+    """A batch whose request is still unanswered at delivery.timeout.ms fails then, not only once its
+    request is answered or times out (it waited up to request.timeout.ms more before). Its late answer
+    still counts: a success acknowledges its sequences, so the next batch follows under the same epoch,
+    and its bytes are released once."""
+    core, leader = _producer()
+    _acked_first(core, leader)
+    a, a_futs = _produce(core, "a", 3)
+    _pass(core)
+    _age(core, a)
+    _pass(core)
+    assert all(isinstance(f.exception(0), DeliveryTimeoutError) for f in a_futs)
+    assert len(leader.pending) == 1 and a.in_flight  # its request is still out
+    leader.deliver(written=True, answered=True)
+    p = core.partitions[("t", 0)]
+    assert (p.acked_seq, list(p.unacked), p.unresolved) == (5, [], -1)
+    c, c_futs = _produce(core, "c", 2)
+    _settle(core, leader)
+    assert [f.result(0).offset for f in c_futs] == [5, 6]
+    assert leader.log == _values("p", 2) + _values("a", 3) + _values("c", 2)
+    assert leader.sent[-1] == (0, 5, 2) and core.stats["epoch_bumps"] == 0
+    assert (core._outstanding, core.buffered_bytes) == (0, 0)
+
+
+def test_batch_in_flight_expired_with_its_answer_lost_is_given_up_not_resent() -> None:
+    """A expires in flight, then its answer is lost: it is not resent (its records failed already), its
+    sequence is unresolved, and B behind it (written, answer lost) settles it under the same epoch."""
+    core, leader = _producer()
+    _acked_first(core, leader)
+    a, a_futs = _produce(core, "a", 3)
+    _pass(core)
+    b, b_futs = _produce(core, "b", 2)
+    _pass(core)
+    _age(core, a)
+    _pass(core)
+    assert all(isinstance(f.exception(0), DeliveryTimeoutError) for f in a_futs)
+    assert not any(f.done() for f in b_futs) and len(leader.pending) == 2
+    before = len(leader.sent)
+    leader.deliver(written=True, answered=False)
+    assert core.partitions[("t", 0)].unresolved == 5
+    leader.deliver(written=True, answered=False)
+    _settle(core, leader)
+    assert leader.sent[before:] == [(0, 2, 3), (0, 5, 2), (0, 5, 2)]  # A once; B, then B's resend (a duplicate)
+    assert [f.result(0).offset for f in b_futs] == [5, 6]
+    assert leader.log == _values("p", 2) + _values("a", 3) + _values("b", 2)
+    assert core.stats["epoch_bumps"] == 0
+
+
+def test_batch_in_flight_expired_without_idempotence_is_not_resent() -> None:
+    """The same deadline without idempotence: the batch fails at delivery.timeout.ms and a lost answer
+    does not put it back in the queue (it was resent before)."""
+    core, leader = _producer(**{"enable.idempotence": False, "acks": 1})
+    core.producer_id, core.producer_epoch = -1, -1
+    a, a_futs = _produce(core, "a", 3)
+    _pass(core)
+    _age(core, a)
+    _pass(core)
+    assert all(isinstance(f.exception(0), DeliveryTimeoutError) for f in a_futs)
+    leader.deliver(written=False, answered=False)
+    _settle(core, leader)
+    assert leader.sent == [] and leader.log == [] and not core.partitions[("t", 0)].ready
+    assert (core._outstanding, core.buffered_bytes) == (0, 0)

@@ -64,9 +64,11 @@ Internal design (for the transactions work that builds on it):
   whose ApiVersions advertised the feature (else
   ``ConditionalProduceNotSupported``). A refusal (10001/10002) fails it and
   the queued batches continuing it, and re-sequences the partition's rest.
-* ``delivery.timeout.ms``: a batch not in flight whose first record is older
-  fails with :class:`~oncelog.client.errors.DeliveryTimeoutError` (an
-  in-flight one once its request is answered or times out).
+* ``delivery.timeout.ms``: a batch whose first record is older fails with
+  :class:`~oncelog.client.errors.DeliveryTimeoutError`. One in flight fails
+  then too (``_Batch.expired``, Java's getExpiredInflightBatches) but stays
+  in ``unacked`` until its request is answered: a success acknowledges its
+  sequences, a failure gives it up (sequence unresolved); it is not resent.
 * Transactions (``transactional.id``): ``self.txn`` is a
   :class:`~oncelog.client.aio.transactions.TransactionManager`. No producer
   id is fetched at start (``init_transactions()`` does it). The sender asks
@@ -191,7 +193,8 @@ def encode_produce_request(version: int, transactional_id: str | None, acks: int
 
 class _Batch:
     __slots__ = ("topic", "partition", "builder", "futures", "timestamps", "seq", "attempts", "in_flight",
-                 "created", "last_error", "in_doubt", "nbytes", "expected", "spans", "group", "compressing")
+                 "created", "last_error", "in_doubt", "nbytes", "expected", "spans", "group", "compressing",
+                 "expired")
 
     def __init__(self, topic: str, partition: int, builder: BatchBuilder) -> None:
         self.topic = topic
@@ -212,6 +215,9 @@ class _Batch:
         self.expected = -1  # conditional produce: the offset its first record must get (-1: none)
         self.group: Any = None  # the blocking facade's completion shared by the batch's records' futures
         self.compressing: Any = None  # the worker thread's future compressing a large batch (see _OFFLOAD_MIN)
+        # failed by delivery.timeout.ms while in flight (Java's getExpiredInflightBatches): its records are
+        # completed; its answer still counts for the sequences, and it is never resent
+        self.expired = False
 
     @property
     def count(self) -> int:
@@ -451,6 +457,9 @@ class ProducerCore:
         # the batches of every Produce request whose answer has not come (by id of its list): what
         # close() fails once flushing gave up, idempotent or not (Java's forced close)
         self._requests: dict[int, list[_Batch]] = {}
+        # the same requests' oldest batch creation time (inf once their expired batches are failed): the
+        # sender fails a batch in flight at delivery.timeout.ms without scanning every batch of every pass
+        self._request_oldest: dict[int, float] = {}
         self._connecting: set[int] = set()
         self._refreshing: set[str] = set()
         self._flushing = 0
@@ -532,6 +541,7 @@ class ProducerCore:
                 if b.futures:
                     self._fail_batch(b, err)
         self._requests.clear()
+        self._request_oldest.clear()
         for recs in self._waiting.values():
             for r in recs:
                 self._fail_record(r[6], r[1], r[2], err)
@@ -776,6 +786,8 @@ class ProducerCore:
             self._idle.set()
 
     def _succeed_batch(self, b: _Batch, base_offset: int, log_append_time: int) -> None:
+        if not b.futures:
+            return  # failed already (expired in flight): its bytes were released then
         topic, part = b.topic, b.partition
         futs, b.futures = b.futures, []
         if self.complete_many is not None and not b.spans:
@@ -982,6 +994,8 @@ class ProducerCore:
             next_due = min(next_due, self.collect(now, flushing))
         limit = now - self.delivery_timeout
         linger = self.linger
+        if self._request_oldest:
+            next_due = min(next_due, self._expire_in_flight(limit))
         for p in list(self.partitions.values()):
             o = p.open
             ready, unacked = p.ready, p.unacked
@@ -1079,6 +1093,33 @@ class ProducerCore:
         finally:
             self._refreshing.discard(topic)
         self._kick()
+
+    def _expire_in_flight(self, limit: float) -> float:
+        """Fail the records of every batch in flight created before ``limit`` (delivery.timeout.ms), as
+        Java's Sender.getExpiredInflightBatches. The batch stays where it is until its request is answered:
+        a success still acknowledges its sequences (and so resolves an earlier given-up one), a failure
+        gives it up (its sequence unresolved, see _batch_failed); it is never resent. Returns seconds until
+        the next batch in flight would expire."""
+        due = 1.0
+        for rid, oldest in self._request_oldest.items():
+            if oldest > limit:
+                due = min(due, oldest - limit)
+                continue
+            left = float("inf")
+            for b in self._requests[rid]:
+                if b.created > limit:
+                    left = min(left, b.created)
+                elif not b.expired:
+                    b.expired = True
+                    err = b.last_error
+                    self._fail_batch(b, DeliveryTimeoutError(
+                        f"{b.count} record(s) for {b.topic}-{b.partition} not delivered within "
+                        f"delivery.timeout.ms={self.config['delivery.timeout.ms']} (in flight)"
+                        f"{f' (last error: {err})' if err else ''}"))
+            self._request_oldest[rid] = left
+            if left != float("inf"):
+                due = min(due, left - limit)
+        return due
 
     def _expire(self, p: _Partition, now: float, error: KafkaError | None = None) -> None:
         """Fail the batches older than delivery.timeout.ms (with ``error``: every batch not in flight)."""
@@ -1187,6 +1228,7 @@ class ProducerCore:
         fut = conn.send(PRODUCE, version, body, expect_response=self.acks != 0, raw_response=conditional)
         self._node_inflight[node] = self._node_inflight.get(node, 0) + 1
         self._requests[id(sent)] = sent
+        self._request_oldest[id(sent)] = min(b.created for b in sent)
         self.stats["requests"] += 1
         self.stats["batches_sent"] += len(sent)
         fut.add_done_callback(lambda f: self._on_response(node, sent, f, version if conditional else -1))
@@ -1211,6 +1253,7 @@ class ProducerCore:
     def _on_response(self, node: int, sent: list[_Batch], fut: asyncio.Future[Any], raw_version: int = -1) -> None:
         self._node_inflight[node] -= 1
         self._requests.pop(id(sent), None)
+        self._request_oldest.pop(id(sent), None)
         if self._closed:
             if not fut.cancelled():
                 fut.exception()  # marked retrieved: a closed producer reads no answer (its batches failed)
@@ -1329,20 +1372,28 @@ class ProducerCore:
         p.blocked = True
         p.retry_at = time.monotonic() + self.backoff
         if not self.idempotent:
-            if (err.retriable or in_doubt) and b.attempts <= self.retries:
+            if (err.retriable or in_doubt) and b.attempts <= self.retries and not b.expired:
                 p.ready.appendleft(b)  # resent as is (duplicates possible: that is what idempotence prevents)
             else:
                 self._fail_batch(b, err)
             return
         head = bool(p.unacked) and p.unacked[0] is b
         code = err.code
+        expired = b.expired  # failed at delivery.timeout.ms while in flight: given up now, never resent
+        if expired and not head:
+            # an earlier batch is still unacknowledged: the partition's later answers settle this one's fate
+            if b in p.unacked:
+                p.unacked.remove(b)
+                if self.txn is None:
+                    self._mark_unresolved(p, b)
+            return
         if not head and (code in (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID) or err.retriable or in_doubt):
             return  # an earlier batch failed first; this one is resent after it
         if self.txn is not None:
             # in a transaction the epoch is not bumped here: the batch fails, which makes the
             # transaction abortable (or fatal); the epoch changes after the abort
             if (err.retriable or in_doubt) and code not in (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID) \
-                    and b.attempts <= self.retries:
+                    and b.attempts <= self.retries and not expired:
                 return
             p.unacked.remove(b)
             self._fail_batch(b, err)
@@ -1353,7 +1404,7 @@ class ProducerCore:
         # next batch to be acknowledged, the head) the epoch is bumped client-side and the partition's
         # sequences restart at 0 (_maybe_bump).
         if code in (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID):
-            if b.attempts <= self.retries:
+            if b.attempts <= self.retries and not expired:
                 if not (code == UNKNOWN_PRODUCER_ID and log_start_offset == -1):
                     p.needs_bump = True
                 return
@@ -1367,7 +1418,7 @@ class ProducerCore:
             self._fail_batch(b, err)
             return
         if err.retriable or in_doubt:
-            if b.attempts <= self.retries:
+            if b.attempts <= self.retries and not expired:
                 return
             p.unacked.remove(b)
             if b.in_doubt:
