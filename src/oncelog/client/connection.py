@@ -7,8 +7,9 @@ the broker's internals, so it works against Apache Kafka too.
 ``parse_config(conf, "consumer").security``) makes it speak TLS and/or SASL as
 the asyncio connection does: the TLS handshake (host name checked unless
 ``ssl.endpoint.identification.algorithm=none``), then ApiVersions, then
-SaslHandshake v1 and SaslAuthenticate (PLAIN, SCRAM-SHA-256/512, OAUTHBEARER; a blocking
-connection calls ``oauth_cb`` itself, so it must be a plain callable). A failed
+SaslHandshake v1 and SaslAuthenticate (PLAIN, SCRAM-SHA-256/512, OAUTHBEARER; ``oauth_cb`` must be a
+plain callable here, run in a worker thread bounded by ``request.timeout.ms`` and refreshed in the
+background, :meth:`oncelog.client.oauthbearer.TokenSource.token`). A failed
 handshake raises :class:`~oncelog.client.errors.SslAuthenticationError`, a
 refused login the SASL error of Kafka's code (``SaslAuthenticationFailedError``,
 ``UnsupportedSaslMechanismError``): KafkaErrors, not OSErrors, so a caller that
