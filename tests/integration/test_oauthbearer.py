@@ -489,6 +489,34 @@ def test_hung_token_refresh_blocks_no_blocking_client(brokers: dict[str, Embedde
     assert "session expired" not in log
 
 
+def test_blocking_connection_waits_a_second_between_reauthentications(brokers: dict[str, EmbeddedBroker],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token that expires 3 s after the login (the IdP hands out the same one) and re-authentication at 30%
+    of the session (fixed, for a deterministic timeline): the re-authentication at ~1.1 s gets a session of
+    ~1.9 s, whose 30% point (~1.67 s) is within a second of it, which the broker refuses to re-authenticate
+    (KIP-368, Kafka's KafkaChannel); the blocking connection, as the asyncio one, waits until a second has
+    passed, so its request at ~1.85 s is served (it began a re-authentication there and got
+    ILLEGAL_SASL_STATE). About 2 s."""
+    from oncelog.client import security
+    from oncelog.client.config import parse_config
+    from oncelog.client.connection import Connection
+
+    b = brokers["oauth"]
+    monkeypatch.setattr(security, "reauthentication_delay", lambda ms, rand=None: 0.3 * ms / 1000)
+    token = _jwt(life=3.0, principal="mona")
+    t0 = time.monotonic()
+    sec = parse_config({**_base(b), "oauth_cb": lambda config: token}, "consumer").security
+    before = _log(b)
+    with Connection(b.bootstrap, security=sec) as conn:
+        conn.negotiate()
+        for at in (1.1, 1.85):  # the first re-authenticates (past 0.9 s), the second must not
+            time.sleep(max(0.0, t0 + at - time.monotonic()))
+            assert conn.request(3, 1, {"topics": None}).brokers
+        assert time.monotonic() - t0 < 2.05, "too slow to test the window"
+    log = _log(b)[len(before):]
+    assert log.count("re-authenticated as User:mona with OAUTHBEARER") == 1, log[-3000:]
+
+
 BAD_TOKENS = {
     "expired": lambda: _jwt(life=-10)[0],
     "missing sub": lambda: unsecured_jws({"iat": time.time(), "exp": time.time() + 60}),
