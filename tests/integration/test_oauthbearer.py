@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -390,6 +391,130 @@ def test_failed_refresh_keeps_the_consumer_going(brokers: dict[str, EmbeddedBrok
     assert errors == []
     assert len(calls) >= 3, "the failed refresh was retried"
     assert got == [str(i).encode() for i in range(sent)]
+
+
+def _hanging_second_call(life: float, principal: str, release: threading.Event) -> tuple[Any, list[float]]:
+    """An oauth_cb of ``life``-second tokens whose second call (the refresh at 80%) hangs until ``release``
+    (at most 15 s), then fails."""
+    calls: list[float] = []
+
+    def oauth_cb(config: str | None) -> tuple[str, float]:
+        calls.append(time.monotonic())
+        if len(calls) == 2:
+            release.wait(15)
+            raise RuntimeError("token endpoint hung")
+        return _jwt(life=life, principal=principal)
+
+    return oauth_cb, calls
+
+
+def test_hung_token_refresh_blocks_no_blocking_client(brokers: dict[str, EmbeddedBroker]) -> None:
+    """6-second tokens from an oauth_cb whose refresh (at 80%, in the background) hangs: the blocking protocol
+    connection (verify, the Spark source) keeps answering its requests and re-authenticates with the still
+    valid token, and the blocking Producer and Consumer keep producing and consuming, each call quick while
+    the callback hangs (the blocking connection called oauth_cb inline at its re-authentication, so the
+    request hung as long as the callback; the Producer and Consumer run the asyncio client, which already
+    refreshed in a worker thread). Stops before the token expires. About 6 s."""
+    from oncelog.client.config import parse_config
+    from oncelog.client.connection import Connection
+
+    b = brokers["oauth"]
+    life = 6.0
+    window = 0.96 * life  # past the refresh (80%) and the connection's re-authentication (85-95%)
+    release = threading.Event()
+    before = _log(b)
+    topic = _topic(b, "hung")
+
+    def blocking_connection() -> tuple[float, list[float]]:
+        cb, calls = _hanging_second_call(life, "kate", release)
+        sec = parse_config({**_base(b), "oauth_cb": cb, "request.timeout.ms": 1000}, "consumer").security
+        worst = 0.0
+        with Connection(b.bootstrap, security=sec, timeout=20) as conn:
+            conn.negotiate()
+            started = time.monotonic()
+            while time.monotonic() - started < window:
+                t0 = time.monotonic()
+                assert conn.request(3, 1, {"topics": None}).brokers
+                worst = max(worst, time.monotonic() - t0)
+                time.sleep(0.05)
+        return worst, calls
+
+    def blocking_clients() -> tuple[float, list[float], list[int], list[int]]:
+        pcb, pcalls = _hanging_second_call(life, "liam", release)
+        ccb, ccalls = _hanging_second_call(life, "liam", release)
+        conf = {**_base(b), "request.timeout.ms": 1000}
+        p = Producer({**conf, "oauth_cb": pcb, "linger.ms": 0})
+        c = Consumer({**conf, "oauth_cb": ccb, "group.id": f"g-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False})
+        worst = 0.0
+        sent: list[int] = []
+        got: list[int] = []
+        try:
+            c.assign([TopicPartition(topic, 0, -2)])
+            started = time.monotonic()
+            while time.monotonic() - started < window - 0.5:
+                t0 = time.monotonic()
+                p.produce(topic, str(len(sent)).encode())
+                sent.append(len(sent))
+                p.poll(0)
+                got.extend(int(m.value) for m in c.consume(100, 0.02))
+                worst = max(worst, time.monotonic() - t0)
+                time.sleep(0.03)
+            assert p.flush(5) == 0
+            deadline = time.monotonic() + 0.5
+            while len(got) < len(sent) and time.monotonic() < deadline:
+                got.extend(int(m.value) for m in c.consume(100, 0.05))
+        finally:
+            p.close()
+            c.close()
+        for client in (p, c):  # closed while their refresh hung: that task is cancelled, not left pending
+            pending = client.config.security.oauth._pending
+            assert pending is not None and pending.cancelled()
+        return worst, pcalls + ccalls, sent, got
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            fconn, fclients = pool.submit(blocking_connection), pool.submit(blocking_clients)
+            conn_worst, conn_calls = fconn.result()
+            clients_worst, clients_calls, sent, got = fclients.result()
+            hung_meanwhile = not release.is_set()
+    finally:
+        release.set()
+    assert hung_meanwhile
+    assert len(conn_calls) == 2 and conn_calls[1] - conn_calls[0] > 0.7 * life  # the refresh that hung
+    assert conn_worst < 1.0, f"a request waited {conn_worst:.1f} s for the hung oauth_cb"
+    assert len(clients_calls) == 4 and clients_worst < 1.0, clients_worst
+    assert got == sent and len(sent) > 20
+    log = _log(b)[len(before):]
+    assert "re-authenticated as User:kate with OAUTHBEARER" in log, log[-3000:]
+    assert "session expired" not in log
+
+
+def test_blocking_connection_waits_a_second_between_reauthentications(brokers: dict[str, EmbeddedBroker],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token that expires 3 s after the login (the IdP hands out the same one) and re-authentication at 30%
+    of the session (fixed, for a deterministic timeline): the re-authentication at ~1.1 s gets a session of
+    ~1.9 s, whose 30% point (~1.67 s) is within a second of it, which the broker refuses to re-authenticate
+    (KIP-368, Kafka's KafkaChannel); the blocking connection, as the asyncio one, waits until a second has
+    passed, so its request at ~1.85 s is served (it began a re-authentication there and got
+    ILLEGAL_SASL_STATE). About 2 s."""
+    from oncelog.client import security
+    from oncelog.client.config import parse_config
+    from oncelog.client.connection import Connection
+
+    b = brokers["oauth"]
+    monkeypatch.setattr(security, "reauthentication_delay", lambda ms, rand=None: 0.3 * ms / 1000)
+    token = _jwt(life=3.0, principal="mona")
+    t0 = time.monotonic()
+    sec = parse_config({**_base(b), "oauth_cb": lambda config: token}, "consumer").security
+    before = _log(b)
+    with Connection(b.bootstrap, security=sec) as conn:
+        conn.negotiate()
+        for at in (1.1, 1.85):  # the first re-authenticates (past 0.9 s), the second must not
+            time.sleep(max(0.0, t0 + at - time.monotonic()))
+            assert conn.request(3, 1, {"topics": None}).brokers
+        assert time.monotonic() - t0 < 2.05, "too slow to test the window"
+    log = _log(b)[len(before):]
+    assert log.count("re-authenticated as User:mona with OAUTHBEARER") == 1, log[-3000:]
 
 
 BAD_TOKENS = {

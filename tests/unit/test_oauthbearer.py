@@ -5,7 +5,9 @@ sides (oncelog.protocol.oauthbearer, oncelog.broker.security, oncelog.client.oau
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import json
+import threading
 import time
 from typing import Any
 
@@ -497,7 +499,17 @@ def test_token_source_refreshes_at_80_percent_of_the_lifetime() -> None:
     clock.now += 79
     assert src.token().value == "tok1"
     clock.now += 1.5
+    # past 80%: the still-valid token at once, the next one fetched in the background
+    assert src.token().value == "tok1"
+    _wait_background(src)
     assert src.token().value == "tok2" and len(calls) == 2
+
+
+def _wait_background(src: TokenSource) -> None:
+    """Let the blocking path's background refresh end."""
+    job = src._job
+    if job is not None:
+        concurrent.futures.wait([job], timeout=10)
 
 
 def test_token_source_async_callback_and_shared_fetch() -> None:
@@ -596,8 +608,13 @@ def test_failed_refresh_keeps_the_unexpired_token_and_retries_later(mode: str, c
             await asyncio.wait([src._pending])
         return token.value
 
+    def bget() -> str:
+        token = src.token()
+        _wait_background(src)
+        return token.value
+
     def get() -> str:
-        return src.token().value if mode == "blocking" else asyncio.run(aget())
+        return bget() if mode == "blocking" else asyncio.run(aget())
 
     assert get() == "tok1"
     clock.now = NOW + 85
@@ -675,6 +692,63 @@ def test_asyncio_token_is_refreshed_by_a_timer_at_80_percent() -> None:
         assert len(calls) == 3
 
     asyncio.run(main())
+
+
+def test_blocking_path_returns_the_valid_token_at_once_and_bounds_a_hung_oauth_cb() -> None:
+    """The blocking connection's token(): past the refresh point the still-valid token comes at once while a
+    plain oauth_cb runs in a worker thread; a call that hangs is abandoned after the timeout and called
+    again after the retry pause; with the token expired the caller waits the timeout and gets a TokenError
+    (token() called oauth_cb inline in the caller's thread, so a hung callback blocked the connection's
+    request for as long as it hung)."""
+    clock = _Clock()
+    calls: list[tuple[float, str]] = []
+    release = threading.Event()
+
+    def cb(config: str | None) -> tuple[str, float]:
+        calls.append((clock.now - NOW, threading.current_thread().name))
+        if len(calls) == 1:
+            return "tok1", clock.now + 100
+        release.wait(5)  # the IdP hangs
+        raise RuntimeError("hung")
+
+    src = TokenSource(cb, None, None, clock=clock, timeout=0.2)
+    try:
+        assert src.token().value == "tok1"
+        assert calls[0][1] != threading.current_thread().name  # a worker thread, even for the first token
+        for at, ncalls in ((81, 2), (85, 2), (92, 3), (93, 3)):  # retries 10 s after each failure
+            clock.now = NOW + at
+            t0 = time.monotonic()
+            assert src.token().value == "tok1"
+            assert time.monotonic() - t0 < 0.1, at
+            time.sleep(0.05)
+            assert len(calls) == ncalls, (at, calls)
+            time.sleep(0.3)  # past the timeout: the hung call is abandoned
+        clock.now = NOW + 103
+        t0 = time.monotonic()
+        with pytest.raises(TokenError, match="did not return within 200 ms"):
+            src.token()
+        assert 0.15 < time.monotonic() - t0 < 2 and len(calls) == 4
+    finally:
+        release.set()
+
+
+def test_blocking_token_is_refreshed_by_a_timer_at_80_percent() -> None:
+    """The blocking path fetches the next token at 80% of the current one's life without being asked
+    (librdkafka's background refresh), so a re-authentication at 85-95% sends the new one; it stops once
+    nobody asks for tokens."""
+    calls: list[float] = []
+
+    def cb(config: str | None) -> tuple[str, float]:
+        calls.append(time.time())
+        return f"tok{len(calls)}", time.time() + 0.5
+
+    src = TokenSource(cb, None, None, timeout=5)
+    assert src.token().value == "tok1"
+    time.sleep(0.47)  # past 80% (0.4 s), before the expiry
+    assert len(calls) == 2
+    assert src.token().value == "tok2"
+    time.sleep(1.2)
+    assert len(calls) == 3
 
 
 def test_oauth_cb_expiry_beyond_a_float_is_a_token_error() -> None:

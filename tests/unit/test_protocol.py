@@ -101,3 +101,41 @@ def test_roundtrip_produce_v3_non_flexible() -> None:
     assert decoded.acks == -1
     assert decoded.topic_data[0].partition_data[0].index == 2
     assert bytes(decoded.topic_data[0].partition_data[0].records) == b"\x01\x02"
+
+
+@pytest.mark.parametrize("lifetime_ms", [2**63 - 1, 86_399_999_999_999_999 + 1, -(2**63)])
+def test_huge_sasl_session_lifetime_decodes_clamped(lifetime_ms: int) -> None:
+    """Apache Kafka may answer SaslAuthenticate with a session_lifetime_ms up to Long.MAX_VALUE; kio builds a
+    timedelta from it and raised ValueError ("timedelta milliseconds overflow"), failing the client's login.
+    It decodes clamped to timedelta's range, a lifetime of millions of years, and the client's re-authentication
+    delay from it is finite."""
+    from datetime import timedelta
+
+    from oncelog.client.security import reauthentication_delay
+    from oncelog.protocol.build import to_ms
+    from oncelog.protocol.codec import decode_response
+
+    for version, auth_bytes in ((1, struct.pack(">i", 3) + b"abc"), (2, b"\x04abc")):
+        flexible = b"\x00" if version == 2 else b""
+        message = b"\x00" if version == 2 else struct.pack(">h", -1)  # compact null / null
+        body = struct.pack(">h", 0) + message + auth_bytes + struct.pack(">q", lifetime_ms) + flexible
+        resp = decode_response(36, version, body)
+        assert bytes(resp.auth_bytes) == b"abc"
+        expected = timedelta.max if lifetime_ms > 0 else timedelta.min
+        assert abs(resp.session_lifetime - expected) < timedelta(milliseconds=1), version
+        if lifetime_ms > 0:
+            ms = to_ms(resp.session_lifetime)
+            assert ms > 86_399_999 * 10**9 and reauthentication_delay(ms) > 7 * 10**13
+
+
+def test_huge_offset_commit_retention_time_decodes_clamped() -> None:
+    """The request side: OffsetCommit v2's retention_time_ms (an int64) of Long.MAX_VALUE decodes (clamped)
+    rather than failing the request as undecodable."""
+    from datetime import timedelta
+
+    string = lambda s: struct.pack(">h", len(s)) + s.encode()  # noqa: E731
+    body = (string("g") + struct.pack(">i", 1) + string("m") + struct.pack(">q", 2**63 - 1)
+            + struct.pack(">i", 1) + string("t") + struct.pack(">i", 1) + struct.pack(">iq", 0, 5) + string(""))
+    req = decode_request(8, 2, body, 0)
+    assert req.retention_time == timedelta.max - timedelta(microseconds=999)  # whole milliseconds
+    assert req.topics[0].partitions[0].committed_offset == 5

@@ -26,6 +26,15 @@ class LoopThread:
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
+        # tasks still pending (e.g. an OAUTHBEARER token refresh waiting on a hung oauth_cb) are cancelled,
+        # not destroyed pending with asyncio's "Task was destroyed but it is pending!" on stderr
+        for _ in range(3):  # a cancelled task may start another; a few rounds, each bounded
+            tasks = asyncio.all_tasks(self.loop)
+            if not tasks:
+                break
+            for task in tasks:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.wait(tasks, timeout=1.0))
         self.loop.close()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:

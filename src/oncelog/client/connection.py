@@ -7,8 +7,9 @@ the broker's internals, so it works against Apache Kafka too.
 ``parse_config(conf, "consumer").security``) makes it speak TLS and/or SASL as
 the asyncio connection does: the TLS handshake (host name checked unless
 ``ssl.endpoint.identification.algorithm=none``), then ApiVersions, then
-SaslHandshake v1 and SaslAuthenticate (PLAIN, SCRAM-SHA-256/512, OAUTHBEARER; a blocking
-connection calls ``oauth_cb`` itself, so it must be a plain callable). A failed
+SaslHandshake v1 and SaslAuthenticate (PLAIN, SCRAM-SHA-256/512, OAUTHBEARER; ``oauth_cb`` must be a
+plain callable here, run in a worker thread bounded by ``request.timeout.ms`` and refreshed in the
+background, :meth:`oncelog.client.oauthbearer.TokenSource.token`). A failed
 handshake raises :class:`~oncelog.client.errors.SslAuthenticationError`, a
 refused login the SASL error of Kafka's code (``SaslAuthenticationFailedError``,
 ``UnsupportedSaslMechanismError``): KafkaErrors, not OSErrors, so a caller that
@@ -71,7 +72,8 @@ class Connection:
                 self.sock.close()
                 raise
 
-    def _authenticate(self, where: str, mechanism: str, username: str, password: str) -> None:
+    def _authenticate(self, where: str, mechanism: str, username: str, password: str,
+                      reauthentication: bool = False) -> None:
         """ApiVersions, SaslHandshake v1, then SaslAuthenticate round trips (KIP-152)."""
         from oncelog.client.errors import SaslAuthenticationFailedError, error_for
         from oncelog.client.security import reauthentication_delay
@@ -82,7 +84,13 @@ class Connection:
         if int(resp.error_code):
             enabled = ", ".join(resp.mechanisms) or "none"
             raise error_for(int(resp.error_code), f"broker {where} does not enable SASL mechanism {mechanism} "
-                                                  f"(enabled: {enabled})")
+                                                  f"(enabled: {enabled})" if int(resp.error_code) == 33 else
+                            f"broker {where} refused the SASL handshake for {mechanism}")
+        # the broker refuses a re-authentication begun within a second of the previous one (Kafka's
+        # KafkaChannel): after a re-authentication the next one is never sooner than a second after this
+        # SaslHandshake was answered (a session shortened by a nearly expired OAUTHBEARER token), as the
+        # asyncio connection does
+        not_before = time.monotonic() + 1.0 if reauthentication else 0.0
         version = self.best_version(SASL_AUTHENTICATE, (0, 2))
         lifetime_ms = 0
 
@@ -123,7 +131,7 @@ class Connection:
             except SaslError as exc:
                 raise SaslAuthenticationFailedError(f"{where}: {exc}") from None
         if lifetime_ms > 0:
-            self._reauth_at = time.monotonic() + reauthentication_delay(lifetime_ms)
+            self._reauth_at = max(time.monotonic() + reauthentication_delay(lifetime_ms), not_before)
 
     def close(self) -> None:
         self.sock.close()
@@ -158,7 +166,8 @@ class Connection:
         if self._reauth_at is not None and time.monotonic() >= self._reauth_at:
             sec = self._security
             try:
-                self._authenticate(self._where, sec.sasl_mechanism, sec.sasl_username, sec.sasl_password)
+                self._authenticate(self._where, sec.sasl_mechanism, sec.sasl_username, sec.sasl_password,
+                                   reauthentication=True)
             except BaseException:
                 self.sock.close()  # refused (the typed error, as at login) or broken: unusable
                 raise

@@ -5,8 +5,8 @@ Two sources, exactly one of which must be configured (checked at construction, :
 * ``oauth_cb``: a callable taking the ``sasl.oauthbearer.config`` string (None when unset) and
   returning ``(token_str, expiry_seconds_since_epoch)`` or ``(token_str, expiry, principal,
   extensions_dict)``, confluent-kafka's contract; an ``async def`` callable is awaited by the asyncio
-  client, a plain one runs in a worker thread there (a token endpoint's HTTP call does not stall the
-  event loop).
+  client, a plain one runs in a worker thread (a token endpoint's HTTP call does not stall the event
+  loop, nor a blocking connection's request), bounded by ``request.timeout.ms``.
 * ``enable.sasl.oauthbearer.unsecure.jwt=true``: librdkafka's unsecured JWT builder, configured by
   ``sasl.oauthbearer.config`` = space-separated ``principal=NAME`` (required),
   ``principalClaimName=`` (``sub``), ``scope=a,b`` (comma-separated), ``scopeClaimName=`` (``scope``),
@@ -21,6 +21,7 @@ re-authentication (KIP-368: the broker bounds the session by the token's expiry)
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import logging
 import math
@@ -168,9 +169,10 @@ class TokenSource:
     A refresh that fails (oauth_cb raised, returned something unusable or, asyncio, did not return within
     ``timeout`` seconds) while the current token is still unexpired keeps that token: a WARNING is logged
     and oauth_cb is tried again :data:`RETRY_AFTER_FAILURE` seconds later, as librdkafka does; the failure
-    reaches a connection (TokenError) only when no unexpired token is left. The asyncio path refreshes in
-    the background while the current token is unexpired (:meth:`atoken`); the blocking one calls oauth_cb
-    inline."""
+    reaches a connection (TokenError) only when no unexpired token is left. Both paths refresh in the
+    background while the current token is unexpired and at 80% of its life by a timer: the asyncio one
+    (:meth:`atoken`) on its event loop, the blocking one (:meth:`token`, the blocking protocol connection)
+    in a worker thread, each call of a plain oauth_cb in a thread of its own bounded by ``timeout``."""
 
     def __init__(self, oauth_cb: Callable[..., Any] | None, config: str | None,
                  unsecured: UnsecuredJwtConfig | None, clock: Callable[[], float] = time.time,
@@ -186,6 +188,10 @@ class TokenSource:
         self._pending: asyncio.Future[OAuthToken] | None = None
         self._timer: asyncio.TimerHandle | None = None  # the asyncio path's next background refresh
         self._used = False  # atoken was called since the last timed refresh (else the timer stops)
+        # the blocking path's counterparts: the refresh under way, its timer, token() called since
+        self._job: concurrent.futures.Future[OAuthToken] | None = None
+        self._btimer: threading.Timer | None = None
+        self._bused = False
 
     def __repr__(self) -> str:
         return f"TokenSource({'oauth_cb' if self.oauth_cb is not None else 'unsecured JWT'})"
@@ -229,22 +235,113 @@ class TokenSource:
             raise TokenError(f"oauth_cb raised {type(exc).__name__}: {exc}") from None
 
     def token(self) -> OAuthToken:
-        """The current token (blocking): the cached one, or a new one."""
+        """The current token (blocking), :meth:`atoken`'s rules: past the refresh point, while the current
+        token is unexpired, it is returned at once and the new one is fetched in a worker thread; only
+        without an unexpired token does the caller wait for the fetch (bounded by ``timeout``), which
+        concurrent callers share. librdkafka calls oauth_cb from its background thread in the same way."""
+        self._bused = True
         cached = self._cached()
         if cached is not None:
             return cached
         if self.unsecured is not None:
             return self._keep(self.unsecured.token(self._clock()))
+        job = self._bstart()
+        now = self._clock()
+        with self._lock:
+            current = self._token
+        if current is not None and now < current.expiry:
+            return current  # still valid: the refresh goes on in the background
+        return job.result()
+
+    def _bstart(self) -> concurrent.futures.Future[OAuthToken]:
+        """The blocking path's refresh under way, or a new one in a daemon thread (a hung oauth_cb must not
+        keep the interpreter from exiting)."""
+        with self._lock:
+            job = self._job
+            if job is not None and not job.done():
+                return job
+            job = self._job = concurrent.futures.Future()
+        threading.Thread(target=self._brefresh, args=(job,), name="oncelog-oauth-refresh", daemon=True).start()
+        return job
+
+    def _brefresh(self, job: concurrent.futures.Future[OAuthToken]) -> None:
+        """One call of oauth_cb, bounded by ``timeout`` (a call that does not return in time is abandoned
+        in its thread, so the next refresh calls oauth_cb again), as :meth:`_refresh`."""
         try:
-            result = self._call()
-            if inspect.isawaitable(result):
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
-                raise TokenError("oauth_cb is a coroutine function: the blocking connection needs a plain callable")
-            return self._keep(_token_from_callback(result, self._clock()))
-        except TokenError as exc:
-            return self._refresh_failed(exc)
+            try:
+                try:
+                    token = self._keep(_token_from_callback(self._bcall(), self._clock()))
+                except TokenError as exc:
+                    token = self._refresh_failed(exc)
+            except TokenError as exc:
+                job.set_exception(exc)
+            else:
+                job.set_result(token)
+        except BaseException as exc:  # noqa: BLE001 - never leave a waiter hanging
+            if not job.done():
+                job.set_exception(TokenError(f"oauth_cb failed: {exc}"))
+        finally:
+            self._bschedule()
+
+    def _bcall(self) -> Any:
+        """oauth_cb's result, called in a thread of its own that is waited for at most ``timeout``."""
+        box: list[Any] = []
+
+        def call() -> None:
+            try:
+                box.append((True, self._call()))
+            except TokenError as exc:
+                box.append((False, exc))
+
+        caller = threading.Thread(target=call, name="oncelog-oauth-cb", daemon=True)
+        caller.start()
+        caller.join(self.timeout)
+        if not box:
+            assert self.timeout is not None
+            raise TokenError(f"oauth_cb did not return within {self.timeout * 1000:.0f} ms (request.timeout.ms)")
+        ok, result = box[0]
+        if not ok:
+            raise result
+        if inspect.isawaitable(result):
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+            raise TokenError("oauth_cb is a coroutine function: the blocking connection needs a plain callable")
+        return result
+
+    def _bschedule(self) -> None:
+        """The blocking path's refresh timer, as :meth:`_schedule`: the next refresh at 80% of the current
+        token's life, or when the retry pause after a failed refresh ends; it stops once token() has not
+        been called since the last timed refresh (its connections closed)."""
+        now = self._clock()
+        with self._lock:
+            if self._btimer is not None:
+                self._btimer.cancel()
+                self._btimer = None
+            token, retry_at = self._token, self._retry_at
+            if token is None or now >= token.expiry:
+                return
+            if retry_at is not None and now < retry_at:
+                delay = retry_at - now
+            else:
+                delay = token.obtained + REFRESH_FRACTION * (token.expiry - token.obtained) - now
+            timer = threading.Timer(min(max(delay, 0.0), 86400.0), lambda: self._on_btimer(timer))
+            self._btimer = timer
+            timer.daemon = True
+            timer.start()
+
+    def _on_btimer(self, timer: threading.Timer) -> None:
+        with self._lock:
+            if self._btimer is not timer:
+                return  # replaced by a newer one meanwhile
+            self._btimer = None
+        if not self._bused:
+            return
+        if self._cached() is None:
+            self._bused = False
+            self._bstart()  # its end schedules the next
+        else:
+            self._bschedule()
 
     async def atoken(self) -> OAuthToken:
         """The current token (asyncio). Past the refresh point, while the current token is still
@@ -309,6 +406,7 @@ class TokenSource:
         """One call of oauth_cb, bounded by ``timeout``: a callback that does not return in time is
         abandoned (cancelled when it is a coroutine; a worker thread cannot be stopped), so the next
         refresh calls oauth_cb again rather than waiting on the same hung call."""
+        cancelled = False
         try:
             try:
                 return await asyncio.wait_for(self._fetch(), self.timeout)
@@ -318,8 +416,12 @@ class TokenSource:
                                                        f"{self.timeout * 1000:.0f} ms (request.timeout.ms)"))
             except TokenError as exc:
                 return self._refresh_failed(exc)
+        except asyncio.CancelledError:
+            cancelled = True  # the client's loop is shutting down: no next refresh
+            raise
         finally:
-            self._schedule()
+            if not cancelled:
+                self._schedule()
 
     async def _fetch(self) -> OAuthToken:
         assert self.oauth_cb is not None

@@ -4,7 +4,11 @@ kio (Kafka 4.x schemas) decodes with a native reader and encodes with Python
 writers. Its native reader raises ``KeyError`` on a tagged field it does not
 know; Kafka requires receivers to skip unknown tags, so on that error we decode
 the same bytes again with :func:`_tolerant_reader`, a small walker over kio's
-dataclass fields that skips unknown tags at every nesting level.
+dataclass fields that skips unknown tags at every nesting level. The same
+walker takes over when kio cannot build a ``timedelta`` from an int64 of
+milliseconds (beyond about 2.7 million years, e.g. a SaslAuthenticate
+``session_lifetime_ms`` of Long.MAX_VALUE, which Apache Kafka may send for a
+session that is not bounded): it clamps the value to ``timedelta``'s range.
 
 A caller that wants the unknown tags passes an ``unknown_tags`` dict to
 :func:`decode_request` / :func:`decode_response`: it is filled with
@@ -24,6 +28,7 @@ as ``None``.
 
 from __future__ import annotations
 
+import datetime
 import io
 import struct
 from contextvars import ContextVar
@@ -125,8 +130,8 @@ def decode_request(
     try:
         entity, _ = entity_reader(cls)(buf, offset)
         return entity
-    except KeyError:
-        pass  # an unknown tagged field: decode again, skipping unknown tags
+    except (KeyError, ValueError):
+        pass  # an unknown tagged field or a timedelta out of range: decode again (garbled input fails there)
     except Exception as exc:  # kio raises several types for short/garbled input
         raise DecodeError(f"{api_name(api_key)} v{version}: {exc}") from exc
     try:
@@ -253,9 +258,23 @@ def _field_reader(cls: type, field: Field, flexible: bool, is_tag: bool) -> Any:
             return tuple(items), pos - start
 
         return read_array
-    if get_schema_field_type(field) == "error_code":
+    schema_type = get_schema_field_type(field)
+    if schema_type == "error_code":
         return _read_error_code
+    if schema_type == "timedelta_i64":
+        return _read_timedelta_i64
     return get_field_reader(cls, field, False, is_tag)
+
+
+_I64 = struct.Struct(">q")
+_TIMEDELTA_MAX_MS = (datetime.timedelta.max.days * 86400 + 86399) * 1000 + 999
+_TIMEDELTA_MIN_MS = datetime.timedelta.min.days * 86400 * 1000
+
+
+def _read_timedelta_i64(buf: Any, pos: int) -> tuple[datetime.timedelta, int]:
+    """An int64 of milliseconds as a timedelta, clamped to timedelta's range (kio raises beyond it)."""
+    (ms,) = _I64.unpack_from(buf, pos)
+    return datetime.timedelta(milliseconds=min(max(ms, _TIMEDELTA_MIN_MS), _TIMEDELTA_MAX_MS)), 8
 
 
 def _read_error_code(buf: Any, pos: int) -> tuple[Any, int]:

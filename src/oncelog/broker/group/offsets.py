@@ -379,8 +379,12 @@ class OffsetStore:
         ops = self._ops(group, offsets)
         if not ops:
             return None
-        self._appended_epochs[producer_id] = max(producer_epoch, current if current is not None else producer_epoch)
-        return self._append(ops, producer_id, producer_epoch)
+        epoch = max(producer_epoch, current if current is not None else producer_epoch)
+
+        def appended() -> None:  # only once the batch is in the log: a failed append changes nothing
+            self._appended_epochs[producer_id] = epoch
+
+        return self._append(ops, producer_id, producer_epoch, appended=appended)
 
     def write_marker(
         self,
@@ -410,8 +414,8 @@ class OffsetStore:
                 ErrorCode.invalid_producer_epoch,
                 f"marker epoch {producer_epoch} of producer {producer_id} is stale for its transaction's {current}",
             )
-        self._appended_epochs.pop(producer_id, None)
-        return self._append([("m", bool(commit))], producer_id, producer_epoch, coordinator_epoch)
+        return self._append([("m", bool(commit))], producer_id, producer_epoch, coordinator_epoch,
+                            appended=lambda: self._appended_epochs.pop(producer_id, None))
 
     def delete_offsets(self, group: str, tps: Iterable[TopicPartition]) -> Any:
         return self.write([("o", group, TopicPartition(*tp), None) for tp in tps])
@@ -433,9 +437,14 @@ class OffsetStore:
             return None
         return self._append(ops, NO_PRODUCER_ID, -1)
 
-    def _append(self, ops: list[Op], producer_id: int, producer_epoch: int, coordinator_epoch: int = 0) -> Any:
+    def _append(self, ops: list[Op], producer_id: int, producer_epoch: int, coordinator_epoch: int = 0,
+                appended: Callable[[], Any] | None = None) -> Any:
+        """Append ``ops`` as one batch; ``appended`` runs once it is in the log (not when the write failed
+        before reaching it, e.g. ENOSPC), before it is applied."""
         self.writes += 1
         if self._log is None:
+            if appended is not None:
+                appended()
             base = self._mem_end
             self._mem_end += len(ops)
             for i, op in enumerate(ops):
@@ -459,6 +468,8 @@ class OffsetStore:
         except OSError as exc:  # nothing was appended (a torn batch is cut off again)
             log.error("offsets log append failed: %s", exc)
             return _failed_write(exc)
+        if appended is not None:
+            appended()
         end = self._log.log_end_offset
         self._pending.append((end, info.base_offset, producer_id, producer_epoch, ops))
         fut = self._durability(self._durable) if self._durability is not None else None
