@@ -85,12 +85,11 @@ from oncelog.client.reader import (
     ReaderError,
     batch_section,
     group_sections,
-    fetch_request,
     fetched_batches,
     list_offsets_request,
 )
 from oncelog.protocol.errors import ErrorCode
-from oncelog.protocol.fetch import FetchDecodeError, decode_fetch_response
+from oncelog.protocol.fetch import FetchDecodeError, decode_fetch_response, encode_fetch_request
 
 __all__ = ["Consumer", "Message", "TopicPartition"]
 
@@ -1003,9 +1002,10 @@ class Consumer:
             parts: dict[str, list[tuple[int, int]]] = {}
             for st in states:
                 parts.setdefault(st.topic, []).append((st.partition, st.fetch_pos))  # type: ignore[arg-type]
-            body = fetch_request(parts, self.isolation, max_wait_ms=cfg["fetch.max.wait.ms"],
-                                 min_bytes=cfg["fetch.min.bytes"], max_bytes=cfg["fetch.max.bytes"],
-                                 partition_max_bytes=cfg["max.partition.fetch.bytes"])
+            # by hand (one per answer): the generic encoder took ~80-190 us a Fetch, ~3 % of the CPU
+            body = encode_fetch_request(v, parts, self.isolation, max_wait_ms=cfg["fetch.max.wait.ms"],
+                                        min_bytes=cfg["fetch.min.bytes"], max_bytes=cfg["fetch.max.bytes"],
+                                        partition_max_bytes=cfg["max.partition.fetch.bytes"])
             timeout = cfg["request.timeout.ms"] / 1000 + cfg["fetch.max.wait.ms"] / 1000
             frame, at = await conn.send(FETCH, v, body, timeout=timeout, raw_buffer=True)
             try:  # by hand from the receive buffer: each partition's records copied out once
