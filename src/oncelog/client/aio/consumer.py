@@ -808,9 +808,22 @@ class Consumer:
             return None
         if member is not None:
             member._last_poll = time.monotonic()  # poll_happened() without a pending expiry
-        if drained and self._loop is not None:
+        if drained and self._loop is not None and self._wake_needed(drained):
             self._loop.call_soon_threadsafe(self._wake.set)  # the fetcher refills the drained partitions
         return out
+
+    def _wake_needed(self, drained: list[_PartitionState]) -> bool:
+        """Whether the fetcher must be woken from another thread for these drained partitions: not when
+        a Fetch is in flight to each one's leader, since the fetcher runs again when that answer is in
+        (``_fetch`` sets ``_wake`` after it has cleared the node's busy mark; a drain seen here with the
+        mark still set happened before that wake, so the fetcher's next pass sees it). Each wake from
+        the caller's thread is a write to the loop's self-pipe and a hand-off of the GIL to the loop
+        thread and back; about one per partition and Fetch answer, most while a Fetch is in flight."""
+        busy = self._node_busy
+        if not busy:
+            return True
+        leader = self.cluster.leader
+        return any(leader(st.topic, st.partition) not in busy for st in drained)
 
     def take_one_nowait(self) -> Message | None:
         """:meth:`take_nowait` for one message (the blocking ``poll()``), without the list.
@@ -853,9 +866,9 @@ class Consumer:
         except (IndexError, ReaderError):
             pass
 
-    def _take(self, n: int) -> tuple[list[Message], bool]:
-        """Up to ``n`` buffered messages; and whether a buffer drained (the fetcher must be woken:
-        asyncio.Event is not thread-safe, the caller wakes it).
+    def _take(self, n: int) -> tuple[list[Message], list[_PartitionState]]:
+        """Up to ``n`` buffered messages; and the partitions whose buffer drained (the fetcher must be
+        woken: asyncio.Event is not thread-safe, the caller wakes it).
 
         A partition's buffer is handed out until it is empty before the next partition's (round
         robin over partitions by fetch, as Java's fetch buffer does), so the partitions drain
@@ -863,7 +876,7 @@ class Consumer:
         instead of all at once.
         """
         out: list[Message] = []
-        drained = False
+        drained: list[_PartitionState] = []
         with self._lock:
             order = self._order
             for _ in range(len(order)):
@@ -906,7 +919,7 @@ class Consumer:
                         buf.popleft()
                 if not buf:
                     st.consumed = st.fetch_pos  # past trailing control/aborted batches too, as in Java
-                    drained = True
+                    drained.append(st)
                     order.rotate(-1)
                 if len(out) >= n:
                     break
