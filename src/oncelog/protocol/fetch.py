@@ -1,4 +1,5 @@
-"""The Fetch response (v4-v12) decoded by hand, for the consumer's hot path.
+"""The Fetch response (v4-v12) decoded by hand, for the consumer's hot path (and its request
+encoded by hand: :func:`encode_fetch_request`, one per answer, ~20x cheaper than the generic encoder).
 
 The consumer's connection reads a large answer straight into one ``bytearray``
 (:class:`~oncelog.protocol.framing.FrameReader`); :func:`decode_fetch_response`
@@ -39,6 +40,12 @@ _I32I16 = struct.Struct(">ih")
 _PART_HEAD = struct.Struct(">ihq")  # partition_index, error_code, high_watermark
 _I64I64 = struct.Struct(">qq")
 _REQ_HEAD = struct.Struct(">iiiib")  # replica_id, max_wait_ms, min_bytes, max_bytes, isolation_level
+# a request's partition: partition, [current_leader_epoch v9+], fetch_offset, [last_fetched_epoch v12+],
+# [log_start_offset v5+], partition_max_bytes
+_REQ_PART_V4 = struct.Struct(">iqi")
+_REQ_PART_V5 = struct.Struct(">iqqi")
+_REQ_PART_V9 = struct.Struct(">iiqqi")
+_REQ_PART_V12 = struct.Struct(">iiqiqi")
 
 
 class FetchDecodeError(ValueError):
@@ -224,8 +231,7 @@ def encode_fetch_request(version: int, partitions: dict[str, list[tuple[int, int
         out.append(b"\x00\x00\x00\x00\xff\xff\xff\xff")  # session_id 0, session_epoch -1: no fetch session
     out.append(_uvarint_bytes(len(partitions) + 1) if flexible else _I32.pack(len(partitions)))
     if version >= 12:
-        part = struct.Struct(">iiqiqi")  # partition, current_leader_epoch, fetch_offset, last_fetched_epoch,
-        # log_start_offset, partition_max_bytes; then an empty tagged-field section
+        part = _REQ_PART_V12  # each followed by an empty tagged-field section
         for topic, parts in partitions.items():
             name = topic.encode()
             out.append(_uvarint_bytes(len(name) + 1))
@@ -234,8 +240,7 @@ def encode_fetch_request(version: int, partitions: dict[str, list[tuple[int, int
             out.extend(part.pack(p, -1, off, -1, -1, partition_max_bytes) + b"\x00" for p, off in parts)
             out.append(b"\x00")
     else:
-        fmt = ">i" + ("i" if version >= 9 else "") + "q" + ("q" if version >= 5 else "") + "i"
-        part = struct.Struct(fmt)
+        part = _REQ_PART_V9 if version >= 9 else _REQ_PART_V5 if version >= 5 else _REQ_PART_V4
         for topic, parts in partitions.items():
             name = topic.encode()
             out.append(_I16.pack(len(name)))

@@ -11,7 +11,7 @@ Internal design (for the group consumer that builds on it):
   would commit) and a buffer of fetched, not yet returned messages.
 * One fetcher task keeps, per leader broker, at most one Fetch in flight for
   the partitions of that broker whose buffer is empty. Fetch v4-v12 (topics
-  by name), decoded by hand from the connection's receive buffer
+  by name), encoded by hand and decoded by hand from the connection's receive buffer
   (:mod:`oncelog.protocol.fetch`): each partition's records stay a view of it.
   CRC checks and the read_committed filter are
   :func:`oncelog.client.reader.fetched_batches` when the answer arrives; the
