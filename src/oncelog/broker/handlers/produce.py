@@ -87,6 +87,7 @@ from oncelog.protocol.conditional import EXPECTED_OFFSET_TAG, NO_EXPECTED_OFFSET
 from oncelog.protocol.errors import ErrorCode, KafkaError, OncelogErrorCode, code_name
 from oncelog.protocol.fast_produce import encode_produce_response
 from oncelog.protocol.records import BatchHeader, InvalidRecordError, validate_produce_records
+from oncelog.storage.log_dir import log_level
 
 API_KEY = 0
 MIN_VERSION = 3
@@ -279,6 +280,10 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
             except KafkaError as exc:
                 parts_out.append(_error(index, exc.code, str(exc)))
                 continue
+            except OSError as exc:  # the write failed, or the log directory is offline (Kafka's KafkaStorageException)
+                log.log(log_level(exc, logging.ERROR), "produce to %s-%d not appended: %s", name, index, exc)
+                parts_out.append(_error(index, ErrorCode.kafka_storage_error, str(exc)))
+                continue
             appended.append(partition)
             parts_out.append(
                 {
@@ -320,7 +325,7 @@ async def _answer(version: int, topics_out: list[dict[str, Any]], waits: list[as
             else:
                 await asyncio.gather(*waits)
         except OSError as exc:
-            log.error("fsync failed, failing the produce: %s", exc)
+            log.log(log_level(exc, logging.ERROR), "fsync failed, failing the produce: %s", exc)
             for t in topics_out:
                 for p in t["partition_responses"]:
                     if p["error_code"] == 0:
