@@ -23,7 +23,7 @@ from oncelog.broker.group import GroupConfig, GroupCoordinator, GroupState, Offs
 from oncelog.broker.handlers import delete_groups, offset_delete, offset_fetch
 from oncelog.broker.handlers.offset_commit import await_stored
 from oncelog.protocol.errors import ErrorCode as E
-from oncelog.storage.log_dir import LogDirFailureChannel, LogDirOfflineError
+from oncelog.storage.log_dir import LogDirFailureChannel
 from tests.unit.test_group_coordinator import RANGE, REBALANCE, SESSION, Clock
 
 TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)

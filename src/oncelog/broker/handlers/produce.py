@@ -47,7 +47,12 @@ nothing is appended, as a one-broker Kafka answers (its one replica is the whole
 Errors per partition: UNKNOWN_TOPIC_OR_PARTITION, CORRUPT_MESSAGE,
 INVALID_RECORD, MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE,
 UNSUPPORTED_COMPRESSION_TYPE, plus the idempotence errors above. Invalid
-``acks`` gets INVALID_REQUIRED_ACKS for every partition.
+``acks`` gets INVALID_REQUIRED_ACKS for every partition. An I/O error of an
+append or of the fsync round answers KAFKA_STORAGE_ERROR and takes the log
+directory offline (storage/log_dir.py; the broker stops): every later
+append and every durability wait fails the same way, a retried duplicate
+included (its first copy may not be on disk), as Kafka answers for a
+partition in an offline log directory.
 
 Conditional produce (oncelog's KIP-27, docs/conditional-publish.md): on
 v9+ a partition may carry the tagged field 10000, the offset its batch must
