@@ -12,8 +12,9 @@ log is kept.
 
 A broker whose log directory fails (an I/O error of a write or fsync) stops
 serving, as ``oncelog serve`` does: the subprocess exits with status 1 after
-one CRITICAL line in its log; a thread-mode broker's thread ends and
-:attr:`failure` holds the reason. :attr:`running` is then False, and
+one CRITICAL line in its log (:attr:`returncode` holds 1 once it is
+stopped or closed); a thread-mode broker's thread ends and :attr:`failure`
+holds the reason. :attr:`running` is then False, and
 :meth:`stop`/:meth:`close` just clean up.
 """
 
@@ -62,6 +63,7 @@ class EmbeddedBroker:
         self._stop_event: asyncio.Event | None = None
         self._failed = False  # a failed start keeps the log file for the post-mortem
         self.failure: BaseException | None = None  # thread mode: why the broker stopped by itself
+        self.returncode: int | None = None  # subprocess mode: the exit status of the last process
 
     @property
     def bootstrap(self) -> str:
@@ -183,8 +185,10 @@ class EmbeddedBroker:
         self._close_proc()
 
     def _close_proc(self) -> None:
-        if self.proc is not None and self.proc.stdout is not None:
-            self.proc.stdout.close()
+        if self.proc is not None:
+            self.returncode = self.proc.poll()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
         self.proc = None
 
     def restart(self, hard: bool = False) -> None:
