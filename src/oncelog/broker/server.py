@@ -603,6 +603,8 @@ async def serve(config: BrokerConfig, ready: Any = None) -> None:
         raise LogDirFailed(server.failure)
     log.info("shutting down")
     await server.stop()
+    if server.failure is not None:  # the directory failed during the shutdown (its last fsyncs)
+        raise LogDirFailed(server.failure)
 
 
 def raise_open_files_limit() -> tuple[int, int]:
