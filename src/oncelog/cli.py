@@ -87,7 +87,7 @@ class _Stdout:
 
 def _serve(args: argparse.Namespace) -> int:
     from oncelog.broker.config import BrokerConfig, StartupError
-    from oncelog.broker.server import run
+    from oncelog.broker.server import LogDirFailed, run
 
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
@@ -109,6 +109,8 @@ def _serve(args: argparse.Namespace) -> int:
         run(config)
     except StartupError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except LogDirFailed:  # the broker logged why (one line), as Kafka's halts with status 1
         return 1
     return 0
 

@@ -1,10 +1,13 @@
-"""A storage error of the offsets log over the wire: NOT_COORDINATOR, and clients recover.
+"""A storage error of the offsets log over the wire: NOT_COORDINATOR, the broker stops, clients recover.
 
 The broker runs in a thread of the test process so the test can make the offsets
-log's fsync fail (an OSError, as a failing disk gives); everything else is real.
+log's fdatasync fail (an OSError, as a failing disk gives); everything else is real.
 Kafka answers a KAFKA_STORAGE_ERROR of an offsets-log append with NOT_COORDINATOR
-(see tests/unit/test_group_write_errors.py); a client that gets it looks the
-coordinator up again (FindCoordinator) and retries. About 3 s.
+(see tests/unit/test_group_write_errors.py). The failed fsync takes the log
+directory offline and the broker stops, as Kafka's does when its last log directory
+fails; a client that got NOT_COORDINATOR looks the coordinator up again and retries
+until the broker is back (restarted on the same port and data directory, the logs
+recovered). About 4 s.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.structs import TopicPartition as KafkaTopicPartition
 
 from oncelog.broker.handlers import HANDLERS
+from oncelog.broker.server import LogDirFailed
 from oncelog.client.connection import Connection
 from oncelog.protocol.errors import ErrorCode as E
 from oncelog.storage.log import PartitionLog
@@ -33,7 +37,7 @@ OFFSET_COMMIT, FIND_COORDINATOR = 8, 10
 
 
 class Faults:
-    """Makes the next ``fail`` fsyncs of the offsets log raise EIO; counts FindCoordinator."""
+    """Makes the next ``fail`` fdatasyncs of the offsets log raise EIO; counts FindCoordinator."""
 
     def __init__(self) -> None:
         self.fail = 0
@@ -45,7 +49,7 @@ class Faults:
 @pytest.fixture
 def faulty(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[EmbeddedBroker, Faults]]:
     faults = Faults()
-    real_sync = PartitionLog.sync
+    real_sync = PartitionLog._sync
 
     def sync(self: PartitionLog) -> int:
         if self.directory.name == "__consumer_offsets-0":
@@ -56,7 +60,7 @@ def faulty(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Emb
                     raise OSError(5, "Input/output error")
         return real_sync(self)
 
-    monkeypatch.setattr(PartitionLog, "sync", sync)
+    monkeypatch.setattr(PartitionLog, "_sync", sync)  # under the log directory's failure channel
     find = HANDLERS[FIND_COORDINATOR]
 
     async def counting(ctx: Any, request: Any) -> Any:
@@ -90,14 +94,27 @@ def test_offset_commit_answers_not_coordinator_on_the_wire(faulty: tuple[Embedde
         faults.fail = 1
         assert commit(1) == E.not_coordinator
         assert faults.failed == 1
+    stopped(b)
+    b.start()  # an operator restarts the broker: recovery, then the retry is written
+    with Connection(b.bootstrap) as c:
         assert commit(1) == 0
+
+
+def stopped(b: EmbeddedBroker, timeout: float = 10) -> None:
+    """Wait until the broker stopped by itself after its log directory failed; clean up."""
+    deadline = time.monotonic() + timeout
+    while b.running:
+        assert time.monotonic() < deadline, "the broker kept running after its log directory failed"
+        time.sleep(0.02)
+    assert isinstance(b.failure, LogDirFailed), b.failure
+    b.stop()
 
 
 def test_kafka_python_consumer_commit_recovers_by_finding_the_coordinator_again(
     faulty: tuple[EmbeddedBroker, Faults],
 ) -> None:
     """kafka-python marks the coordinator dead on NOT_COORDINATOR, looks it up again and
-    retries the commit, which succeeds once the offsets log can be written again.
+    retries the commit, which succeeds once the broker is back (restarted after it stopped).
     (librdkafka 2.16 re-queries the coordinator too, for COORDINATOR_NOT_AVAILABLE as for
     NOT_COORDINATOR, but on a one-broker cluster it stays in the coordinator query until its
     session times out, then rejoins: no client recovery worth asserting here.)"""
@@ -117,10 +134,15 @@ def test_kafka_python_consumer_commit_recovers_by_finding_the_coordinator_again(
             got += sum(len(v) for v in c.poll(500).values())
         assert got == 10
         before = faults.find_coordinator
-        faults.fail = 2
-        c.commit()  # two tries answered NOT_COORDINATOR, each followed by a FindCoordinator
-        assert faults.failed == 2
-        assert faults.find_coordinator >= before + 2
+        faults.fail = 1
+        restarted = threading.Thread(target=lambda: (stopped(b), b.start()))
+        restarted.start()
+        try:
+            c.commit()  # NOT_COORDINATOR, FindCoordinator, retries until the restarted broker answers
+        finally:
+            restarted.join(30)
+        assert faults.failed == 1
+        assert faults.find_coordinator >= before + 1
         assert [c.committed(KafkaTopicPartition(TOPIC, i)) for i in range(2)] == [5, 5]
     finally:
         c.close()

@@ -1,17 +1,19 @@
-"""A marker whose fsync failed is written again, and the first one becomes durable too.
+"""A marker whose fsync failed: the broker stops, and the restarted coordinator writes it again.
 
-When the fsync of a marker round fails, the marker stays in the log (the page
-cache) and its partition answers KAFKA_STORAGE_ERROR; the coordinator writes the
-marker again, and the next fsync makes both durable. The partition (and the
-offsets log) then holds two COMMIT (or ABORT) markers for one transaction, as a
-Kafka partition does when the coordinator retries WriteTxnMarkers after an error
-raised once the marker was appended (NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-REQUEST_TIMED_OUT). The second marker finds no open transaction: it completes
-nothing, adds no aborted-transaction entry and moves neither the last stable
-offset nor the offsets. This test shows what readers see: every committed record
-once, no aborted one, the transactional offsets committed once; the same after a
+When the fdatasync of a marker round fails, the log directory goes offline and the
+broker stops (a failed fsync is never retried: docs/groups.md). The marker is in
+the file (only its fsync failed), so the restarted broker recovers it; its
+transaction coordinator, finding the transaction prepared, writes the markers
+again. The partition (and the offsets log) then holds two COMMIT (or ABORT)
+markers for one transaction, as a Kafka partition does when the coordinator
+retries WriteTxnMarkers after an error raised once the marker was appended. The
+second marker finds no open transaction: it completes nothing, adds no
+aborted-transaction entry and moves neither the last stable offset nor the
+offsets. This test shows what readers see: every committed record once, no
+aborted one, the transactional offsets committed once; the same after a clean
 restart (the markers are replayed). The broker runs in a thread of the test
-process so the test can make the fsyncs fail. About 4 s a client.
+process so the test can make the fsyncs fail; the clients stay connected to its
+port across the restarts. About 5 s a client.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from oncelog.broker.handlers import HANDLERS
+from oncelog.broker.server import LogDirFailed
 from oncelog.client import Producer as OncelogProducer
 from oncelog.protocol.records import LOG_OVERHEAD, parse_batch_header, read_control_marker
 from oncelog.storage.log import PartitionLog
@@ -41,7 +44,7 @@ END_TXN = 26
 
 
 class Faults:
-    """The next ``fail[directory name]`` fsyncs of that log raise EIO."""
+    """The next ``fail[directory name]`` fdatasyncs of that log raise EIO."""
 
     def __init__(self) -> None:
         self.fail: dict[str, int] = {}
@@ -56,7 +59,7 @@ class Faults:
 @pytest.fixture
 def faults(monkeypatch: pytest.MonkeyPatch) -> Faults:
     f = Faults()
-    real_sync = PartitionLog.sync
+    real_sync = PartitionLog._sync
 
     def sync(self: PartitionLog) -> int:
         name = self.directory.name
@@ -67,7 +70,7 @@ def faults(monkeypatch: pytest.MonkeyPatch) -> Faults:
                 raise OSError(5, "Input/output error")
         return real_sync(self)
 
-    monkeypatch.setattr(PartitionLog, "sync", sync)
+    monkeypatch.setattr(PartitionLog, "_sync", sync)  # under the log directory's failure channel
     return f
 
 
@@ -174,15 +177,21 @@ def test_rewritten_markers_leave_each_committed_record_once_and_no_aborted_one(
             p.commit_transaction(10)
         else:
             p.abort_transaction(10)
-        wait_for(lambda: faults.pending() == 0, f"the armed fsync failures of {prefix}")
+        if fail:
+            wait_for(lambda: faults.pending() == 0, f"the armed fsync failures of {prefix}")
+            wait_for(lambda: not broker.running, "the broker to stop after its log directory failed")
+            assert isinstance(broker.failure, LogDirFailed), broker.failure
+            broker.stop()
+            broker.start()  # same port and data: recovery, then the coordinator completes the transaction
 
     try:
-        # the marker round of each of the first two transactions fails on the data
-        # partition (and on the offsets log for the first): both markers are rewritten
-        transaction("c", True, offset=42, **{"dup-0": 1, "__consumer_offsets-0": 1})
+        # the marker round of each of the first two transactions fails on the data partition:
+        # the broker stops, and the restarted one writes the markers again (the offsets log's
+        # too: the first transaction's markers were appended together)
+        transaction("c", True, offset=42, **{"dup-0": 1})
         transaction("a", False, **{"dup-0": 1})
         transaction("k", True)  # the next transaction is untouched by the duplicates
-        assert faults.failed == {"dup-0": 2, "__consumer_offsets-0": 1}
+        assert faults.failed == {"dup-0": 2}
         assert set(ends) == ({1} if client == "confluent-kafka" else {5}), ends
         expected = [f"{x}{i}".encode() for x in "ck" for i in range(5)]
         wait_for(lambda: read_all(broker.bootstrap, "read_committed") == expected, "the committed records")

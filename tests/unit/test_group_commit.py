@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from oncelog.broker.durability import GroupCommitter
+from oncelog.storage.log_dir import LogDirOfflineError
 
 
 class FakeLog:
@@ -54,7 +55,11 @@ def test_round_syncs_concurrently_and_releases_waiters() -> None:
     asyncio.run(main())
 
 
-def test_failed_sync_fails_the_round_and_keeps_the_high_watermark() -> None:
+def test_failed_sync_takes_the_log_directory_offline_and_is_never_retried() -> None:
+    """A failed fdatasync is not retried (a later one may return 0 for pages the kernel
+    dropped): the log directory goes offline, the round's waiters fail, and every later
+    wait fails at once without syncing; no high watermark moves again. (Before: the next
+    round synced the log again and reported the failed data durable.)"""
     async def main() -> None:
         good, bad = FakePartition(FakeLog()), FakePartition(FakeLog(error=OSError(5, "I/O error")))
         good.log.log_end_offset = bad.log.log_end_offset = 7
@@ -62,14 +67,51 @@ def test_failed_sync_fails_the_round_and_keeps_the_high_watermark() -> None:
         try:
             waits = [committer.wait_durable(good), committer.wait_durable(bad)]
             results = await asyncio.wait_for(asyncio.gather(*waits, return_exceptions=True), 10)
-            assert all(isinstance(r, OSError) for r in results)
+            assert all(isinstance(r, LogDirOfflineError) for r in results), results
+            assert "I/O error" in str(results[0])
+            assert committer.log_dir.offline
             assert good.high_watermark == 0 and bad.high_watermark == 0  # nothing of the round is durable
             assert good.log.syncs == 1 and bad.log.syncs == 1
-            # the next round works again
+            # the disk works again: still nothing is synced or reported durable
             bad.log.error = None
-            await asyncio.wait_for(committer.wait_durable(bad), 10)
-            assert bad.high_watermark == 7
+            for fut in (committer.wait_durable(bad), committer.wait_durable_all([good, bad])):
+                with pytest.raises(LogDirOfflineError):
+                    await asyncio.wait_for(fut, 10)
+            assert bad.high_watermark == 0 and good.high_watermark == 0
+            assert good.log.syncs == 1 and bad.log.syncs == 1
         finally:
+            committer.close()
+
+    asyncio.run(main())
+
+
+def test_a_failed_round_fails_the_rounds_beside_it_and_the_waiters_queued_behind() -> None:
+    """Rounds over other logs run beside the failing one: once the directory is offline, a
+    round that synced fine reports nothing durable, and an append queued for its log's next
+    round fails instead of being synced."""
+    async def main() -> None:
+        slow_log = GatedLog()
+        gate = slow_log.gate
+        slow = FakePartition(slow_log)
+        bad = FakePartition(FakeLog(error=OSError(5, "I/O error")))
+        slow.log.log_end_offset = bad.log.log_end_offset = 3
+        committer = GroupCommitter()
+        try:
+            first = committer.wait_durable(slow)
+            assert await asyncio.to_thread(slow_log.started.wait, 10)  # slow's round is running
+            slow.log.log_end_offset = 4
+            queued = committer.wait_durable(slow)  # waits for slow's next round
+            failed = committer.wait_durable(bad)  # a round of its own, beside slow's
+            with pytest.raises(LogDirOfflineError):
+                await asyncio.wait_for(failed, 10)
+            with pytest.raises(LogDirOfflineError):
+                await asyncio.wait_for(queued, 10)
+            gate.set()  # slow's fdatasync returns 0, after the directory went offline
+            with pytest.raises(LogDirOfflineError):
+                await asyncio.wait_for(first, 10)
+            assert slow.high_watermark == 0 and bad.high_watermark == 0
+        finally:
+            gate.set()
             committer.close()
 
     asyncio.run(main())

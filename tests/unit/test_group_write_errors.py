@@ -4,8 +4,10 @@ Kafka's group coordinator answers an append that failed with KAFKA_STORAGE_ERROR
 (or NOT_LEADER_OR_FOLLOWER) with NOT_COORDINATOR (GroupMetadataManager's
 appendGroupMetadataErrorToResponseError for JoinGroup/SyncGroup, coordinator-common's
 handleOperationException for OffsetCommit, TxnOffsetCommit, OffsetDelete and
-DeleteGroups). Here the offsets log is a real PartitionLog whose fsync (the
-durability future) or write (``append``) fails with an OSError.
+DeleteGroups). Here the offsets log is a real PartitionLog whose fsync or write
+fails with an OSError. Either takes the log directory offline (a failed fsync is
+never retried: docs/groups.md), so every later write answers NOT_COORDINATOR too and
+nothing of the failed write is ever served; a restart reads back what the file holds.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from typing import Any
 import pytest
 
 from oncelog.broker.group import GroupConfig, GroupCoordinator, GroupState, OffsetAndMetadata, OffsetStore, TopicPartition
-from oncelog.broker.handlers import delete_groups, offset_delete
+from oncelog.broker.handlers import delete_groups, offset_delete, offset_fetch
 from oncelog.broker.handlers.offset_commit import await_stored
 from oncelog.protocol.errors import ErrorCode as E
+from oncelog.storage.log_dir import LogDirFailureChannel
 from tests.unit.test_group_coordinator import RANGE, REBALANCE, SESSION, Clock
 
 TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
@@ -28,31 +31,65 @@ EIO = OSError(5, "Input/output error")
 
 
 class Env:
-    """A coordinator on a file-backed offsets store whose fsyncs fail while ``fail_sync`` is set."""
+    """A coordinator on a file-backed offsets store (in a log directory with its failure
+    channel) whose fdatasyncs fail while ``fail_sync`` is set."""
 
     def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
         self.clock = Clock()
         self.fail_sync = False
         self.cancel_sync = False  # the fsync round is cancelled (the broker shutting down)
-        self.store = OffsetStore.open(tmp_path, self._durability, self.clock)
+        self.log_dir = LogDirFailureChannel(tmp_path)
+        self.store = OffsetStore.open(tmp_path, self._durability, self.clock, failure_channel=self.log_dir)
+        plog = self.store._log
+        assert plog is not None
+        real_sync = plog._sync
+
+        def sync() -> int:
+            if self.fail_sync:
+                raise EIO  # the batch stays in the file (page cache), not known durable
+            return real_sync()
+
+        plog._sync = sync  # type: ignore[method-assign]  # under the failure channel's wrapper
         self.c = GroupCoordinator(self.store, self.clock, GroupConfig(initial_rebalance_delay_ms=0))
 
     def _durability(self, handle: Any) -> asyncio.Future[None]:
-        """The group committer's wait: the fsync round ends in a later loop pass."""
+        """The group committer's wait: the fsync round ends in a later loop pass; once the
+        log directory is offline it fails at once (GroupCommitter does the same)."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        if self.log_dir.offline:
+            fut.set_exception(self.log_dir.error())
+            return fut
 
         def round_done() -> None:
             if self.cancel_sync:
                 fut.cancel()
-            elif self.fail_sync:
-                fut.set_exception(EIO)  # the batch stays in the log, not durable
-            else:
+                return
+            try:
                 handle.log.sync()
+            except OSError as exc:
+                fut.set_exception(exc)
+            else:
                 fut.set_result(None)
 
         loop.call_soon(round_done)
         return fut
+
+    def restart(self) -> OffsetStore:
+        """What the next broker start loads from the files (after closing without writing)."""
+        self.store.abandon()
+        return OffsetStore.open(self.tmp_path, None, self.clock)
+
+    def full(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The offsets log's next write() fails with ENOSPC (under the failure channel)."""
+        plog = self.store._log
+        assert plog is not None
+
+        def full(*_a: Any, **_k: Any) -> Any:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(plog, "_append", full)
 
     async def commit(self, offsets: dict[TopicPartition, int], group: str = "g") -> dict[TopicPartition, int]:
         errors, fut = self.c.commit_offsets(group, -1, "", None, {tp: OffsetAndMetadata(o) for tp, o in offsets.items()})
@@ -77,19 +114,34 @@ class Env:
         return leader, follower, ra["generation_id"]
 
 
-def test_offset_commit_whose_fsync_fails_answers_not_coordinator(tmp_path: Path) -> None:
+def test_offset_commit_whose_fsync_fails_is_never_served(tmp_path: Path) -> None:
+    """The commit whose fdatasync failed answers NOT_COORDINATOR and is never served by
+    OffsetFetch: the log directory is offline, so the retry (the disk "works" again: a
+    later fdatasync would return 0) is not written and reports nothing durable, and
+    OffsetFetch answers NOT_COORDINATOR. (Before: the retry's successful fsync was taken to
+    cover the failed batch, and OffsetFetch served TP1=3, which a crash could take back.)
+    After a restart the store holds what the file holds, as Kafka reads its logs back."""
+
     async def main() -> None:
         env = Env(tmp_path)
         assert await env.commit({TP0: 5}) == {TP0: 0}
         env.fail_sync = True
         assert await env.commit({TP0: 7, TP1: 3}) == {TP0: E.not_coordinator, TP1: E.not_coordinator}
+        assert env.log_dir.offline
         assert env.visible() == {TP0: 5}  # not durable: not visible
-        # the client looks the coordinator up again and retries; once fsync works, the failed
-        # batch (still in the log) and the retry become durable and visible in log order
         env.fail_sync = False
-        assert await env.commit({TP0: 8}) == {TP0: 0}
-        assert env.visible() == {TP0: 8, TP1: 3}
-        env.store.close()
+        assert await env.commit({TP0: 8}) == {TP0: E.not_coordinator}
+        assert await env.commit({TP1: 4}, group="other") == {TP1: E.not_coordinator}
+        assert env.visible() == {TP0: 5} and env.visible("other") == {}
+        assert env.c.fetch_offsets("g", [TP0, TP1]) == (E.not_coordinator, [])
+        ctx = SimpleNamespace(version=8, broker=SimpleNamespace(groups=env.c))
+        req = SimpleNamespace(groups=[SimpleNamespace(group_id="g", topics=None)], require_stable=False)
+        assert (await offset_fetch.handle(ctx, req))["groups"] == [
+            {"group_id": "g", "topics": [], "error_code": E.not_coordinator}]
+        # the failed batch did reach the file (only its fsync "failed"), the retries did not
+        again = env.restart()
+        assert {tp: om.offset for tp, om in again.group_offsets("g").items()} == {TP0: 7, TP1: 3}
+        again.close()
 
     asyncio.run(main())
 
@@ -115,16 +167,15 @@ def test_offsets_log_append_error_answers_not_coordinator(tmp_path: Path, monkey
         plog = env.store._log
         assert plog is not None
         end = plog.log_end_offset
-
-        def full(*_a: Any, **_k: Any) -> Any:
-            raise OSError(28, "No space left on device")
-
-        monkeypatch.setattr(plog, "append", full)
+        env.full(monkeypatch)
         assert await env.commit({TP0: 7}) == {TP0: E.not_coordinator}
         monkeypatch.undo()
         assert plog.log_end_offset == end and env.visible() == {}
-        assert await env.commit({TP0: 9}) == {TP0: 0}
-        assert env.visible() == {TP0: 9}
+        # ENOSPC took the log directory offline (as an IOException of Kafka's append does):
+        # nothing more is appended, even once there is room again
+        assert env.log_dir.offline
+        assert await env.commit({TP0: 9}) == {TP0: E.not_coordinator}
+        assert plog.log_end_offset == end and env.visible() == {}
         env.store.close()
 
     asyncio.run(main())
@@ -200,10 +251,12 @@ def test_delete_groups_whose_write_fails_keeps_the_group_for_the_retry(tmp_path:
         resp = await delete_groups.handle(ctx, SimpleNamespace(groups_names=["b"]))
         assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", E.not_coordinator)]
         assert "b" in env.c.groups and env.c.groups["b"].state == GroupState.EMPTY
+        # the retry fails too (the log directory is offline), and the group is still kept
         env.fail_sync = False
         resp = await delete_groups.handle(ctx, SimpleNamespace(groups_names=["b"]))
-        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", 0)]
-        assert "b" not in env.c.groups and env.visible("b") == {}
+        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", E.not_coordinator)]
+        assert "b" in env.c.groups and env.c.groups["b"].state == GroupState.EMPTY
+        assert env.visible("b") == {TP0: 5}
         env.store.close()
 
     asyncio.run(main())
@@ -213,21 +266,16 @@ def test_delete_groups_whose_append_fails_keeps_the_group(tmp_path: Path, monkey
     async def main() -> None:
         env = Env(tmp_path)
         assert await env.commit({TP0: 5}, group="b") == {TP0: 0}
-        plog = env.store._log
-        assert plog is not None
-
-        def full(*_a: Any, **_k: Any) -> Any:
-            raise OSError(28, "No space left on device")
-
         ctx = SimpleNamespace(broker=SimpleNamespace(groups=env.c))
-        monkeypatch.setattr(plog, "append", full)
+        env.full(monkeypatch)
         resp = await delete_groups.handle(ctx, SimpleNamespace(groups_names=["b"]))
         monkeypatch.undo()
         assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", E.not_coordinator)]
         assert env.c.groups["b"].state == GroupState.EMPTY and env.visible("b") == {TP0: 5}
+        # the log directory is offline: the retry is refused the same way, the group stays
         resp = await delete_groups.handle(ctx, SimpleNamespace(groups_names=["b"]))
-        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", 0)]
-        assert "b" not in env.c.groups and env.visible("b") == {}
+        assert [(r["group_id"], r["error_code"]) for r in resp["results"]] == [("b", E.not_coordinator)]
+        assert env.c.groups["b"].state == GroupState.EMPTY and env.visible("b") == {TP0: 5}
         env.store.close()
 
     asyncio.run(main())
@@ -246,13 +294,7 @@ def test_background_deletion_whose_append_fails_is_quiet_and_keeps_the_group(
         env = Env(tmp_path)
         assert await env.commit({TP0: 5}, group="a") == {TP0: 0}
         assert "a" in env.c.groups
-        plog = env.store._log
-        assert plog is not None
-
-        def full(*_a: Any, **_k: Any) -> Any:
-            raise OSError(28, "No space left on device")
-
-        monkeypatch.setattr(plog, "append", full)
+        env.full(monkeypatch)
         if trigger == "topic_deleted":
             env.c.on_topic_deleted("t")
         else:

@@ -13,62 +13,68 @@ from oncelog.broker.group import TopicPartition
 from oncelog.protocol.errors import ErrorCode
 
 
-def test_fsync_error_fails_only_the_partitions_whose_marker_is_not_durable(
+def test_an_fsync_error_fails_the_whole_marker_round_and_every_later_marker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """One partition's fdatasync fails: the log directory goes offline, so every partition of
+    the round answers KAFKA_STORAGE_ERROR (none is reported durable, not even those whose own
+    fdatasync returned 0) and the coordinator's retry is refused without writing anything.
+    (Before: the failed partition alone was retried, and a later fsync was trusted to cover the
+    marker whose fsync had failed.)"""
     broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
     try:
         broker.create_topic("t", 3)
-        good0, bad, good2 = (broker.partition("t", i) for i in range(3))
-        real_sync = bad.log.sync
+        parts = [broker.partition("t", i) for i in range(3)]
+        bad = parts[1]
 
         def failing_sync() -> int:
             raise OSError(5, "Input/output error")
 
-        monkeypatch.setattr(bad.log, "sync", failing_sync)
+        monkeypatch.setattr(bad.log, "_sync", failing_sync)  # under the log directory's failure channel
         pid = broker.producer_ids.generate()
         tps = [TopicPartition("t", i) for i in range(3)]
 
         def write(partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
             return asyncio.run(broker.markers.write_markers(pid, 0, 0, True, partitions))
 
-        assert write(tps) == {tps[0]: 0, tps[1]: int(ErrorCode.kafka_storage_error), tps[2]: 0}
-        # a partition answered NONE has its marker durable and visible
-        for p in (good0, good2):
-            assert p.log.durable_end_offset == 1
-            assert p.high_watermark == 1 and p.last_stable_offset == 1
-        assert bad.high_watermark == 0  # not durable: not visible
-
-        # the coordinator retries the failed partition only; it works once fsync does
-        monkeypatch.setattr(bad.log, "sync", real_sync)
-        assert write([tps[1]]) == {tps[1]: 0}
-        assert bad.high_watermark == bad.log.log_end_offset == bad.log.durable_end_offset
-        assert good0.log.log_end_offset == good2.log.log_end_offset == 1
+        storage_error = int(ErrorCode.kafka_storage_error)
+        assert write(tps) == dict.fromkeys(tps, storage_error)
+        assert broker.log_dir.offline
+        assert [p.high_watermark for p in parts] == [0, 0, 0]  # nothing reported durable
+        monkeypatch.undo()
+        assert write([tps[1]]) == {tps[1]: storage_error}
+        assert [p.log.log_end_offset for p in parts] == [1, 1, 1]  # the retry wrote nothing
+        assert [p.high_watermark for p in parts] == [0, 0, 0]
     finally:
         broker.close()
+    # closed without writing: no clean-shutdown marker, so the next start recovers the logs
+    assert not list((tmp_path / "data").glob("t-*/.clean_shutdown"))
 
 
-def test_a_failed_marker_append_fails_only_that_partition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A write error of one partition's marker append (ENOSPC) answers KAFKA_STORAGE_ERROR for
-    that partition only: the markers appended to the others are awaited and answered NONE (the
-    error escaped the whole call: the coordinator rewrote every marker, and the admin's
-    WriteTxnMarkers closed the connection)."""
+def test_a_failed_marker_append_takes_the_log_directory_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write error of one partition's marker append (ENOSPC) answers KAFKA_STORAGE_ERROR and, as
+    an IOException of a Kafka append does, takes the log directory offline: the markers of the
+    other partitions of the call are not reported durable either (the error no longer escapes
+    the whole call, which closed the admin's WriteTxnMarkers connection)."""
     broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
     try:
         broker.create_topic("t", 3)
-        good0, bad, good2 = (broker.partition("t", i) for i in range(3))
+        parts = [broker.partition("t", i) for i in range(3)]
+        bad = parts[1]
 
         def full(*_a: object, **_k: object) -> object:
             raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(bad.log, "append_control", full)
+        monkeypatch.setattr(bad.log, "_append", full)
         pid = broker.producer_ids.generate()
         tps = [TopicPartition("t", i) for i in range(3)]
+        storage_error = int(ErrorCode.kafka_storage_error)
         for strict in (False, True):
             errors = asyncio.run(broker.markers.write_markers(pid, 0, 0, True, tps, strict=strict))
-            assert errors == {tps[0]: 0, tps[1]: int(ErrorCode.kafka_storage_error), tps[2]: 0}
-        for p in (good0, good2):
-            assert p.log.durable_end_offset == p.high_watermark == 2  # both markers durable
-        assert bad.log.log_end_offset == 0
+            assert errors == dict.fromkeys(tps, storage_error)
+        assert broker.log_dir.offline
+        # partition 0's marker was appended before the error, partition 2's was refused
+        assert [p.log.log_end_offset for p in parts] == [1, 0, 0]
+        assert [p.high_watermark for p in parts] == [0, 0, 0]
     finally:
         broker.close()

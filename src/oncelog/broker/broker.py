@@ -28,6 +28,7 @@ from oncelog.storage.catalog import TopicCatalog
 from oncelog.storage.config import TOPIC_CONFIGS, ConfigError, LogConfig
 from oncelog.storage.engine import LogManager
 from oncelog.storage.fileutil import DirLock, atomic_write
+from oncelog.storage.log_dir import LogDirFailureChannel
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,10 @@ class Broker:
         # bumped by every change of the topic/partition set (Metadata caches its all-topics answer on it)
         self.topology_version = 0
         self.metadata_cache: dict[int, tuple[object, bytes]] = {}  # handlers/metadata.py: version -> (key, body)
-        self.committer = GroupCommitter(config.fsync_on_ack, config.log_flush_interval_ms)
+        # the one log directory: offline for good on the first I/O error of a log's append or
+        # fsync (storage/log_dir.py); every log, the committer and the server share it
+        self.log_dir = LogDirFailureChannel(config.data_dir)
+        self.committer = GroupCommitter(config.fsync_on_ack, config.log_flush_interval_ms, self.log_dir)
         # the data directory is locked before anything in it is read or written (Kafka's .lock)
         self.dir_lock = lock_data_dir(config.data_dir)
         self.cluster_id = self._load_cluster_id()
@@ -89,13 +93,14 @@ class Broker:
         self.cleaner_threads = config.log_cleaner_threads  # of the running log cleaner (set by the server)
         # called after dynamic broker configs change (the server restarts the log cleaner)
         self.config_listeners: list[Callable[[], None]] = []
-        self.logs = LogManager(config.data_dir, self._dynamic_log_defaults())
+        self.logs = LogManager(config.data_dir, self._dynamic_log_defaults(), self.log_dir)
         self._apply_dynamic_scalars()
         self.logs.open_all(self.catalog, self.clock())
         for meta in self.catalog.topics():
             self._attach_topic(meta.name, uuid.UUID(str(meta.topic_id)), meta.num_partitions, meta.configs)
         self.groups = GroupCoordinator(
-            OffsetStore.open(config.data_dir, self.committer.wait_durable, self.clock, config.offsets_snapshot_bytes),
+            OffsetStore.open(config.data_dir, self.committer.wait_durable, self.clock, config.offsets_snapshot_bytes,
+                             self.log_dir),
             self.clock,
             GroupConfig(
                 min_session_timeout_ms=config.group_min_session_timeout_ms,
@@ -110,7 +115,8 @@ class Broker:
         # in-process to the partitions and the offsets store (broker/markers.py)
         self.markers = BrokerMarkerWriter(self)
         self.coordinator_epoch = self._bump_coordinator_epoch()
-        self.txn_log = FileTxnLog.open(config.data_dir, self.committer.wait_durable, self.clock)
+        self.txn_log = FileTxnLog.open(config.data_dir, self.committer.wait_durable, self.clock,
+                                       failure_channel=self.log_dir)
         self.txn = TransactionCoordinator(
             self.txn_log,
             self.markers,
@@ -380,6 +386,9 @@ class Broker:
         return expired
 
     def close(self) -> None:
+        if self.log_dir.offline:  # nothing more is written to a failed directory
+            self.abandon()
+            return
         self.txn.close()
         try:
             self.txn_log.close()
@@ -397,3 +406,15 @@ class Broker:
                 log.error("producer snapshot of %s failed: %s", p, exc)
         self.logs.close()
         self.dir_lock.release()  # last: every file of the directory is closed
+
+    def abandon(self) -> None:
+        """Close after the log directory failed: nothing more is written or synced (no
+        snapshot, producer snapshot or clean-shutdown marker), as Kafka's broker halts, so
+        the next start recovers every log as after a crash and reads back what the files
+        hold."""
+        self.txn.close()
+        self.committer.abandon()
+        self.txn_log.abandon()
+        self.groups.store.abandon()
+        self.logs.abandon()
+        self.dir_lock.release()

@@ -20,6 +20,15 @@ cost). The workers are plain threads fed by a ``queue.SimpleQueue``
 (:class:`SyncThreads`), not a ``ThreadPoolExecutor``, whose futures, work
 items and semaphores cost more per fdatasync than the rest of the round's
 bookkeeping.
+
+A failed round is never retried (docs/architecture.md, "When the log directory
+fails"): an fsync error takes the log directory offline
+(:class:`~oncelog.storage.log_dir.LogDirFailureChannel`, shared with every log of
+the directory). The round's waiters fail with it, and so do the waiters of
+every other log (queued for a later round, or in a round running beside it,
+even one whose fdatasyncs returned 0) and every later :meth:`wait_durable`:
+once the directory is offline no high watermark moves and nothing is reported
+durable again. The broker then stops (``server.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
+
+from oncelog.storage.log_dir import LogDirFailureChannel
 
 if TYPE_CHECKING:
     from oncelog.storage.log import PartitionLog
@@ -90,15 +101,17 @@ class SyncThreads:
             except BaseException:  # pragma: no cover - the jobs catch their errors
                 log.exception("fsync worker job failed")
 
-    def close(self) -> None:
-        """Finish the queued jobs, then stop every thread."""
+    def close(self, wait: bool = True) -> None:
+        """Finish the queued jobs, then stop every thread (``wait=False``: without
+        waiting for them, as after a log-directory failure, where an fdatasync may hang)."""
         if self._closed:
             return
         self._closed = True
         for _ in self._threads:
             self._queue.put(None)
-        for t in self._threads:
-            t.join()
+        if wait:
+            for t in self._threads:
+                t.join()
 
 
 class _Waiter:
@@ -112,7 +125,11 @@ class _Waiter:
 
 
 class GroupCommitter:
-    def __init__(self, fsync_on_ack: bool = True, flush_interval_ms: int = 1000) -> None:
+    def __init__(
+        self, fsync_on_ack: bool = True, flush_interval_ms: int = 1000, log_dir: LogDirFailureChannel | None = None
+    ) -> None:
+        # the log directory of every log synced here: offline after the first fsync error
+        self.log_dir = log_dir if log_dir is not None else LogDirFailureChannel()
         self.fsync_on_ack = fsync_on_ack
         self.flush_interval_ms = flush_interval_ms
         self._dirty: dict["Partition", None] = {}
@@ -130,7 +147,10 @@ class GroupCommitter:
 
         Returns ``None`` when acknowledgements do not wait for fsync (then the
         data is visible to consumers at once, as with Kafka's default flush).
+        Once the log directory is offline: a failed future.
         """
+        if self.log_dir.offline:
+            return self._offline()
         self._dirty[partition] = None
         if not self.fsync_on_ack:
             partition.advance_high_watermark(partition.log.log_end_offset)
@@ -145,6 +165,8 @@ class GroupCommitter:
         ``partitions`` is empty."""
         if not partitions:
             return None
+        if self.log_dir.offline:
+            return self._offline()
         if not self.fsync_on_ack:
             for p in partitions:
                 self._dirty[p] = None
@@ -153,6 +175,14 @@ class GroupCommitter:
         for p in partitions:
             self._dirty[p] = None
         return self._wait(partitions)
+
+    def _offline(self) -> asyncio.Future[None]:
+        """A future failed with the offline directory's error (marked retrieved: a caller
+        that drops it leaves no "never retrieved" warning; one that awaits it gets the error)."""
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_exception(self.log_dir.error())
+        fut.exception()
+        return fut
 
     def _wait(self, partitions: list["Partition"]) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()
@@ -203,7 +233,12 @@ class GroupCommitter:
             error = asyncio.CancelledError()
         elif fut.exception() is not None:
             error = fut.exception()
-            log.error("fsync failed: %s", error)
+            if isinstance(error, OSError):  # never retried: the log directory goes offline
+                error = self.log_dir.failed("fsync", error)
+            log.debug("fsync round failed: %s", error)
+        if error is None and self.log_dir.offline:
+            # a round running beside the failed one: nothing is reported durable any more
+            error = self.log_dir.error()
         self.rounds += 1
         self.synced_files += len(files)
         self._inflight.difference_update(files)
@@ -220,10 +255,24 @@ class GroupCommitter:
                     w.left -= 1
                     if w.left == 0:
                         w.fut.set_result(None)
+        if self.log_dir.offline:
+            self._fail_waiting()
+            return
         if self._dirty and not self._kick_scheduled:
             # after the waiters just released: what they append at once joins the next round
             self._kick_scheduled = True
             asyncio.get_running_loop().call_soon(self._kick)
+
+    def _fail_waiting(self) -> None:
+        """The log directory is offline: fail every waiter of a log not in a running round
+        (those of running rounds fail when their round ends) and forget the dirty logs."""
+        error = self.log_dir.error()
+        waiting, self._waiting = self._waiting, {}
+        self._dirty.clear()
+        for ws in waiting.values():
+            for w in ws:
+                if not w.fut.done():
+                    w.fut.set_exception(error)
 
     def _sync_all(self, loop: asyncio.AbstractEventLoop, dirty: list["Partition"]) -> asyncio.Future[None]:
         """fdatasync every log of ``dirty`` concurrently in the worker threads; the
@@ -268,14 +317,16 @@ class GroupCommitter:
     async def periodic_flush(self) -> None:
         """Background flush for ``log.flush.interval.messages`` > 1."""
         loop = asyncio.get_running_loop()
-        while True:
+        while not self.log_dir.offline:
             await asyncio.sleep(self.flush_interval_ms / 1000)
             dirty, self._dirty = list(self._dirty), {}
             for p in dirty:
                 try:
                     await loop.run_in_executor(self._pool, p.log.sync)
-                except OSError as exc:
-                    log.error("background flush failed: %s", exc)
+                except OSError as exc:  # the log directory is offline: the broker stops
+                    self.log_dir.failed("fsync", exc)
+                    log.debug("background flush failed: %s", exc)
+                    return
 
     async def drain(self) -> None:
         """Wait until every log appended so far is synced (the running rounds and the ones they lead to).
@@ -291,3 +342,9 @@ class GroupCommitter:
     def close(self) -> None:
         self._sync_threads.close()
         self._pool.shutdown(wait=True)
+
+    def abandon(self) -> None:
+        """Stop without waiting for the worker threads (the log directory failed: an
+        fdatasync may hang); they are daemon threads and end with the process."""
+        self._sync_threads.close(wait=False)
+        self._pool.shutdown(wait=False, cancel_futures=True)

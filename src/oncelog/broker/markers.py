@@ -10,16 +10,16 @@ commits or discards the producer's pending transactional offsets.
 
 Errors per partition, as the coordinator reads them: 0 = durable; a
 partition that no longer exists answers UNKNOWN_TOPIC_OR_PARTITION and the
-coordinator drops it; an fsync failure answers KAFKA_STORAGE_ERROR and the
-coordinator retries, for the partitions whose log failed to sync only (a
-failed group-commit round fails all its waiters, but each log is synced on
-its own, so a partition whose marker is durable answers 0); so does a
-partition whose append fails (an OSError of its write), the others being
-written and awaited as usual. A marker whose
-fsync failed stays in the log and becomes durable with the retry's, so the
-partition then holds two markers of the transaction; the second finds no open
-transaction and changes nothing, as in Kafka (docs/transactions.md, "A marker
-written twice"). A partition that rejects the marker because the
+coordinator drops it; a storage error answers KAFKA_STORAGE_ERROR. An fsync
+or write error takes the log directory offline (storage/log_dir.py: a failed
+fsync is never retried, since a later one may return 0 for pages the kernel
+dropped), so every partition of the failed round, and every later marker,
+answers KAFKA_STORAGE_ERROR, nothing is reported durable any more, and the
+broker stops; the next start's coordinator completes the prepared
+transaction by writing its markers again (a partition whose first marker did
+reach the disk then holds two; the second finds no open transaction and
+changes nothing, as in Kafka: docs/transactions.md, "A marker written
+twice"). A partition that rejects the marker because the
 producer or the coordinator moved on (INVALID_PRODUCER_EPOCH,
 TRANSACTION_COORDINATOR_FENCED) answers 0 to the coordinator, which is how
 Kafka's coordinator treats those answers (the transaction has nothing left to
@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from oncelog.broker.group import TopicPartition
 from oncelog.protocol.errors import ErrorCode, KafkaError
+from oncelog.storage.log_dir import log_level
 
 if TYPE_CHECKING:
     from oncelog.broker.broker import Broker
@@ -99,8 +100,8 @@ class BrokerMarkerWriter:
                 else:
                     errors[tp] = int(exc.code)
                 continue
-            except OSError as exc:  # the append itself failed (nothing written): this partition only
-                log.error("marker on %s-%d not written: %s", tp.topic, tp.partition, exc)
+            except OSError as exc:  # the append failed (nothing written): the log directory is offline
+                log.log(log_level(exc, logging.ERROR), "marker on %s-%d not written: %s", tp.topic, tp.partition, exc)
                 errors[tp] = int(ErrorCode.kafka_storage_error)
                 continue
             errors[tp] = 0
@@ -116,26 +117,10 @@ class BrokerMarkerWriter:
             for (tps, _), result in zip(waits, results):
                 if isinstance(result, BaseException):
                     for tp in tps:
-                        log.error("marker on %s-%d is not durable: %s", tp.topic, tp.partition, result)
+                        log.log(log_level(result, logging.ERROR), "marker on %s-%d is not durable: %s",
+                                tp.topic, tp.partition, result)
                         errors[tp] = int(ErrorCode.kafka_storage_error)
-            if appended:
-                self._durable_anyway(appended, errors)
         return errors
-
-    @staticmethod
-    def _durable_anyway(appended: list[tuple[TopicPartition, Any, int]], errors: dict[TopicPartition, int]) -> None:
-        """A failed round fails every waiter of it, but each log was fsynced on its
-        own: a partition whose log is durable past its marker answers NONE (as each
-        partition has its own result in a WriteTxnMarkers response), and its high
-        watermark moves past the marker, which the failed round did not do. Only the
-        partitions whose marker is not durable are retried by the coordinator."""
-        for tp, partition, offset in appended:
-            if errors.get(tp) != ErrorCode.kafka_storage_error:
-                continue
-            if partition.log.durable_end_offset > offset:
-                log.info("marker on %s-%d is durable (its own fsync succeeded)", tp.topic, tp.partition)
-                errors[tp] = 0
-                partition.advance_high_watermark(partition.log.durable_end_offset)
 
     async def _crash_point(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, partitions: list[TopicPartition], tv: int

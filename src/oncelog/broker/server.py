@@ -27,6 +27,16 @@ re-authentication, anything else on an expired session closes the
 connection once the requests before it are answered. A connection idle for
 ``connections.max.idle.ms`` is closed, authenticated or not.
 
+When the log directory fails (the first I/O error of a log's append or fsync,
+:mod:`oncelog.storage.log_dir`) the broker stops, as Kafka's broker halts when
+its last log directory goes offline: one CRITICAL line is logged, nothing more
+is read or accepted, the requests already read get their answers (they fail at
+once: every write and durability wait of the directory does) for up to a
+second, the connections are closed, and the files are closed without writing
+anything (no snapshot, no clean-shutdown marker: the next start recovers the
+logs as after a crash). :func:`serve` then raises :class:`LogDirFailed`
+(``oncelog serve`` exits 1).
+
 Responses that become ready in the same event-loop pass (the produces
 released by one group-commit round) are written with one ``writelines``,
 so one send for all of them instead of one per response; still in order.
@@ -52,6 +62,10 @@ from oncelog.broker.security import security_warnings
 from oncelog.protocol.framing import FrameDecoder, FrameError, frame
 
 log = logging.getLogger("oncelog.server")
+
+
+class LogDirFailed(Exception):
+    """The broker stopped because its log directory failed (already logged, one line)."""
 
 MAX_IN_FLIGHT = 64  # per connection; beyond it we stop reading the socket
 
@@ -138,6 +152,8 @@ class KafkaConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
+        if getattr(self.server, "failure", None) is not None:  # stopping (log directory failed): nothing more is read
+            return
         if self._expired_task is not None:
             return
         auth = self.auth
@@ -346,12 +362,23 @@ class BrokerServer:
         self.cleaner: LogCleaner | None = None
         self._cleaner_task: asyncio.Task[None] | None = None
         self._cleaner_restart: asyncio.Task[None] | None = None
+        self.failure: str | None = None  # the log directory failed: why (the broker stops)
+        self.stop_requested: asyncio.Event | None = None  # set to make serve() stop
 
     async def start(self, sock: socket.socket | None = None) -> None:
         """Serve on ``sock`` (bound by :func:`bind_listener` before the broker
         opened its data directory), or bind the configured address now."""
         cfg = self.broker.config
         loop = asyncio.get_running_loop()
+        self.stop_requested = asyncio.Event()
+
+        def offline(cause: str) -> None:  # on the thread that saw the error (a worker, for an fsync)
+            try:
+                loop.call_soon_threadsafe(self._log_dir_failed, cause)
+            except RuntimeError:  # the loop is closed: the broker has stopped already
+                pass
+
+        self.broker.log_dir.add_listener(offline)
         if sock is None:
             sock = bind_listener(cfg.host, cfg.port)
         sec = cfg.security
@@ -384,6 +411,55 @@ class BrokerServer:
         if cfg.connections_max_idle_ms >= 0:
             check_ms = max(10, min(cfg.connections_max_idle_ms // 4, 10000))
             self._tasks.append(loop.create_task(self._every(check_ms, self._expire_idle)))
+
+    def _log_dir_failed(self, cause: str) -> None:
+        """The log directory went offline: log it (the one line), stop accepting and reading, and
+        have :func:`serve` halt the broker (:meth:`halt`)."""
+        if self.failure is not None:
+            return
+        self.failure = (
+            f"log directory {self.broker.config.data_dir} failed ({cause}); no online log directory is left, "
+            f"so the broker stops (the next start recovers the logs)"
+        )
+        log.critical("%s", self.failure)
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            if conn.transport is not None and not conn.closed:
+                conn.transport.pause_reading()
+        if self.stop_requested is not None:
+            self.stop_requested.set()
+
+    async def halt(self) -> None:
+        """Stop after the log directory failed (see the module docstring): the requests
+        already read are answered for up to a second, then everything is closed without
+        writing to the directory."""
+        if self._server is not None:
+            self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        if self.cleaner is not None:
+            try:
+                await asyncio.wait_for(self.cleaner.stop(self._cleaner_task), 2)
+            except Exception:  # noqa: BLE001 - halting anyway; recovery rolls a half-done swap back or forward
+                pass
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 1.0
+        while loop.time() < deadline and any(c.pending for c in self.connections):
+            await asyncio.sleep(0.01)
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn._collect_done()
+                conn._flush()
+                conn.closed = True
+                conn.transport.close()
+            for task in conn.pending:
+                task.cancel()
+        for task in list(self.orphans):
+            task.cancel()
+        self.broker.txn.close()
+        await asyncio.sleep(0)  # the cancelled requests and marker tasks end
+        self.broker.abandon()
 
     def _expire_idle(self) -> None:
         """Close the connections that read and wrote nothing for connections.max.idle.ms and wait for no
@@ -509,7 +585,8 @@ async def serve(config: BrokerConfig, ready: Any = None) -> None:
         raise
     server = BrokerServer(broker)
     await server.start(sock)
-    stop = asyncio.Event()
+    stop = server.stop_requested
+    assert stop is not None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
@@ -521,8 +598,13 @@ async def serve(config: BrokerConfig, ready: Any = None) -> None:
     if ready is not None:
         ready(server, stop, loop)
     await stop.wait()
+    if server.failure is not None:
+        await server.halt()
+        raise LogDirFailed(server.failure)
     log.info("shutting down")
     await server.stop()
+    if server.failure is not None:  # the directory failed during the shutdown (its last fsyncs)
+        raise LogDirFailed(server.failure)
 
 
 def raise_open_files_limit() -> tuple[int, int]:

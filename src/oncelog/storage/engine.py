@@ -11,6 +11,7 @@ from oncelog.storage.catalog import TopicCatalog
 from oncelog.storage.config import LogConfig
 from oncelog.storage.fileutil import atomic_write
 from oncelog.storage.log import DELETE_SUFFIX, PartitionLog
+from oncelog.storage.log_dir import LogDirFailureChannel
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,12 @@ def read_partition_topic_id(directory: Path) -> str | None:
 class LogManager:
     """Owns the open :class:`PartitionLog` of every (topic, partition)."""
 
-    def __init__(self, data_dir: str | Path, defaults: LogConfig) -> None:
+    def __init__(
+        self, data_dir: str | Path, defaults: LogConfig, failure_channel: LogDirFailureChannel | None = None
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.defaults = defaults
+        self.failure_channel = failure_channel  # given to every log (see storage/log_dir.py)
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._catalog: TopicCatalog | None = None
 
@@ -71,7 +75,7 @@ class LogManager:
             if found is not None and found != topic_id:
                 log.warning("removing stale log directory %s (topic id %s, expected %s)", directory, found, topic_id)
                 _remove_dir(directory)
-        plog = PartitionLog.open(directory, config, now_ms)
+        plog = PartitionLog.open(directory, config, now_ms, self.failure_channel)
         if topic_id is not None and read_partition_topic_id(directory) != topic_id:
             atomic_write(directory / PARTITION_METADATA, f"version: 0\ntopic_id: {topic_id}\n".encode())
         return plog
@@ -140,6 +144,12 @@ class LogManager:
     def close(self) -> None:
         for plog in self._logs.values():
             plog.close()
+        self._logs.clear()
+
+    def abandon(self) -> None:
+        """Close every log without writing (the log directory failed; see PartitionLog.abandon)."""
+        for plog in self._logs.values():
+            plog.abandon()
         self._logs.clear()
 
 

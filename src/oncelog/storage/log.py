@@ -94,6 +94,7 @@ from oncelog.storage.cleaner import SegmentInfo
 from oncelog.storage.config import LOG_APPEND_TIME, LogConfig
 from oncelog.storage.fileutil import atomic_write, fsync_dir, write_all
 from oncelog.storage.leader_epoch import LeaderEpochCache
+from oncelog.storage.log_dir import LogDirFailureChannel
 from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name, walk_batches
 from oncelog.storage.txn_index import TXNINDEX_SUFFIX, AbortedTxn
 
@@ -306,11 +307,17 @@ class PartitionLog:
         # thread that rolled or deleted; None for logs without producer state
         self.on_roll: Callable[[int], None] | None = None
         self.on_segments_deleted: Callable[[list[int]], None] | None = None
+        # the log directory's failure channel (storage/log_dir.py): an OSError of an append or
+        # sync takes the directory offline, and nothing is written or synced once it is; None
+        # (a log opened alone, in tests) raises the error and changes nothing else
+        self.failure_channel: LogDirFailureChannel | None = None
 
     # -- opening and recovery ---------------------------------------------------
 
     @classmethod
-    def open(cls, directory: Path, config: LogConfig, now_ms: int) -> PartitionLog:
+    def open(
+        cls, directory: Path, config: LogConfig, now_ms: int, failure_channel: LogDirFailureChannel | None = None
+    ) -> PartitionLog:
         """Create or load the log in ``directory``, recovering from an unclean shutdown."""
         directory.mkdir(parents=True, exist_ok=True)
         marker = directory / CLEAN_SHUTDOWN_FILE
@@ -383,6 +390,7 @@ class PartitionLog:
             recovery_point = segments[-1].base_offset
             atomic_write(directory / RECOVERY_POINT_FILE, b"%d\n" % recovery_point)
         log._recovery_point = recovery_point if not clean else segments[-1].base_offset
+        log.failure_channel = failure_channel
         fsync_dir(directory)
         fsync_dir(directory.parent)
         return log
@@ -446,7 +454,21 @@ class PartitionLog:
 
         ``header`` may pass the batch's already parsed header (it is not modified).
         Writes to the OS page cache only; call :meth:`sync` for durability.
+        An OSError of the write (or of a roll's new files) takes the log directory
+        offline (:mod:`oncelog.storage.log_dir`); once it is, nothing is appended.
         """
+        channel = self.failure_channel
+        if channel is None:
+            return self._append(batch, now_ms, header)
+        channel.check()
+        try:
+            return self._append(batch, now_ms, header)
+        except OSError as exc:
+            raise channel.failed(f"append to {self.directory.name}", exc) from exc
+
+    def _append(
+        self, batch: bytes | bytearray | memoryview, now_ms: int, header: BatchHeader | None
+    ) -> AppendInfo:
         hdr = header or parse_batch_header(batch)
         size = LOG_OVERHEAD + hdr.batch_length
         if size != len(batch):
@@ -551,7 +573,21 @@ class PartitionLog:
         all; a deleted one's files are gone): it returns at once, so a
         group-commit round that still holds it does not fail with the
         partitions synced beside it.
+
+        An OSError takes the log directory offline (:mod:`oncelog.storage.log_dir`):
+        a failed fdatasync is never retried, since a later one may return 0 for
+        pages the kernel dropped; once offline, nothing is synced (it raises).
         """
+        channel = self.failure_channel
+        if channel is None:
+            return self._sync()
+        channel.check()
+        try:
+            return self._sync()
+        except OSError as exc:
+            raise channel.failed(f"fsync of {self.directory.name}", exc) from exc
+
+    def _sync(self) -> int:
         with self._sync_lock:
             if self._closed:
                 return self._durable_end
@@ -1051,7 +1087,11 @@ class PartitionLog:
     # -- lifecycle ------------------------------------------------------------------
 
     def close(self) -> None:
-        """Sync everything, mark a clean shutdown and close the files."""
+        """Sync everything, mark a clean shutdown and close the files (only close them
+        if the log directory is offline: :meth:`abandon`)."""
+        if self.failure_channel is not None and self.failure_channel.offline:
+            self.abandon()
+            return
         with self._sync_lock, self._lock:
             if self._closed:
                 return
@@ -1068,6 +1108,26 @@ class PartitionLog:
             atomic_write(self.directory / CLEAN_SHUTDOWN_FILE, b"")
             for seg in self.segments:
                 seg.close()
+
+    def abandon(self) -> None:
+        """Close the files without writing or syncing anything (no clean-shutdown marker),
+        after the log directory failed: the next start recovers the log as after a crash.
+        A sync still running in a worker (a hung fdatasync) keeps its descriptors: they are
+        left open rather than closed under it."""
+        if not self._sync_lock.acquire(blocking=False):
+            self._closed = True
+            return
+        try:
+            with self._lock:
+                self._closed = True
+                self._unsynced.clear()
+                for seg in self.segments:
+                    try:
+                        seg.close()
+                    except OSError:  # a close may report the pending write error again
+                        pass
+        finally:
+            self._sync_lock.release()
 
     def delete(self) -> None:
         """Close the files and remove the whole directory."""

@@ -9,6 +9,13 @@ can be killed -9 for crash tests, and it starts in well under a second
 event loop in a background thread of the test process. A broker that fails to
 start raises with its log's path (and its last line) in the message, and that
 log is kept.
+
+A broker whose log directory fails (an I/O error of a write or fsync) stops
+serving, as ``oncelog serve`` does: the subprocess exits with status 1 after
+one CRITICAL line in its log (:attr:`returncode` holds 1 once it is
+stopped or closed); a thread-mode broker's thread ends and :attr:`failure`
+holds the reason. :attr:`running` is then False, and
+:meth:`stop`/:meth:`close` just clean up.
 """
 
 from __future__ import annotations
@@ -55,6 +62,8 @@ class EmbeddedBroker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
         self._failed = False  # a failed start keeps the log file for the post-mortem
+        self.failure: BaseException | None = None  # thread mode: why the broker stopped by itself
+        self.returncode: int | None = None  # subprocess mode: the exit status of the last process
 
     @property
     def bootstrap(self) -> str:
@@ -132,7 +141,9 @@ class EmbeddedBroker:
         def main() -> None:
             try:
                 asyncio.run(serve(cfg, ready=on_ready))
-            except BaseException as exc:  # reported by start() below
+            except BaseException as exc:  # reported by start() below, or kept in self.failure
+                if ready.is_set():
+                    self.failure = exc
                 failure.append(exc)
                 ready.set()
 
@@ -156,7 +167,11 @@ class EmbeddedBroker:
                     self.proc.wait()
             self._close_proc()
         if self._thread is not None and self._loop is not None and self._stop_event is not None:
-            self._loop.call_soon_threadsafe(self._stop_event.set)
+            if self._thread.is_alive():
+                try:
+                    self._loop.call_soon_threadsafe(self._stop_event.set)
+                except RuntimeError:  # the loop closed meanwhile: the broker stopped by itself
+                    pass
             self._thread.join(timeout)
             self._thread = None
 
@@ -170,8 +185,10 @@ class EmbeddedBroker:
         self._close_proc()
 
     def _close_proc(self) -> None:
-        if self.proc is not None and self.proc.stdout is not None:
-            self.proc.stdout.close()
+        if self.proc is not None:
+            self.returncode = self.proc.poll()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
         self.proc = None
 
     def restart(self, hard: bool = False) -> None:
@@ -183,7 +200,8 @@ class EmbeddedBroker:
 
     @property
     def running(self) -> bool:
-        return (self.proc is not None and self.proc.poll() is None) or self._thread is not None
+        return (self.proc is not None and self.proc.poll() is None) or (
+            self._thread is not None and self._thread.is_alive())
 
     def __enter__(self) -> "EmbeddedBroker":
         return self.start()

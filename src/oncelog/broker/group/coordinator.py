@@ -27,6 +27,7 @@ from typing import Any
 from oncelog.broker.group.offsets import OffsetAndMetadata, OffsetStore, TopicPartition
 from oncelog.broker.group.state import CONSUMER_PROTOCOL_TYPE, Group, GroupState, Member
 from oncelog.protocol.errors import ErrorCode, KafkaError
+from oncelog.storage.log_dir import log_level
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def _storage_error(fut: Any) -> int | None:
         return append_error(None)
     exc = fut.exception()
     if exc is not None:
-        log.error("offsets store write failed: %s", exc)
+        log.log(log_level(exc, logging.ERROR), "offsets store write failed: %s", exc)
         return append_error(exc)
     return None
 
@@ -924,6 +925,10 @@ class GroupCoordinator:
         """
         if group_id is None:
             return int(E.invalid_group_id), []
+        if self.store.offline:
+            # the offsets log's directory failed: this broker no longer coordinates (Kafka's
+            # coordinator of a partition in an offline log directory resigns)
+            return int(E.not_coordinator), []
         stored = self.store.group_offsets(group_id)
         group = self.groups.get(group_id)
         if group is not None and group.state == DEAD:

@@ -41,10 +41,13 @@ produce requests). The in-memory view is updated only once the batch is
 durable, in append order, so an OffsetFetch never returns an offset that a
 crash could take back. A write that fails (the append's or the fsync's
 OSError) fails its future; the coordinator answers NOT_COORDINATOR
-(:func:`~oncelog.broker.group.coordinator.append_error`). A batch whose fsync
-failed stays in the log and is applied once a later fsync covers it (trusting that later fsync:
-a known limitation, docs/groups.md "a failed fsync is retried, not trusted"). With ``log.flush.interval.messages`` > 1 writes are
-visible at once, like produced records.
+(:func:`~oncelog.broker.group.coordinator.append_error`). Either error takes
+the log directory offline (:mod:`oncelog.storage.log_dir`; a failed fsync is
+never retried): every later write fails the same way, the failed batch is
+never applied (so never served), OffsetFetch answers NOT_COORDINATOR and the
+broker stops; the next start replays whatever the file holds. With
+``log.flush.interval.messages`` > 1 writes are visible at once, like produced
+records.
 
 **Compaction.** Once the log holds more than ``snapshot_bytes`` since the
 last snapshot and no write is waiting for fsync, the whole live state is
@@ -84,6 +87,7 @@ from oncelog.protocol.records import (
 from oncelog.storage.config import internal_log_config
 from oncelog.storage.fileutil import offset_named_files, write_offset_named
 from oncelog.storage.log import PartitionLog
+from oncelog.storage.log_dir import LogDirFailureChannel, log_level
 
 log = logging.getLogger(__name__)
 
@@ -205,12 +209,19 @@ class OffsetStore:
         durability: Callable[[Any], Any] | None,
         clock: Callable[[], int],
         snapshot_bytes: int = 8 * 1024 * 1024,
+        failure_channel: LogDirFailureChannel | None = None,
     ) -> "OffsetStore":
         directory = Path(data_dir) / OFFSETS_DIR
-        plog = PartitionLog.open(directory, internal_log_config(), clock())
+        plog = PartitionLog.open(directory, internal_log_config(), clock(), failure_channel)
         store = cls(plog, durability, clock, snapshot_bytes)
         store._load()
         return store
+
+    @property
+    def offline(self) -> bool:
+        """The log directory failed (storage/log_dir.py): nothing is written or served any more."""
+        channel = None if self._log is None else self._log.failure_channel
+        return channel is not None and channel.offline
 
     @property
     def directory(self) -> Path | None:
@@ -466,7 +477,7 @@ class OffsetStore:
         try:
             info = self._log.append(batch, now)
         except OSError as exc:  # nothing was appended (a torn batch is cut off again)
-            log.error("offsets log append failed: %s", exc)
+            log.log(log_level(exc, logging.ERROR), "offsets log append failed: %s", exc)
             return _failed_write(exc)
         if appended is not None:
             appended()
@@ -570,7 +581,7 @@ class OffsetStore:
     def maybe_snapshot(self, force: bool = False) -> bool:
         """Snapshot the live state and drop the log below it (see module doc)."""
         plog = self._log
-        if plog is None or self._pending:
+        if plog is None or self._pending or self.offline:
             return False
         if plog.log_end_offset == plog.log_start_offset:
             return False
@@ -603,8 +614,16 @@ class OffsetStore:
         )
         return True
 
+    def abandon(self) -> None:
+        """Close without writing (the log directory failed)."""
+        if self._log is not None:
+            self._log.abandon()
+
     def close(self) -> None:
         if self._log is None:
+            return
+        if self.offline:  # nothing more is written to a failed directory
+            self._log.abandon()
             return
         try:
             self.maybe_snapshot(force=True)

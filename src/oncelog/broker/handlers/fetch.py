@@ -16,7 +16,9 @@ offset or above the log end offset gets OFFSET_OUT_OF_RANGE. A
 ``current_leader_epoch`` other than -1 must be the partition's leader epoch:
 an older one gets FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH
 (v16+ then also name the leader and its epoch in ``current_leader``), as
-Kafka's ``Partition.getLocalLog`` checks it.
+Kafka's ``Partition.getLocalLog`` checks it. Once the log directory failed
+(the broker is stopping) every partition answers KAFKA_STORAGE_ERROR, as
+Kafka answers for a partition in an offline log directory.
 
 Long poll: when fewer than ``min_bytes`` are available the handler waits up
 to ``max_wait_ms`` for an append to any requested partition to become
@@ -75,6 +77,7 @@ class _Plan:
         self.read_committed = request.isolation_level == 1
         self.broker = broker
         self.topics: list[tuple[Any, list[tuple[Any, Partition | None, int, Partition | None]]]] = []
+        offline = broker.log_dir.offline  # the log directory failed (the broker is stopping)
         for t in request.topics:
             if self.by_id:
                 topic = broker.topics_by_id.get(t.topic_id)
@@ -89,7 +92,9 @@ class _Plan:
                 part = None
                 code = missing
                 if topic is not None:
-                    if 0 <= p.partition < len(topic.partitions):
+                    if offline and 0 <= p.partition < len(topic.partitions):
+                        code = ErrorCode.kafka_storage_error  # Kafka: a partition in an offline log directory
+                    elif 0 <= p.partition < len(topic.partitions):
                         part = topic.partitions[p.partition]
                         code = _epoch_error(part, getattr(p, "current_leader_epoch", -1))
                         if code:

@@ -12,7 +12,10 @@ is answered, or, with require_stable (v7+), UNSTABLE_OFFSET_COMMIT with
 offset -1 for each partition a transaction holds pending offsets of (KIP-447;
 the consumer retries until the transaction completes). With a null topic
 list only partitions with a committed offset are listed, each checked the
-same way, as Kafka does.
+same way, as Kafka does. Once the log directory failed (the broker is
+stopping) every group answers NOT_COORDINATOR, as a Kafka coordinator
+resigns the partitions of an offline log directory: an offset whose write
+failed is never served.
 
 Version notes: v1-v10 handled (v0 was removed in Kafka 4.0). v2+ null topics
 means all, and a top-level error code; v3+ throttle time; v5+ leader epoch;
@@ -39,6 +42,8 @@ def _fetch_group(
 ) -> tuple[int, list[dict[str, Any]]]:
     broker = ctx.broker
     coordinator = broker.groups
+    if coordinator.store.offline:  # the log directory failed: no longer the coordinator (group-level error)
+        return int(ErrorCode.not_coordinator), []
 
     def part(tp: TopicPartition, offset: int, epoch: int, meta: str, error: int) -> dict[str, Any]:
         if require_stable and not error and coordinator.has_pending_txn_offsets(group_id, tp):

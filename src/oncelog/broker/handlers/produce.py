@@ -47,7 +47,12 @@ nothing is appended, as a one-broker Kafka answers (its one replica is the whole
 Errors per partition: UNKNOWN_TOPIC_OR_PARTITION, CORRUPT_MESSAGE,
 INVALID_RECORD, MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE,
 UNSUPPORTED_COMPRESSION_TYPE, plus the idempotence errors above. Invalid
-``acks`` gets INVALID_REQUIRED_ACKS for every partition.
+``acks`` gets INVALID_REQUIRED_ACKS for every partition. An I/O error of an
+append or of the fsync round answers KAFKA_STORAGE_ERROR and takes the log
+directory offline (storage/log_dir.py; the broker stops): every later
+append and every durability wait fails the same way, a retried duplicate
+included (its first copy may not be on disk), as Kafka answers for a
+partition in an offline log directory.
 
 Conditional produce (oncelog's KIP-27, docs/conditional-publish.md): on
 v9+ a partition may carry the tagged field 10000, the offset its batch must
@@ -87,6 +92,7 @@ from oncelog.protocol.conditional import EXPECTED_OFFSET_TAG, NO_EXPECTED_OFFSET
 from oncelog.protocol.errors import ErrorCode, KafkaError, OncelogErrorCode, code_name
 from oncelog.protocol.fast_produce import encode_produce_response
 from oncelog.protocol.records import BatchHeader, InvalidRecordError, validate_produce_records
+from oncelog.storage.log_dir import log_level
 
 API_KEY = 0
 MIN_VERSION = 3
@@ -279,6 +285,10 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
             except KafkaError as exc:
                 parts_out.append(_error(index, exc.code, str(exc)))
                 continue
+            except OSError as exc:  # the write failed, or the log directory is offline (Kafka's KafkaStorageException)
+                log.log(log_level(exc, logging.ERROR), "produce to %s-%d not appended: %s", name, index, exc)
+                parts_out.append(_error(index, ErrorCode.kafka_storage_error, str(exc)))
+                continue
             appended.append(partition)
             parts_out.append(
                 {
@@ -320,7 +330,7 @@ async def _answer(version: int, topics_out: list[dict[str, Any]], waits: list[as
             else:
                 await asyncio.gather(*waits)
         except OSError as exc:
-            log.error("fsync failed, failing the produce: %s", exc)
+            log.log(log_level(exc, logging.ERROR), "fsync failed, failing the produce: %s", exc)
             for t in topics_out:
                 for p in t["partition_responses"]:
                     if p["error_code"] == 0:

@@ -51,6 +51,7 @@ from oncelog.broker.txn.state import (
     prepare,
 )
 from oncelog.protocol.errors import ErrorCode
+from oncelog.storage.log_dir import log_level
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +264,8 @@ class TransactionCoordinator:
         try:
             await self._store.write(tid, None if transit.state is S.DEAD else transit.target)
         except (TxnLogError, OSError) as exc:
-            log.warning("transaction log write for %r (%s) failed: %s", tid, transit.state.display_name, exc)
+            log.log(log_level(exc, logging.WARNING), "transaction log write for %r (%s) failed: %s", tid,
+                    transit.state.display_name, exc)
             code = append_error(exc)
             self._failed[tid] = (transit, code)
             return code

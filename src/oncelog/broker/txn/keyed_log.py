@@ -66,8 +66,9 @@ class DurableKeyedLog:
         durability: Callable[[Any], Any] | None,
         clock: Callable[[], int],
         snapshot_bytes: int = 8 * 1024 * 1024,
+        failure_channel: Any = None,
     ) -> "DurableKeyedLog":
-        plog = PartitionLog.open(Path(directory), internal_log_config(), clock())
+        plog = PartitionLog.open(Path(directory), internal_log_config(), clock(), failure_channel)
         store = cls(plog, snapshot_suffix, durability, clock, snapshot_bytes)
         store.load()
         return store
@@ -157,6 +158,8 @@ class DurableKeyedLog:
     def maybe_snapshot(self, force: bool = False) -> bool:
         plog = self.log
         if self._pending or plog.log_end_offset == plog.log_start_offset:
+            return False
+        if plog.failure_channel is not None and plog.failure_channel.offline:
             return False
         if not force and plog.size_bytes < self.snapshot_bytes:
             return False

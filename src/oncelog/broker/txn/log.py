@@ -58,8 +58,11 @@ class FileTxnLog:
         durability: Callable[[Any], Any] | None,
         clock: Callable[[], int],
         snapshot_bytes: int = 8 * 1024 * 1024,
+        failure_channel: Any = None,
     ) -> "FileTxnLog":
-        keyed = DurableKeyedLog.open(Path(data_dir) / TXN_LOG_DIR, SNAPSHOT_SUFFIX, durability, clock, snapshot_bytes)
+        keyed = DurableKeyedLog.open(
+            Path(data_dir) / TXN_LOG_DIR, SNAPSHOT_SUFFIX, durability, clock, snapshot_bytes, failure_channel
+        )
         return cls(keyed)
 
     @property
@@ -83,6 +86,10 @@ class FileTxnLog:
 
     def close(self) -> None:
         self._log.close()
+
+    def abandon(self) -> None:
+        """Close without writing (the log directory failed)."""
+        self._log.log.abandon()
 
 
 class MemoryTxnLog:

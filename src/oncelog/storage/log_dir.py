@@ -1,0 +1,92 @@
+"""A log directory that goes offline on its first I/O error (Kafka's LogDirFailureChannel).
+
+A failed ``fdatasync`` cannot be retried: Linux reports a writeback error once
+per open file (errseq, since 4.13) and may already have marked the failed pages
+clean, so a later ``fdatasync`` can return 0 although the data never reached
+the disk. A failed ``write`` (EIO, ENOSPC, EDQUOT, EMFILE while rolling a
+segment) leaves the directory in the same doubt. So, as Kafka's
+``maybeHandleIOException`` does for every append, roll and flush of a log, the
+first ``OSError`` of a write or sync of any log of the directory takes the
+whole directory offline, for good (until the broker restarts and recovery reads
+back what the files hold): every later append or sync of a log in it raises
+:class:`LogDirOfflineError` before touching a file, and the broker (one log
+directory, so none left) stops, as Kafka's broker halts when its last log
+directory fails.
+
+The channel is thread-safe: fsyncs run in worker threads. Listeners are called
+once, on the thread that saw the first error, and must only schedule work.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+
+class LogDirOfflineError(OSError):
+    """A write or sync in a log directory that is offline (or the error that took it
+    offline). An OSError, so every caller that maps a storage error (produce's
+    KAFKA_STORAGE_ERROR, the coordinators' NOT_COORDINATOR) maps this one too."""
+
+
+class LogDirFailureChannel:
+    def __init__(self, directory: str | Path | None = None) -> None:
+        self.directory = None if directory is None else Path(directory)
+        self._lock = threading.Lock()
+        self._cause: str | None = None  # what failed first, and how (one line)
+        self._errno = errno.EIO
+        self._listeners: list[Callable[[str], None]] = []
+
+    @property
+    def offline(self) -> bool:
+        return self._cause is not None
+
+    @property
+    def cause(self) -> str | None:
+        return self._cause
+
+    def add_listener(self, listener: Callable[[str], None]) -> None:
+        """``listener(cause)`` is called once when the directory goes offline (at once if it is)."""
+        with self._lock:
+            cause = self._cause
+            if cause is None:
+                self._listeners.append(listener)
+        if cause is not None:
+            listener(cause)
+
+    def error(self) -> LogDirOfflineError:
+        """The error for a write or sync attempted while offline."""
+        where = "" if self.directory is None else f" {self.directory}"
+        return LogDirOfflineError(self._errno, f"the log directory{where} is offline ({self._cause})")
+
+    def check(self) -> None:
+        """Raise :class:`LogDirOfflineError` if the directory is offline."""
+        if self._cause is not None:
+            raise self.error()
+
+    def failed(self, what: str, exc: OSError) -> LogDirOfflineError:
+        """``what`` (e.g. "fsync of t-0") failed with ``exc``: take the directory offline
+        (the first failure only; later ones change nothing) and return the error to raise."""
+        if isinstance(exc, LogDirOfflineError):
+            return exc
+        with self._lock:
+            first = self._cause is None
+            if first:
+                self._cause = f"{what}: {exc.strerror or exc}"
+                self._errno = exc.errno or errno.EIO
+                listeners, self._listeners = self._listeners, []
+        if first:
+            for listener in listeners:
+                listener(self._cause or "")
+        return self.error()
+
+
+def log_level(exc: BaseException | None, level: int) -> int:
+    """``level`` for logging a failed write, DEBUG if it failed because the log directory
+    is (or just went) offline: the broker logs that once, when it stops."""
+    if isinstance(exc, LogDirOfflineError) or isinstance(getattr(exc, "__cause__", None), LogDirOfflineError):
+        return logging.DEBUG
+    return level

@@ -1,0 +1,98 @@
+"""After a failed fsync the log directory is offline: every later request touching it gets Kafka's error.
+
+A Broker without its server (which would stop it at once), driven through
+``dispatch.handle_frame`` as the server does, so the requests that a stopping
+broker may still have read are checked one by one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oncelog.broker.broker import Broker
+from oncelog.broker.config import BrokerConfig
+from oncelog.broker.dispatch import handle_frame
+from oncelog.protocol.build import materialize
+from oncelog.protocol.codec import decode_response, encode_request, is_flexible, request_type
+from oncelog.protocol.errors import ErrorCode as E
+from oncelog.protocol.headers import skip_tagged_fields
+from oncelog.protocol.records import Record, encode_record_batch
+
+PRODUCE, FETCH, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 8, 9, 10, 22
+
+
+async def call(broker: Broker, api_key: int, version: int, body: dict[str, Any]) -> Any:
+    header = struct.pack(">hhih", api_key, version, 1, 1) + b"t"
+    if is_flexible(api_key, version):
+        header += b"\x00"
+    parts = await handle_frame(broker, header + encode_request(materialize(request_type(api_key, version), body)))
+    assert parts is not None
+    raw = b"".join(parts)
+    pos = skip_tagged_fields(raw, 4) if is_flexible(api_key, version) else 4
+    return decode_response(api_key, version, raw, pos)
+
+
+def produce(batch: bytes) -> dict[str, Any]:
+    return {"transactional_id": None, "acks": -1, "timeout": 10000,
+            "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": batch}]}]}
+
+
+def test_every_request_after_a_failed_fsync_gets_kafkas_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
+    try:
+        broker.create_topic("t", 1)
+        log = broker.partition("t", 0).log
+
+        async def main() -> None:
+            r = await call(broker, INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": -1,
+                                                         "producer_id": -1, "producer_epoch": -1})
+            batch = encode_record_batch([Record(None, b"v")], producer_id=r.producer_id,
+                                        producer_epoch=r.producer_epoch, base_sequence=0)
+
+            def eio() -> int:
+                raise OSError(5, "Input/output error")
+
+            monkeypatch.setattr(log, "_sync", eio)  # under the log directory's failure channel
+            (p,) = (await call(broker, PRODUCE, 9, produce(batch))).responses[0].partition_responses
+            assert p.error_code == E.kafka_storage_error
+            assert broker.log_dir.offline
+            monkeypatch.undo()  # the disk "works" again: a later fdatasync would return 0
+            end = log.log_end_offset
+            # the retried duplicate is not acknowledged; a new batch is not appended
+            for b in (batch, encode_record_batch([Record(None, b"w")])):
+                (p,) = (await call(broker, PRODUCE, 9, produce(b))).responses[0].partition_responses
+                assert p.error_code == E.kafka_storage_error
+            assert log.log_end_offset == end and broker.partition("t", 0).high_watermark == 0
+            f = await call(broker, FETCH, 12, {
+                "cluster_id": None, "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20,
+                "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+                "topics": [{"topic": "t", "partitions": [{
+                    "partition": 0, "current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1,
+                    "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
+                "forgotten_topics_data": [], "rack_id": ""})
+            assert f.responses[0].partitions[0].error_code == E.kafka_storage_error
+            c = await call(broker, OFFSET_COMMIT, 8, {
+                "group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
+                "topics": [{"name": "t", "partitions": [{"partition_index": 0, "committed_offset": 1,
+                                                         "committed_leader_epoch": -1, "committed_metadata": ""}]}]})
+            assert c.topics[0].partitions[0].error_code == E.not_coordinator
+            o = await call(broker, OFFSET_FETCH, 8, {
+                "groups": [{"group_id": "g", "topics": None}], "require_stable": False})
+            assert o.groups[0].error_code == E.not_coordinator
+            fc = await call(broker, FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": ["g"]})
+            assert fc.coordinators[0].error_code == E.coordinator_not_available
+            t = await call(broker, INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout": 60000,
+                                                         "producer_id": -1, "producer_epoch": -1})
+            assert t.error_code == E.not_coordinator
+
+        asyncio.run(broker.txn.start())
+        asyncio.run(main())
+    finally:
+        broker.close()
+    # closed without writing to the failed directory: the next start recovers as after a crash
+    assert not (tmp_path / "data" / "t-0" / ".clean_shutdown").exists()
