@@ -416,7 +416,8 @@ def test_clean_restart_keeps_everything(tmp_path: Path) -> None:
 
 def _ctx(part: Partition, version: int = 12) -> Any:
     broker = SimpleNamespace(
-        topics={"t": SimpleNamespace(partitions=[part])}, topics_by_id={}, partition=lambda _t, _i: part
+        topics={"t": SimpleNamespace(partitions=[part])}, topics_by_id={}, partition=lambda _t, _i: part,
+        log_dir=SimpleNamespace(offline=False),
     )
     return SimpleNamespace(broker=broker, version=version, applied=lambda: None)
 
