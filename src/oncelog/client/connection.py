@@ -64,12 +64,18 @@ class Connection:
         self._where = f"{host}:{port}"
         self._security = security
         self._reauth_at: float | None = None  # time.monotonic() from which a request re-authenticates first
+        # the OAUTHBEARER token source this connection uses: released by close(), so that the source's
+        # refresh timer stops with its last connection
+        self._oauth: Any = None
         if security is not None and security.sasl:
+            if security.sasl_mechanism == "OAUTHBEARER" and security.oauth is not None:
+                self._oauth = security.oauth
+                self._oauth.acquire()
             try:
                 self._authenticate(self._where, security.sasl_mechanism, security.sasl_username,
                                    security.sasl_password)
             except BaseException:
-                self.sock.close()
+                self.close()
                 raise
 
     def _authenticate(self, where: str, mechanism: str, username: str, password: str,
@@ -135,6 +141,9 @@ class Connection:
 
     def close(self) -> None:
         self.sock.close()
+        oauth, self._oauth = self._oauth, None
+        if oauth is not None:
+            oauth.release()
 
     def __enter__(self) -> "Connection":
         return self

@@ -192,6 +192,10 @@ class TokenSource:
         self._job: concurrent.futures.Future[OAuthToken] | None = None
         self._btimer: threading.Timer | None = None
         self._bused = False
+        # the blocking connections using this source (acquire/release): when the last one is released the
+        # timer is cancelled and not re-armed until token() is called again
+        self._busers = 0
+        self._bstopped = False
 
     def __repr__(self) -> str:
         return f"TokenSource({'oauth_cb' if self.oauth_cb is not None else 'unsecured JWT'})"
@@ -234,12 +238,55 @@ class TokenSource:
         except Exception as exc:  # noqa: BLE001 - the user's callback: its failure becomes one clear error
             raise TokenError(f"oauth_cb raised {type(exc).__name__}: {exc}") from None
 
+    def _call_in_thread(self, done: Callable[[bool, Any], None]) -> threading.Thread:
+        """Call a plain oauth_cb in a daemon thread of its own (a hung callback must not keep the
+        interpreter from exiting, which a ThreadPoolExecutor's worker does: it is joined at exit) and
+        hand ``done(True, result)`` or ``done(False, TokenError)`` its outcome. Whatever the callback
+        raises, a BaseException too (SystemExit, KeyboardInterrupt, a library's own), is its failure,
+        reported with its real cause: in this thread it can only come from the callback itself (signals
+        go to the main thread), and it must not end the thread silently or as a stray traceback."""
+
+        def call() -> None:
+            try:
+                outcome: tuple[bool, Any] = (True, self._call())
+            except TokenError as exc:
+                outcome = (False, exc)
+            except BaseException as exc:  # noqa: BLE001 - see the docstring
+                outcome = (False, TokenError(f"oauth_cb raised {type(exc).__name__}: {exc}"))
+            done(*outcome)
+
+        caller = threading.Thread(target=call, name="oncelog-oauth-cb", daemon=True)
+        caller.start()
+        return caller
+
+    def acquire(self) -> None:
+        """A blocking connection starts using this source (its token refresh timer may run)."""
+        with self._lock:
+            self._busers += 1
+            self._bstopped = False
+
+    def release(self) -> None:
+        """A blocking connection that called :meth:`acquire` is closed; after the last one the
+        refresh timer is cancelled (no oauth_cb call for a closed client, no thread left sleeping) and
+        not re-armed, also by a refresh still under way, until token() is called again."""
+        with self._lock:
+            self._busers = max(self._busers - 1, 0)
+            if self._busers:
+                return
+            self._bstopped = True
+            self._bused = False
+            timer, self._btimer = self._btimer, None
+        if timer is not None:
+            timer.cancel()
+
     def token(self) -> OAuthToken:
         """The current token (blocking), :meth:`atoken`'s rules: past the refresh point, while the current
         token is unexpired, it is returned at once and the new one is fetched in a worker thread; only
         without an unexpired token does the caller wait for the fetch (bounded by ``timeout``), which
         concurrent callers share. librdkafka calls oauth_cb from its background thread in the same way."""
-        self._bused = True
+        with self._lock:
+            self._bused = True
+            self._bstopped = False
         cached = self._cached()
         if cached is not None:
             return cached
@@ -285,18 +332,12 @@ class TokenSource:
 
     def _bcall(self) -> Any:
         """oauth_cb's result, called in a thread of its own that is waited for at most ``timeout``."""
-        box: list[Any] = []
-
-        def call() -> None:
-            try:
-                box.append((True, self._call()))
-            except TokenError as exc:
-                box.append((False, exc))
-
-        caller = threading.Thread(target=call, name="oncelog-oauth-cb", daemon=True)
-        caller.start()
+        box: list[tuple[bool, Any]] = []
+        caller = self._call_in_thread(lambda ok, value: box.append((ok, value)))
         caller.join(self.timeout)
         if not box:
+            if not caller.is_alive():  # cannot happen (_call_in_thread always reports), but never misreport
+                raise TokenError("oauth_cb ended without a result")
             assert self.timeout is not None
             raise TokenError(f"oauth_cb did not return within {self.timeout * 1000:.0f} ms (request.timeout.ms)")
         ok, result = box[0]
@@ -312,12 +353,15 @@ class TokenSource:
     def _bschedule(self) -> None:
         """The blocking path's refresh timer, as :meth:`_schedule`: the next refresh at 80% of the current
         token's life, or when the retry pause after a failed refresh ends; it stops once token() has not
-        been called since the last timed refresh (its connections closed)."""
+        been called since the last timed refresh, or once the last connection that acquired this source
+        has released it (closed)."""
         now = self._clock()
         with self._lock:
             if self._btimer is not None:
                 self._btimer.cancel()
                 self._btimer = None
+            if self._bstopped:
+                return
             token, retry_at = self._token, self._retry_at
             if token is None or now >= token.expiry:
                 return
@@ -335,8 +379,8 @@ class TokenSource:
             if self._btimer is not timer:
                 return  # replaced by a newer one meanwhile
             self._btimer = None
-        if not self._bused:
-            return
+            if not self._bused or self._bstopped:
+                return
         if self._cached() is None:
             self._bused = False
             self._bstart()  # its end schedules the next
@@ -423,18 +467,43 @@ class TokenSource:
             if not cancelled:
                 self._schedule()
 
+    def _in_thread(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
+        """A plain oauth_cb's outcome on ``loop``, called by :meth:`_call_in_thread` (not in the loop's
+        default executor, whose workers Python joins at exit: a hung callback would keep a closed client's
+        process from exiting)."""
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def done(ok: bool, value: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(_settle, fut, ok, value)
+            except RuntimeError:
+                pass  # the loop is closed (the client too): nobody waits for this outcome
+
+        self._call_in_thread(done)
+        return fut
+
     async def _fetch(self) -> OAuthToken:
         assert self.oauth_cb is not None
         if inspect.iscoroutinefunction(self.oauth_cb):
             result: Any = self._call()  # the coroutine; its own exceptions come when awaited below
         else:
-            result = await asyncio.get_running_loop().run_in_executor(None, self._call)
+            result = await self._in_thread(asyncio.get_running_loop())
         if inspect.isawaitable(result):  # an async def, an object with an async __call__, a returned coroutine
             try:
                 result = await result
-            except Exception as exc:  # noqa: BLE001 - the user's callback: its failure becomes one clear error
+            except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                raise  # asyncio's own: a cancelled refresh, or an interrupt that stops the loop as usual
+            except BaseException as exc:  # noqa: BLE001 - the user's callback: its failure becomes one clear error
                 raise TokenError(f"oauth_cb raised {type(exc).__name__}: {exc}") from None
         return self._keep(_token_from_callback(result, self._clock()))
+
+
+def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if not fut.done():  # not abandoned meanwhile (timeout, cancelled)
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
 
 
 def token_source(values: Mapping[str, Any]) -> TokenSource:
