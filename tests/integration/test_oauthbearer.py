@@ -489,6 +489,45 @@ def test_hung_token_refresh_blocks_no_blocking_client(brokers: dict[str, Embedde
     assert "session expired" not in log
 
 
+def test_closed_blocking_connections_stop_their_token_refresh(brokers: dict[str, EmbeddedBroker]) -> None:
+    """PartitionReaders (the Spark sink opens one per check) and two Connections sharing one client's
+    token source, with 2-second tokens, opened and closed: after close no oauth_cb call and no refresh
+    timer thread is left (each closed reader's timer fired at 80% of the token's life, called oauth_cb
+    once more and slept another 80%), while a source with a connection still open keeps refreshing.
+    About 2 s."""
+    from oncelog.client.config import parse_config
+    from oncelog.client.connection import Connection
+    from oncelog.client.reader import PartitionReader
+
+    b = brokers["oauth"]
+    calls: list[float] = []
+
+    def cb(config: str | None) -> tuple[str, float]:
+        calls.append(time.monotonic())
+        return _jwt(life=LIFE_S, principal="otto")
+
+    def timers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if isinstance(t, threading.Timer) and t.is_alive()}
+
+    before = timers()
+    conf = {**_base(b), "oauth_cb": cb}
+    for _ in range(3):
+        with PartitionReader(b.bootstrap, timeout=10, config=conf) as reader:
+            reader.conn.negotiate()
+            assert reader.conn.request(3, 1, {"topics": None}).brokers
+    sec = parse_config(conf, "consumer").security
+    first = Connection(b.bootstrap, security=sec, timeout=10)
+    second = Connection(b.bootstrap, security=sec, timeout=10)  # the same client's second connection
+    first.close()
+    assert len(calls) == 4
+    time.sleep(0.9 * LIFE_S)  # past the 80% point of every token
+    assert len(calls) == 5  # the open connection's source refreshed
+    second.close()
+    time.sleep(0.3)  # a cancelled timer's thread ends at once
+    assert len(calls) == 5, "oauth_cb was called for a closed client"
+    assert timers() - before == set(), "a closed client's refresh timer is still alive"
+
+
 def test_blocking_connection_waits_a_second_between_reauthentications(brokers: dict[str, EmbeddedBroker],
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A token that expires 3 s after the login (the IdP hands out the same one) and re-authentication at 30%

@@ -823,3 +823,114 @@ def test_java_oauthbearer_login_that_cannot_be_mapped(options: str, reason: str)
 
     with pytest.raises(ClientConfigError, match=reason):
         from_java({"sasl.jaas.config": f"{JAVA_MODULE} required {options};"})
+
+
+class _Boom(BaseException):
+    """A library's own BaseException subclass."""
+
+
+@pytest.mark.parametrize("exc, name", [(SystemExit(3), "SystemExit: 3"), (KeyboardInterrupt("stop"),
+                                                                            "KeyboardInterrupt: stop"),
+                                       (_Boom("idp client bug"), "_Boom: idp client bug")])
+def test_base_exception_from_a_plain_oauth_cb_is_reported_as_itself(exc: BaseException, name: str) -> None:
+    """A plain oauth_cb that raises a BaseException (SystemExit, KeyboardInterrupt, a library's own) fails
+    the fetch at once with that cause, blocking and asyncio, and leaves no stray traceback: it was reported
+    as "did not return within 30000 ms" (blocking) or escaped the event loop (asyncio, which ran the
+    callback in its default executor). In the callback's worker thread such an exception can only come
+    from the callback itself (signals go to the main thread), so it is the callback's failure."""
+    import asyncio
+
+    def cb(config: str | None) -> tuple[str, float]:
+        raise exc
+
+    hooked: list[Any] = []
+    old_hook, threading.excepthook = threading.excepthook, hooked.append
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TokenError) as info:
+            TokenSource(cb, None, None, timeout=30).token()
+        assert time.monotonic() - t0 < 5
+        assert str(info.value) == f"oauth_cb raised {name}"
+
+        async def main() -> str:
+            try:
+                await TokenSource(cb, None, None, timeout=30).atoken()
+            except TokenError as err:
+                return str(err)
+            return "no error"
+
+        assert asyncio.run(main()) == f"oauth_cb raised {name}"
+    finally:
+        threading.excepthook = old_hook
+    assert hooked == []  # no thread died with it
+
+
+def test_blocking_refresh_timer_stops_with_the_last_released_connection() -> None:
+    """A blocking connection acquires the token source and releases it when closed: once the last one is
+    released the 80% refresh timer is cancelled (it fired after the client was closed, called oauth_cb
+    once more and armed another timer, a sleeping thread for ~1.6 token lifetimes), and a refresh still
+    under way does not re-arm it; token() starts it again."""
+    calls: list[float] = []
+
+    def cb(config: str | None) -> tuple[str, float]:
+        calls.append(time.time())
+        return f"tok{len(calls)}", time.time() + 0.5
+
+    src = TokenSource(cb, None, None, timeout=5)
+    src.acquire()
+    src.acquire()
+    assert src.token().value == "tok1"
+    time.sleep(0.1)
+    src.release()  # one of two connections closed: the timer still runs
+    assert src._btimer is not None and src._btimer.is_alive()
+    timer = src._btimer
+    src.release()  # the last one
+    time.sleep(0.1)
+    assert not timer.is_alive() and src._btimer is None
+    time.sleep(0.5)  # past the 80% point (0.4 s)
+    assert len(calls) == 1
+    assert src._btimer is None
+    src.acquire()  # a new connection logs in again: the timer is back
+    assert src.token().value == "tok2"  # tok1 expired
+    time.sleep(0.1)
+    assert src._btimer is not None
+    src.release()
+    assert src._btimer is None
+
+
+_HUNG_LOOP_SCRIPT = """
+import sys, threading, time
+from oncelog.client._loop import LoopThread
+from oncelog.client.oauthbearer import TokenSource
+n = [0]
+def cb(config):
+    n[0] += 1
+    if n[0] == 1:
+        return "tok1", time.time() + 1.0
+    time.sleep(20)  # the token endpoint hangs on the refresh
+    return "tok2", time.time() + 100
+src = TokenSource(cb, None, None, timeout=0.3)
+loop = LoopThread()
+assert loop.run(src.atoken()).value == "tok1"
+time.sleep(0.9)  # the 80% timer started the refresh, which hangs
+assert n[0] == 2, n
+loop.stop()  # the blocking client's close()
+print("closed", flush=True)
+"""
+
+
+def test_hung_plain_oauth_cb_does_not_keep_a_closed_clients_process_alive() -> None:
+    """The blocking Producer/Consumer/Admin run the asyncio client on a LoopThread: a plain oauth_cb hung in
+    a refresh must not keep the process from exiting after close (it ran in the loop's default executor,
+    whose worker Python joins at exit: the process lived until the callback returned, 20 s here). About
+    1.5 s (a subprocess)."""
+    import os
+    import subprocess
+    import sys
+
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _HUNG_LOOP_SCRIPT], capture_output=True, text=True, timeout=30,
+                          env=os.environ.copy())
+    took = time.monotonic() - t0
+    assert done.returncode == 0 and done.stdout == "closed\n", done.stderr
+    assert took < 8, f"the process took {took:.1f} s to exit after close"
