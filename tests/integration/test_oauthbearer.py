@@ -528,6 +528,46 @@ def test_closed_blocking_connections_stop_their_token_refresh(brokers: dict[str,
     assert timers() - before == set(), "a closed client's refresh timer is still alive"
 
 
+_HUNG_PRODUCER_SCRIPT = """
+import sys, time
+from oncelog.client import Producer
+from oncelog.protocol.oauthbearer import unsecured_jws
+calls = []
+def oauth_cb(config):
+    calls.append(time.monotonic())
+    if len(calls) > 1:
+        time.sleep(20)  # the token endpoint hangs on the refresh
+    now = int(time.time() * 1000) / 1000
+    return unsecured_jws({"sub": "pia", "iat": now, "exp": now + 2}), now + 2
+p = Producer({"bootstrap.servers": sys.argv[1], "security.protocol": "SASL_PLAINTEXT",
+              "sasl.mechanism": "OAUTHBEARER", "oauth_cb": oauth_cb, "request.timeout.ms": 1000})
+p.produce(sys.argv[2], b"x")
+assert p.flush(10) == 0
+time.sleep(1.8)  # past the refresh point (80% of 2 s): the refresh hangs
+assert len(calls) == 2, calls
+p.close()
+print("closed", flush=True)
+"""
+
+
+def test_hung_oauth_cb_does_not_keep_a_closed_producers_process_alive(brokers: dict[str, EmbeddedBroker]) -> None:
+    """A blocking Producer whose oauth_cb hangs in the background refresh, closed: the process exits at once
+    (the plain callback ran in the client loop's default executor, whose worker Python joins at exit, so the
+    process lived until the callback returned, 20 s here). About 3 s (a subprocess)."""
+    import os
+    import subprocess
+    import sys
+
+    b = brokers["oauth"]
+    topic = _topic(b, "exit")
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _HUNG_PRODUCER_SCRIPT, b.bootstrap, topic], capture_output=True,
+                          text=True, timeout=60, env=os.environ.copy())
+    took = time.monotonic() - t0
+    assert done.returncode == 0 and done.stdout == "closed\n", done.stderr[-3000:]
+    assert took < 8, f"the process took {took:.1f} s to exit after the Producer was closed"
+
+
 def test_blocking_connection_waits_a_second_between_reauthentications(brokers: dict[str, EmbeddedBroker],
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A token that expires 3 s after the login (the IdP hands out the same one) and re-authentication at 30%
