@@ -94,7 +94,7 @@ from oncelog.storage.cleaner import SegmentInfo
 from oncelog.storage.config import LOG_APPEND_TIME, LogConfig
 from oncelog.storage.fileutil import atomic_write, fsync_dir, write_all
 from oncelog.storage.leader_epoch import LeaderEpochCache
-from oncelog.storage.log_dir import LogDirFailureChannel
+from oncelog.storage.log_dir import LogClosedError, LogDirFailureChannel
 from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name, walk_batches
 from oncelog.storage.txn_index import TXNINDEX_SUFFIX, AbortedTxn
 
@@ -456,6 +456,8 @@ class PartitionLog:
         Writes to the OS page cache only; call :meth:`sync` for durability.
         An OSError of the write (or of a roll's new files) takes the log directory
         offline (:mod:`oncelog.storage.log_dir`); once it is, nothing is appended.
+        A closed (or deleted) log raises :class:`LogClosedError` before touching a
+        file: its descriptors are gone, and an EBADF is no disk failure.
         """
         channel = self.failure_channel
         if channel is None:
@@ -477,6 +479,8 @@ class PartitionLog:
         view = memoryview(batch)
         rolled = False
         with self._lock:
+            if self._closed:
+                raise LogClosedError(self.directory.name)
             active = self.segments[-1]
             base = active.next_offset
             last = base + hdr.last_offset_delta
