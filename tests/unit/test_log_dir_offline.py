@@ -24,7 +24,7 @@ from oncelog.protocol.headers import skip_tagged_fields
 from oncelog.protocol.records import Record, encode_record_batch
 from oncelog.storage.config import LogConfig
 from oncelog.storage.log import PartitionLog
-from oncelog.storage.log_dir import LogClosedError, LogDirFailureChannel
+from oncelog.storage.log_dir import LogClosedError, LogDirFailureChannel, LogDirOfflineError
 
 PRODUCE, FETCH, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 8, 9, 10, 22
 
@@ -157,3 +157,21 @@ def test_an_append_to_a_deleted_log_is_no_disk_failure(tmp_path: Path) -> None:
         log.append(batch, 0)
     assert info.value.code == E.unknown_topic_or_partition
     assert not channel.offline
+
+
+def test_a_failed_fsync_at_close_takes_the_directory_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close()'s own fdatasyncs go through the channel like sync()'s: offline, no clean-shutdown
+    marker, every file closed (before: a bare OSError, the files left open)."""
+    channel = LogDirFailureChannel(tmp_path)
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(), 0, failure_channel=channel)
+    log.append(encode_record_batch([Record(None, b"v")]), 0)
+
+    def eio(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr("oncelog.storage.log.os.fdatasync", eio)
+    with pytest.raises(LogDirOfflineError):
+        log.close()
+    assert channel.offline and channel.cause == "fsync of t-0 at shutdown: Input/output error"
+    assert log.closed and all(seg.fd < 0 for seg in log.segments)
+    assert not (tmp_path / "t-0" / ".clean_shutdown").exists()

@@ -603,7 +603,10 @@ async def serve(config: BrokerConfig, ready: Any = None) -> None:
         raise LogDirFailed(server.failure)
     log.info("shutting down")
     await server.stop()
-    if server.failure is not None:  # the directory failed during the shutdown (its last fsyncs)
+    if broker.log_dir.offline:
+        # the directory failed during the shutdown (the drain's fsyncs, or the logs' last ones at
+        # close): the channel's listener may not have run yet; log the one line now (it runs once)
+        server._log_dir_failed(broker.log_dir.cause or "")
         raise LogDirFailed(server.failure)
 
 

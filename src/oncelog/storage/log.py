@@ -1092,19 +1092,42 @@ class PartitionLog:
 
     def close(self) -> None:
         """Sync everything, mark a clean shutdown and close the files (only close them
-        if the log directory is offline: :meth:`abandon`)."""
-        if self.failure_channel is not None and self.failure_channel.offline:
+        if the log directory is offline: :meth:`abandon`).
+
+        An OSError of these last fsyncs (or of the marker) takes the log directory
+        offline like any other sync's: the log is abandoned (no clean-shutdown
+        marker, so the next start recovers it) and :class:`LogDirOfflineError` is
+        raised; the caller abandons the other logs of the directory.
+        """
+        channel = self.failure_channel
+        if channel is not None and channel.offline:
             self.abandon()
             return
+        try:
+            self._close()
+        except OSError as exc:
+            if channel is None:
+                raise
+            error = channel.failed(f"fsync of {self.directory.name} at shutdown", exc)
+            try:  # a marker renamed in place before its directory's fsync failed
+                (self.directory / CLEAN_SHUTDOWN_FILE).unlink(missing_ok=True)
+            except OSError:
+                pass
+            self.abandon()
+            raise error from exc
+
+    def _close(self) -> None:
         with self._sync_lock, self._lock:
             if self._closed:
                 return
             self.leader_epochs.make_durable()
             for seg in self.segments:
-                for fd in seg.sync_fds(with_indexes=True):
-                    try:
+                fds = seg.sync_fds(with_indexes=True)
+                try:
+                    for fd in fds:
                         os.fdatasync(fd)
-                    finally:
+                finally:
+                    for fd in fds:
                         os.close(fd)
             self._unsynced.clear()
             self._durable_end = self.log_end_offset
