@@ -21,10 +21,12 @@ from oncelog.protocol.build import materialize
 from oncelog.protocol.codec import decode_response, encode_request, is_flexible, request_type
 from oncelog.protocol.errors import ErrorCode as E
 from oncelog.protocol.headers import skip_tagged_fields
-from oncelog.protocol.records import Record, encode_record_batch
+from oncelog.broker.group import TopicPartition
+from oncelog.protocol.records import Record, encode_record_batch, parse_batch_header
 from oncelog.storage.config import LogConfig
 from oncelog.storage.log import PartitionLog
 from oncelog.storage.log_dir import LogClosedError, LogDirFailureChannel, LogDirOfflineError
+from oncelog.storage.txn_index import AbortedTxn, TransactionIndex
 
 PRODUCE, FETCH, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 8, 9, 10, 22
 
@@ -175,3 +177,60 @@ def test_a_failed_fsync_at_close_takes_the_directory_offline(tmp_path: Path, mon
     assert channel.offline and channel.cause == "fsync of t-0 at shutdown: Input/output error"
     assert log.closed and all(seg.fd < 0 for seg in log.segments)
     assert not (tmp_path / "t-0" / ".clean_shutdown").exists()
+
+
+def test_a_failed_write_of_the_aborted_txn_index_takes_the_directory_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The .txnindex entry is part of an ABORT marker's append (Kafka updates the index under
+    the append's I/O guard). Before: an ENOSPC there left the directory online and the
+    transaction open, so the coordinator's retry appended a second marker and was answered OK."""
+    broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
+    try:
+        broker.create_topic("t", 1)
+        part = broker.partition("t", 0)
+        batch = encode_record_batch([Record(None, b"v")], producer_id=1000, producer_epoch=0, base_sequence=0,
+                                    is_transactional=True)
+        part.append_batch(batch, parse_batch_header(batch), broker.clock(), broker.producer_ids, None)
+
+        def enospc(self: TransactionIndex, txn: Any) -> None:
+            raise OSError(28, "No space left on device")
+
+        async def main() -> None:
+            await broker.committer.wait_durable(part)
+            tp = TopicPartition("t", 0)
+            monkeypatch.setattr(TransactionIndex, "append", enospc)
+            errors = await broker.markers.write_markers(1000, 0, broker.coordinator_epoch, False, [tp])
+            assert errors == {tp: E.kafka_storage_error}
+            assert broker.log_dir.offline
+            assert broker.log_dir.cause == "append to the aborted-transaction index of t-0: No space left on device"
+            monkeypatch.undo()
+            end = part.log.log_end_offset
+            errors = await broker.markers.write_markers(1000, 0, broker.coordinator_epoch, False, [tp])
+            assert errors == {tp: E.kafka_storage_error}  # the retry writes no second marker
+            assert part.log.log_end_offset == end and part.high_watermark == 1
+
+        asyncio.run(main())
+    finally:
+        broker.close()
+
+
+def test_a_failed_fsync_of_the_aborted_txn_index_takes_the_directory_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    channel = LogDirFailureChannel(tmp_path)
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(), 0, failure_channel=channel)
+    log.append(encode_record_batch([Record(None, b"v")]), 0)
+    log.append_aborted_txn(AbortedTxn(1000, 0, 0, 1))
+
+    def eio(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr("oncelog.storage.log.os.fdatasync", eio)
+    with pytest.raises(LogDirOfflineError):
+        log.sync_txn_indexes()
+    assert channel.cause == "fsync of the aborted-transaction indexes of t-0: Input/output error"
+    monkeypatch.undo()
+    with pytest.raises(LogDirOfflineError):  # not retried: a later fdatasync may return 0 for lost pages
+        log.sync_txn_indexes()
+    log.abandon()

@@ -407,9 +407,12 @@ class Broker:
         self.committer.close()
         for p in self.all_partitions():
             try:
-                p.snapshot_producer_state()
+                p.snapshot_producer_state()  # its aborted-transaction indexes' fsync is under the channel
             except OSError as exc:
-                log.error("producer snapshot of %s failed: %s", p, exc)
+                log.log(log_level(exc, logging.ERROR), "producer snapshot of %s failed: %s", p, exc)
+            if self.log_dir.offline:
+                self.abandon()
+                return
         try:
             self.logs.close()
         except OSError as exc:

@@ -661,8 +661,24 @@ class PartitionLog:
 
     def append_aborted_txn(self, txn: AbortedTxn) -> None:
         """Record an aborted transaction in the index of the segment holding its marker
-        (``txn.last_offset``); entries must come in increasing marker offsets."""
+        (``txn.last_offset``); entries must come in increasing marker offsets.
+
+        Part of the marker's append (Kafka updates the index inside the append's I/O
+        guard): an OSError of the write takes the log directory offline, as the
+        append's own would."""
+        channel = self.failure_channel
+        if channel is None:
+            return self._append_aborted_txn(txn)
+        channel.check()
+        try:
+            self._append_aborted_txn(txn)
+        except OSError as exc:
+            raise channel.failed(f"append to the aborted-transaction index of {self.directory.name}", exc) from exc
+
+    def _append_aborted_txn(self, txn: AbortedTxn) -> None:
         with self._lock:
+            if self._closed:
+                raise LogClosedError(self.directory.name)
             seg = self.segments[self._segment_index(txn.last_offset)]
             if not seg.base_offset <= txn.last_offset < seg.next_offset:
                 raise ValueError(f"marker offset {txn.last_offset} is not in the log")
@@ -689,7 +705,18 @@ class PartitionLog:
             return sum(seg.txn_index.truncate(offset) for seg in self.segments[self._segment_index(offset) :])
 
     def sync_txn_indexes(self) -> None:
-        """fdatasync every transaction index changed since its last sync."""
+        """fdatasync every transaction index changed since its last sync. An OSError takes
+        the log directory offline, as :meth:`sync`'s does (a failed fdatasync is not retried)."""
+        channel = self.failure_channel
+        if channel is None:
+            return self._sync_txn_indexes()
+        channel.check()
+        try:
+            self._sync_txn_indexes()
+        except OSError as exc:
+            raise channel.failed(f"fsync of the aborted-transaction indexes of {self.directory.name}", exc) from exc
+
+    def _sync_txn_indexes(self) -> None:
         with self._sync_lock:
             with self._lock:
                 todo = []
