@@ -439,8 +439,8 @@ class BrokerServer:
         for task in self._tasks:
             task.cancel()
         if self.cleaner is not None:
-            try:
-                await asyncio.wait_for(self.cleaner.stop(self._cleaner_task), 2)
+            try:  # bounded: a step stuck in an fsync is left to its (daemon) thread
+                await self.cleaner.stop(self._cleaner_task, timeout=1, quiet=True)
             except Exception:  # noqa: BLE001 - halting anyway; recovery rolls a half-done swap back or forward
                 pass
         loop = asyncio.get_running_loop()
