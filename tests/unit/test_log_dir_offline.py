@@ -21,7 +21,12 @@ from oncelog.protocol.build import materialize
 from oncelog.protocol.codec import decode_response, encode_request, is_flexible, request_type
 from oncelog.protocol.errors import ErrorCode as E
 from oncelog.protocol.headers import skip_tagged_fields
-from oncelog.protocol.records import Record, encode_record_batch
+from oncelog.broker.group import TopicPartition
+from oncelog.protocol.records import Record, encode_record_batch, parse_batch_header
+from oncelog.storage.config import LogConfig
+from oncelog.storage.log import PartitionLog
+from oncelog.storage.log_dir import LogClosedError, LogDirFailureChannel, LogDirOfflineError
+from oncelog.storage.txn_index import AbortedTxn, TransactionIndex
 
 PRODUCE, FETCH, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, INIT_PRODUCER_ID = 0, 1, 8, 9, 10, 22
 
@@ -96,3 +101,136 @@ def test_every_request_after_a_failed_fsync_gets_kafkas_error(tmp_path: Path, mo
         broker.close()
     # closed without writing to the failed directory: the next start recovers as after a crash
     assert not (tmp_path / "data" / "t-0" / ".clean_shutdown").exists()
+
+
+@pytest.mark.parametrize("recreate", [False, True])
+def test_a_produce_to_a_topic_deleted_during_its_implicit_add_fails_alone(tmp_path: Path, recreate: bool) -> None:
+    """Review ffix #1: Produce v12 (TV2) awaits the transaction log write of its implicit add; a
+    DeleteTopics meanwhile closed the partition's log. The append used to hit the closed
+    descriptors (EBADF), which took the whole log directory offline and stopped the broker."""
+    broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
+    try:
+        broker.create_topic("t", 1)
+        broker.create_topic("other", 1)
+
+        async def main() -> None:
+            r = await call(broker, INIT_PRODUCER_ID, 5, {"transactional_id": "tx", "transaction_timeout": 60000,
+                                                         "producer_id": -1, "producer_epoch": -1})
+            assert r.error_code == 0, r
+            batch = encode_record_batch([Record(None, b"v")], producer_id=r.producer_id,
+                                        producer_epoch=r.producer_epoch, base_sequence=0, is_transactional=True)
+            body = {"transactional_id": "tx", "acks": -1, "timeout": 10000,
+                    "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": batch}]}]}
+            task = asyncio.create_task(call(broker, PRODUCE, 12, body))
+            for _ in range(100):  # until the implicit add is being written to the transaction log
+                await asyncio.sleep(0)
+                if broker.txn.pending_transit("tx") is not None:
+                    break
+            assert broker.txn.pending_transit("tx") is not None
+            broker.delete_topic("t")  # DeleteTopics on another connection
+            if recreate:
+                broker.create_topic("t", 1)
+            (p,) = (await task).responses[0].partition_responses
+            assert p.error_code == (E.not_leader_or_follower if recreate else E.unknown_topic_or_partition), p
+            assert not broker.log_dir.offline, broker.log_dir.cause
+            if recreate:  # nothing went to the new topic's log
+                assert broker.partition("t", 0).log.log_end_offset == 0
+            # the broker still serves everyone else
+            other = encode_record_batch([Record(None, b"w")])
+            (p,) = (await call(broker, PRODUCE, 9, {
+                "transactional_id": None, "acks": -1, "timeout": 10000,
+                "topic_data": [{"name": "other", "partition_data": [{"index": 0, "records": other}]}]})
+            ).responses[0].partition_responses
+            assert p.error_code == 0 and not broker.log_dir.offline
+
+        asyncio.run(broker.txn.start())
+        asyncio.run(main())
+    finally:
+        broker.close()
+
+
+def test_an_append_to_a_deleted_log_is_no_disk_failure(tmp_path: Path) -> None:
+    channel = LogDirFailureChannel(tmp_path)
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(), 0, failure_channel=channel)
+    batch = encode_record_batch([Record(None, b"v")])
+    log.append(batch, 0)
+    log.delete()
+    with pytest.raises(LogClosedError) as info:
+        log.append(batch, 0)
+    assert info.value.code == E.unknown_topic_or_partition
+    assert not channel.offline
+
+
+def test_a_failed_fsync_at_close_takes_the_directory_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close()'s own fdatasyncs go through the channel like sync()'s: offline, no clean-shutdown
+    marker, every file closed (before: a bare OSError, the files left open)."""
+    channel = LogDirFailureChannel(tmp_path)
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(), 0, failure_channel=channel)
+    log.append(encode_record_batch([Record(None, b"v")]), 0)
+
+    def eio(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr("oncelog.storage.log.os.fdatasync", eio)
+    with pytest.raises(LogDirOfflineError):
+        log.close()
+    assert channel.offline and channel.cause == "fsync of t-0 at shutdown: Input/output error"
+    assert log.closed and all(seg.fd < 0 for seg in log.segments)
+    assert not (tmp_path / "t-0" / ".clean_shutdown").exists()
+
+
+def test_a_failed_write_of_the_aborted_txn_index_takes_the_directory_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The .txnindex entry is part of an ABORT marker's append (Kafka updates the index under
+    the append's I/O guard). Before: an ENOSPC there left the directory online and the
+    transaction open, so the coordinator's retry appended a second marker and was answered OK."""
+    broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
+    try:
+        broker.create_topic("t", 1)
+        part = broker.partition("t", 0)
+        batch = encode_record_batch([Record(None, b"v")], producer_id=1000, producer_epoch=0, base_sequence=0,
+                                    is_transactional=True)
+        part.append_batch(batch, parse_batch_header(batch), broker.clock(), broker.producer_ids, None)
+
+        def enospc(self: TransactionIndex, txn: Any) -> None:
+            raise OSError(28, "No space left on device")
+
+        async def main() -> None:
+            await broker.committer.wait_durable(part)
+            tp = TopicPartition("t", 0)
+            monkeypatch.setattr(TransactionIndex, "append", enospc)
+            errors = await broker.markers.write_markers(1000, 0, broker.coordinator_epoch, False, [tp])
+            assert errors == {tp: E.kafka_storage_error}
+            assert broker.log_dir.offline
+            assert broker.log_dir.cause == "append to the aborted-transaction index of t-0: No space left on device"
+            monkeypatch.undo()
+            end = part.log.log_end_offset
+            errors = await broker.markers.write_markers(1000, 0, broker.coordinator_epoch, False, [tp])
+            assert errors == {tp: E.kafka_storage_error}  # the retry writes no second marker
+            assert part.log.log_end_offset == end and part.high_watermark == 1
+
+        asyncio.run(main())
+    finally:
+        broker.close()
+
+
+def test_a_failed_fsync_of_the_aborted_txn_index_takes_the_directory_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    channel = LogDirFailureChannel(tmp_path)
+    log = PartitionLog.open(tmp_path / "t-0", LogConfig(), 0, failure_channel=channel)
+    log.append(encode_record_batch([Record(None, b"v")]), 0)
+    log.append_aborted_txn(AbortedTxn(1000, 0, 0, 1))
+
+    def eio(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr("oncelog.storage.log.os.fdatasync", eio)
+    with pytest.raises(LogDirOfflineError):
+        log.sync_txn_indexes()
+    assert channel.cause == "fsync of the aborted-transaction indexes of t-0: Input/output error"
+    monkeypatch.undo()
+    with pytest.raises(LogDirOfflineError):  # not retried: a later fdatasync may return 0 for lost pages
+        log.sync_txn_indexes()
+    log.abandon()

@@ -28,7 +28,7 @@ from oncelog.storage.catalog import TopicCatalog
 from oncelog.storage.config import TOPIC_CONFIGS, ConfigError, LogConfig
 from oncelog.storage.engine import LogManager
 from oncelog.storage.fileutil import DirLock, atomic_write
-from oncelog.storage.log_dir import LogDirFailureChannel
+from oncelog.storage.log_dir import LogDirFailureChannel, log_level
 
 log = logging.getLogger(__name__)
 
@@ -386,25 +386,43 @@ class Broker:
         return expired
 
     def close(self) -> None:
+        """Close cleanly: the last fsyncs, snapshots and clean-shutdown markers. If the log
+        directory is offline, or goes offline on one of these fsyncs, the rest is closed
+        without writing (:meth:`abandon`); it does not raise then: the caller checks
+        ``log_dir.offline`` (the server reports the failure, one line). The directory's
+        lock is released in every case."""
         if self.log_dir.offline:  # nothing more is written to a failed directory
             self.abandon()
             return
         self.txn.close()
-        try:
-            self.txn_log.close()
-        except OSError as exc:
-            log.error("closing the transaction log failed: %s", exc)
-        try:
-            self.groups.store.close()
-        except OSError as exc:
-            log.error("closing the offsets store failed: %s", exc)
+        steps = (("the transaction log", self.txn_log.close), ("the offsets store", self.groups.store.close))
+        for what, step in steps:
+            try:
+                step()
+            except OSError as exc:
+                log.log(log_level(exc, logging.ERROR), "closing %s failed: %s", what, exc)
+            if self.log_dir.offline:
+                self.abandon()
+                return
         self.committer.close()
         for p in self.all_partitions():
             try:
-                p.snapshot_producer_state()
+                p.snapshot_producer_state()  # its aborted-transaction indexes' fsync is under the channel
             except OSError as exc:
-                log.error("producer snapshot of %s failed: %s", p, exc)
-        self.logs.close()
+                log.log(log_level(exc, logging.ERROR), "producer snapshot of %s failed: %s", p, exc)
+            if self.log_dir.offline:
+                self.abandon()
+                return
+        try:
+            self.logs.close()
+        except OSError as exc:
+            if not self.log_dir.offline:  # not one of the channel's (no failure channel): close the rest anyway
+                log.error("closing the logs failed: %s", exc)
+                self.logs.abandon()
+                self.dir_lock.release()
+                raise
+            self.abandon()
+            return
         self.dir_lock.release()  # last: every file of the directory is closed
 
     def abandon(self) -> None:

@@ -38,7 +38,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any
 
 from oncelog.storage.log_dir import LogDirFailureChannel
@@ -114,6 +114,70 @@ class SyncThreads:
                 t.join()
 
 
+class DaemonThreadExecutor(Executor):
+    """A ``concurrent.futures`` executor on daemon threads, for work that may hang in a
+    syscall (an fdatasync of a failing disk). A ``ThreadPoolExecutor``'s workers are
+    joined at interpreter exit (Python 3.9+), so one stuck there would keep a broker whose
+    log directory failed from exiting; these end with the process. ``shutdown(wait=False)``
+    returns at once."""
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self.max_workers = max_workers
+        self.name = name
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (future, fn, args, kwargs), None: stop
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._idle = threading.Semaphore(0)  # released by a worker that finished a job (as ThreadPoolExecutor)
+        self._shutdown = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError(f"the {self.name} threads are shut down")
+            self._queue.put((fut, fn, args, kwargs))
+            if not self._idle.acquire(timeout=0) and len(self._threads) < self.max_workers:
+                t = threading.Thread(target=self._work, name=f"{self.name}_{len(self._threads)}", daemon=True)
+                self._threads.append(t)
+                t.start()
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fut, fn, args, kwargs = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args, **kwargs))
+                except BaseException as exc:
+                    fut.set_exception(exc)
+            del item, fut, fn, args, kwargs
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            if self._shutdown:
+                threads = []
+            else:
+                self._shutdown = True
+                threads = list(self._threads)
+                if cancel_futures:
+                    while True:
+                        try:
+                            item = self._queue.get_nowait()
+                        except queue.Empty:
+                            break
+                        if item is not None:
+                            item[0].cancel()
+                for _ in threads:
+                    self._queue.put(None)
+        if wait:
+            for t in threads:
+                t.join()
+
+
 class _Waiter:
     """A future that resolves once each of ``left`` logs has been fsynced after the append it waits for."""
 
@@ -137,7 +201,7 @@ class GroupCommitter:
         self._inflight: set["Partition"] = set()  # logs whose round is running
         self._rounds: set[asyncio.Future[None]] = set()  # the running rounds
         self._kick_scheduled = False
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="flush")  # periodic_flush only
+        self._pool = DaemonThreadExecutor(8, "flush")  # periodic_flush only (daemon: an fdatasync may hang)
         self._sync_threads = SyncThreads(16)  # the acks rounds (_sync_all); rounds may run side by side
         self.rounds = 0
         self.synced_files = 0
@@ -345,6 +409,6 @@ class GroupCommitter:
 
     def abandon(self) -> None:
         """Stop without waiting for the worker threads (the log directory failed: an
-        fdatasync may hang); they are daemon threads and end with the process."""
+        fdatasync may hang); they are daemon threads (both kinds) and end with the process."""
         self._sync_threads.close(wait=False)
         self._pool.shutdown(wait=False, cancel_futures=True)

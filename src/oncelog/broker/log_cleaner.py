@@ -41,11 +41,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from oncelog.broker.durability import DaemonThreadExecutor
 from oncelog.protocol.records import InvalidRecordError
 from oncelog.storage.fileutil import remove_gradually
 from oncelog.storage.cleaner import (
@@ -100,7 +100,7 @@ class LogCleaner:
         self.config = config
         self._pool: Any = None  # the cleaner processes (multiprocessing, spawn), started on first use
         self._pool_lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: DaemonThreadExecutor | None = None
         self._stopping = False
         self._wake = asyncio.Event()
         self.passes: list[PassResult] = []  # the last few, for tests and tools
@@ -146,7 +146,8 @@ class LogCleaner:
         if not self.enabled:
             return
         threads = self.config.threads
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="oncelog-cleaner")
+        # daemon threads: a step stuck in an fsync of a failing disk must not keep the process from exiting
+        self._executor = DaemonThreadExecutor(threads, "oncelog-cleaner")
         await asyncio.gather(*(self._cleaner(i) for i in range(threads)))
 
     async def _cleaner(self, cleaner_id: int) -> None:
@@ -170,24 +171,36 @@ class LogCleaner:
     def wake(self) -> None:
         self._wake.set()
 
-    async def stop(self, task: "asyncio.Task[None] | None" = None, keep_deleter: bool = False) -> None:
-        """Stop after the current step; ``task`` is the :meth:`run` task to wait for. A pass
-        stopped half-way leaves files that the next start rolls back or forward.
-        ``keep_deleter``: the replaced segments still being removed are left to
-        :attr:`deleter`, which the next cleaner takes over (a reconfiguration)."""
+    async def stop(
+        self, task: "asyncio.Task[None] | None" = None, keep_deleter: bool = False, timeout: float = 30,
+        quiet: bool = False,
+    ) -> None:
+        """Stop after the current step; ``task`` is the :meth:`run` task to wait for (up to
+        ``timeout`` seconds). A pass stopped half-way leaves files that the next start rolls
+        back or forward. ``keep_deleter``: the replaced segments still being removed are left
+        to :attr:`deleter`, which the next cleaner takes over (a reconfiguration). If the
+        step is still running after ``timeout`` (stuck in an fsync of a failing disk, say),
+        its thread is left behind: a daemon thread, it does not keep the process from
+        exiting. ``quiet``: say so at DEBUG (the broker is halting and logged why)."""
         self._stopping = True
         self._wake.set()
         if not keep_deleter:
             self.deleter.stop()
+        finished = True
         if task is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(task), 30)
+                await asyncio.wait_for(asyncio.shield(task), timeout)
             except (asyncio.TimeoutError, asyncio.CancelledError):
-                log.warning("log cleaner still busy at shutdown; recovery finishes its swap")
+                finished = task.done()
+                log.log(logging.DEBUG if quiet else logging.WARNING,
+                        "log cleaner still busy at shutdown; recovery finishes its swap")
         if self._pool:
             self._pool.terminate()
         if self._executor is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+            if finished:  # its threads are idle: a quick join
+                await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+            else:  # not from the default executor either, whose shutdown asyncio.run waits for
+                self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _step(self, fn: Any, *args: Any) -> Any:
         """Run one step in the cleaner thread (CleaningAborted once stopping)."""

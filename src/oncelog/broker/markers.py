@@ -100,7 +100,7 @@ class BrokerMarkerWriter:
                 else:
                     errors[tp] = int(exc.code)
                 continue
-            except OSError as exc:  # the append failed (nothing written): the log directory is offline
+            except OSError as exc:  # the append or its aborted-txn index entry failed: the log directory is offline
                 log.log(log_level(exc, logging.ERROR), "marker on %s-%d not written: %s", tp.topic, tp.partition, exc)
                 errors[tp] = int(ErrorCode.kafka_storage_error)
                 continue

@@ -41,6 +41,7 @@ from oncelog.broker.producer_state import (
 from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.protocol.records import BatchHeader, InvalidRecordError, encode_control_batch, read_control_marker
 from oncelog.storage.fileutil import offset_named_files, write_offset_named
+from oncelog.storage.log_dir import log_level
 from oncelog.storage.txn_index import AbortedTxn
 
 if TYPE_CHECKING:
@@ -275,7 +276,7 @@ class Partition:
         try:
             self.snapshot_producer_state(offset)
         except OSError as exc:  # snapshots are an optimisation; replay covers a missing one
-            log.error("producer snapshot of %s at %d failed: %s", self, offset, exc)
+            log.log(log_level(exc, logging.ERROR), "producer snapshot of %s at %d failed: %s", self, offset, exc)
 
     def _snapshots(self) -> list[tuple[int, Path]]:
         return offset_named_files(self.log.directory, SNAPSHOT_SUFFIX)

@@ -439,8 +439,8 @@ class BrokerServer:
         for task in self._tasks:
             task.cancel()
         if self.cleaner is not None:
-            try:
-                await asyncio.wait_for(self.cleaner.stop(self._cleaner_task), 2)
+            try:  # bounded: a step stuck in an fsync is left to its (daemon) thread
+                await self.cleaner.stop(self._cleaner_task, timeout=1, quiet=True)
             except Exception:  # noqa: BLE001 - halting anyway; recovery rolls a half-done swap back or forward
                 pass
         loop = asyncio.get_running_loop()
@@ -603,7 +603,10 @@ async def serve(config: BrokerConfig, ready: Any = None) -> None:
         raise LogDirFailed(server.failure)
     log.info("shutting down")
     await server.stop()
-    if server.failure is not None:  # the directory failed during the shutdown (its last fsyncs)
+    if broker.log_dir.offline:
+        # the directory failed during the shutdown (the drain's fsyncs, or the logs' last ones at
+        # close): the channel's listener may not have run yet; log the one line now (it runs once)
+        server._log_dir_failed(broker.log_dir.cause or "")
         raise LogDirFailed(server.failure)
 
 

@@ -94,7 +94,7 @@ from oncelog.storage.cleaner import SegmentInfo
 from oncelog.storage.config import LOG_APPEND_TIME, LogConfig
 from oncelog.storage.fileutil import atomic_write, fsync_dir, write_all
 from oncelog.storage.leader_epoch import LeaderEpochCache
-from oncelog.storage.log_dir import LogDirFailureChannel
+from oncelog.storage.log_dir import LogClosedError, LogDirFailureChannel
 from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name, walk_batches
 from oncelog.storage.txn_index import TXNINDEX_SUFFIX, AbortedTxn
 
@@ -456,6 +456,8 @@ class PartitionLog:
         Writes to the OS page cache only; call :meth:`sync` for durability.
         An OSError of the write (or of a roll's new files) takes the log directory
         offline (:mod:`oncelog.storage.log_dir`); once it is, nothing is appended.
+        A closed (or deleted) log raises :class:`LogClosedError` before touching a
+        file: its descriptors are gone, and an EBADF is no disk failure.
         """
         channel = self.failure_channel
         if channel is None:
@@ -477,6 +479,8 @@ class PartitionLog:
         view = memoryview(batch)
         rolled = False
         with self._lock:
+            if self._closed:
+                raise LogClosedError(self.directory.name)
             active = self.segments[-1]
             base = active.next_offset
             last = base + hdr.last_offset_delta
@@ -657,8 +661,24 @@ class PartitionLog:
 
     def append_aborted_txn(self, txn: AbortedTxn) -> None:
         """Record an aborted transaction in the index of the segment holding its marker
-        (``txn.last_offset``); entries must come in increasing marker offsets."""
+        (``txn.last_offset``); entries must come in increasing marker offsets.
+
+        Part of the marker's append (Kafka updates the index inside the append's I/O
+        guard): an OSError of the write takes the log directory offline, as the
+        append's own would."""
+        channel = self.failure_channel
+        if channel is None:
+            return self._append_aborted_txn(txn)
+        channel.check()
+        try:
+            self._append_aborted_txn(txn)
+        except OSError as exc:
+            raise channel.failed(f"append to the aborted-transaction index of {self.directory.name}", exc) from exc
+
+    def _append_aborted_txn(self, txn: AbortedTxn) -> None:
         with self._lock:
+            if self._closed:
+                raise LogClosedError(self.directory.name)
             seg = self.segments[self._segment_index(txn.last_offset)]
             if not seg.base_offset <= txn.last_offset < seg.next_offset:
                 raise ValueError(f"marker offset {txn.last_offset} is not in the log")
@@ -685,7 +705,18 @@ class PartitionLog:
             return sum(seg.txn_index.truncate(offset) for seg in self.segments[self._segment_index(offset) :])
 
     def sync_txn_indexes(self) -> None:
-        """fdatasync every transaction index changed since its last sync."""
+        """fdatasync every transaction index changed since its last sync. An OSError takes
+        the log directory offline, as :meth:`sync`'s does (a failed fdatasync is not retried)."""
+        channel = self.failure_channel
+        if channel is None:
+            return self._sync_txn_indexes()
+        channel.check()
+        try:
+            self._sync_txn_indexes()
+        except OSError as exc:
+            raise channel.failed(f"fsync of the aborted-transaction indexes of {self.directory.name}", exc) from exc
+
+    def _sync_txn_indexes(self) -> None:
         with self._sync_lock:
             with self._lock:
                 todo = []
@@ -1088,19 +1119,42 @@ class PartitionLog:
 
     def close(self) -> None:
         """Sync everything, mark a clean shutdown and close the files (only close them
-        if the log directory is offline: :meth:`abandon`)."""
-        if self.failure_channel is not None and self.failure_channel.offline:
+        if the log directory is offline: :meth:`abandon`).
+
+        An OSError of these last fsyncs (or of the marker) takes the log directory
+        offline like any other sync's: the log is abandoned (no clean-shutdown
+        marker, so the next start recovers it) and :class:`LogDirOfflineError` is
+        raised; the caller abandons the other logs of the directory.
+        """
+        channel = self.failure_channel
+        if channel is not None and channel.offline:
             self.abandon()
             return
+        try:
+            self._close()
+        except OSError as exc:
+            if channel is None:
+                raise
+            error = channel.failed(f"fsync of {self.directory.name} at shutdown", exc)
+            try:  # a marker renamed in place before its directory's fsync failed
+                (self.directory / CLEAN_SHUTDOWN_FILE).unlink(missing_ok=True)
+            except OSError:
+                pass
+            self.abandon()
+            raise error from exc
+
+    def _close(self) -> None:
         with self._sync_lock, self._lock:
             if self._closed:
                 return
             self.leader_epochs.make_durable()
             for seg in self.segments:
-                for fd in seg.sync_fds(with_indexes=True):
-                    try:
+                fds = seg.sync_fds(with_indexes=True)
+                try:
+                    for fd in fds:
                         os.fdatasync(fd)
-                    finally:
+                finally:
+                    for fd in fds:
                         os.close(fd)
             self._unsynced.clear()
             self._durable_end = self.log_end_offset

@@ -25,11 +25,24 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from oncelog.protocol.errors import ErrorCode, KafkaError
+
 
 class LogDirOfflineError(OSError):
     """A write or sync in a log directory that is offline (or the error that took it
     offline). An OSError, so every caller that maps a storage error (produce's
     KAFKA_STORAGE_ERROR, the coordinators' NOT_COORDINATOR) maps this one too."""
+
+
+class LogClosedError(KafkaError):
+    """A write to a log that is closed (its partition was deleted, or the broker is
+    stopping), raised before any file is touched. Not an OSError: nothing failed on
+    disk, so the log directory stays online (Kafka's ``checkIfMemoryMappedBufferClosed``,
+    whose error is not routed to the LogDirFailureChannel either). The request is
+    answered as for a deleted partition: UNKNOWN_TOPIC_OR_PARTITION."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(ErrorCode.unknown_topic_or_partition, f"the log of {what} is closed (deleted)")
 
 
 class LogDirFailureChannel:

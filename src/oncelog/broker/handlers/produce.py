@@ -262,6 +262,9 @@ async def handle(ctx: RequestContext, request: Any) -> bytes | None:
         for entry, h, tp in implicit_adds:
             code = codes[(h.producer_id, h.producer_epoch)][tp]
             entry[4] = _verifier(txn, tp, version) if not code else _failing(_txn_error(code, version))
+        # a topic may have been deleted (or deleted and created again) during the await: look every
+        # partition up again, as Kafka's ReplicaManager does at append time
+        plan = [(name, [_still_hosted(broker, name, e) for e in entries]) for name, entries in plan]
     # pass 2: append, in request order, without awaiting; then the next request of the connection may start
     waits: list[asyncio.Future[None]] = []
     if conditions is not None:
@@ -466,3 +469,20 @@ def _failing(exc: KafkaError) -> Any:
         raise exc
 
     return verify
+
+
+def _still_hosted(broker: Any, name: str, entry: Any) -> Any:
+    """``entry`` of pass 1, or the error for its partition if that was deleted meanwhile:
+    UNKNOWN_TOPIC_OR_PARTITION if it is gone, NOT_LEADER_OR_FOLLOWER if a new topic of the
+    same name holds it now (Kafka's answer for a topic it knows but a replica it no longer
+    hosts: the client refreshes its metadata and retries)."""
+    if isinstance(entry, dict):
+        return entry
+    index, partition = entry[0], entry[1]
+    try:
+        now = broker.partition(name, index)
+    except KafkaError as exc:
+        return _error(index, exc.code, str(exc))
+    if now is not partition:
+        return _error(index, ErrorCode.not_leader_or_follower, f"{name}-{index} was deleted and created again")
+    return entry
