@@ -29,7 +29,9 @@ Internal design (for the transactions work that builds on it):
   record's future when it is asked for.
 * Per partition (:class:`_Partition`): ``ready`` (closed, no sequence yet),
   ``unacked`` (sequenced, sent at least once, not acknowledged; in sequence
-  order), ``acked_seq`` (the sequence after the last acknowledged batch).
+  order), ``acked_seq`` (the sequence after the last acknowledged batch),
+  ``acked_max`` (the end of the furthest acknowledged batch, also one answered
+  while an earlier answer is missing).
   Sequences are given when a batch is first sent. When a batch fails, the
   partition is *blocked*: nothing more is sent for it until every request
   in flight for it has been answered. Then the unacked batches are
