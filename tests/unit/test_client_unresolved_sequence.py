@@ -24,6 +24,8 @@ import types
 from concurrent.futures import Future
 from typing import Any
 
+import pytest
+
 from oncelog.broker.producer_state import Accept, Duplicate, Incoming, ProducerEntry, check_batch
 from oncelog.client.aio.producer import ProducerCore
 from oncelog.client.config import parse_config
@@ -343,9 +345,6 @@ def test_batch_in_flight_expired_without_idempotence_is_not_resent() -> None:
 
 
 # -- review k1: the transaction's end and a batch failed in flight; acknowledgements out of order ---------
-
-
-import pytest  # noqa: E402
 
 
 @pytest.mark.parametrize("tv2", [True, False])
