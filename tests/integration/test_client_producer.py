@@ -310,7 +310,7 @@ def test_expired_batch_then_written_later_batch_in_doubt_is_written_once(tmp_pat
                            "retry.backoff.max.ms": 100}) as p:
                 first = p.produce("k1", b"first", partition=0)
                 assert p.flush(10) == 0 and first.result().offset == 0
-                epoch = p.producer_id
+                id_epoch = p.producer_id  # (producer id, epoch)
                 proxy.set_faults(drop_response_rate=1.0, drop_mode="close")  # Produce answers only
                 a = p.produce("k1", b"a", partition=0)
                 t_a = time.monotonic()
@@ -327,7 +327,7 @@ def test_expired_batch_then_written_later_batch_in_doubt_is_written_once(tmp_pat
                 assert b.result(10).offset == 2  # the original offset: a duplicate, not written again
                 c = p.produce("k1", b"c", partition=0)
                 assert p.flush(10) == 0 and c.result().offset == 3
-                assert p.producer_id == epoch and p._core.stats["epoch_bumps"] == 0
+                assert p.producer_id == id_epoch and p._core.stats["epoch_bumps"] == 0  # the same id and epoch
             assert proxy.stats.dropped_by_api.get(0, 0) >= 2
             ends = {0: kit.confluent_watermarks(broker.bootstrap, "k1", 1)[0][1]}
             values = [m.value() for m in kit.confluent_consume_all(broker.bootstrap, "k1", ends)[0]]

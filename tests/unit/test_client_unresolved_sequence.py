@@ -24,6 +24,8 @@ import types
 from concurrent.futures import Future
 from typing import Any
 
+import pytest
+
 from oncelog.broker.producer_state import Accept, Duplicate, Incoming, ProducerEntry, check_batch
 from oncelog.client.aio.producer import ProducerCore
 from oncelog.client.config import parse_config
@@ -340,3 +342,146 @@ def test_batch_in_flight_expired_without_idempotence_is_not_resent() -> None:
     _settle(core, leader)
     assert leader.sent == [] and leader.log == [] and not core.partitions[("t", 0)].ready
     assert (core._outstanding, core.buffered_bytes) == (0, 0)
+
+
+# -- review k1: the transaction's end and a batch failed in flight; acknowledgements out of order ---------
+
+
+@pytest.mark.parametrize("tv2", [True, False])
+def test_txn_abort_waits_for_the_request_of_a_batch_failed_in_flight(tv2: bool) -> None:
+    """A transactional batch A fails at delivery.timeout.ms while its Produce request is out (its records
+    complete, the transaction is abortable). abort_transaction() sends EndTxn (and, v1, the epoch bump) only
+    once A's request is answered: before, the flush returned at once, the epoch moved on with A in flight,
+    set_producer renumbered A into the new epoch, and the next transaction's first batch C went at epoch 1
+    with sequence A.count instead of 0 (refused OUT_OF_ORDER_SEQUENCE_NUMBER); with v1, A could also land
+    after the abort marker."""
+    from oncelog.client.aio.transactions import S  # type: ignore[attr-defined]
+
+    async def run() -> None:
+        core, leader = _producer(**{"transactional.id": "tx", "enable.idempotence": True})
+        txn = core.txn
+        assert txn is not None
+        txn.tv2 = tv2
+        txn.state = S.IN_TRANSACTION
+        txn.partitions.add(("t", 0))  # v1: already added (AddPartitionsToTxn is not under test)
+        _acked_first(core, leader)
+        txn.started = True
+        a, a_futs = _produce(core, "a", 3)
+        _pass(core)
+        _age(core, a)
+        _pass(core)
+        assert all(isinstance(f.exception(0), DeliveryTimeoutError) for f in a_futs)
+        assert txn.state is S.ABORTABLE_ERROR and a.in_flight and core._outstanding == 0
+        calls: list[tuple[str, bool]] = []
+
+        async def fake_call(what: str, *args: Any, **kw: Any) -> Any:  # EndTxn (v2: bumps) / InitProducerId
+            calls.append((what, bool(core._requests)))
+            return types.SimpleNamespace(error_code=0, producer_id=7, producer_epoch=1)
+        txn._call = fake_call  # type: ignore[method-assign]
+        abort = asyncio.ensure_future(txn.abort_transaction(5))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert calls == [] and not abort.done(), "EndTxn sent while A's request was in flight"
+        leader.deliver(written=True, answered=True)  # A's late answer (epoch 0)
+        await asyncio.wait_for(abort, 5)
+        assert [c[1] for c in calls] == [False] * len(calls) and calls[0][0] == "EndTxn(abort)"
+        assert core.producer_epoch == 1 and not core.partitions[("t", 0)].unacked
+        txn.begin_transaction()
+        txn.tv2 = tv2
+        txn.partitions.add(("t", 0))
+        c, c_futs = _produce(core, "c", 2)
+        _pass(core)
+        assert c.seq == 0
+        leader.deliver(written=True, answered=True)
+        assert leader.sent[-1] == (1, 0, 2)  # (epoch, sequence, records)
+        assert [f.result(0).offset for f in c_futs] == [5, 6]
+        assert leader.log == _values("p", 2) + _values("a", 3) + _values("c", 2)
+    asyncio.run(run())
+
+
+def test_txn_abort_times_out_while_the_request_of_a_batch_failed_in_flight_is_unanswered() -> None:
+    """The wait is bounded by the call's timeout: abort_transaction() raises KafkaTimeoutError without
+    sending EndTxn, and a later abort_transaction() (once the request is answered) finishes."""
+    from oncelog.client.aio.transactions import S  # type: ignore[attr-defined]
+    from oncelog.client.errors import KafkaTimeoutError
+
+    async def run() -> None:
+        core, leader = _producer(**{"transactional.id": "tx", "enable.idempotence": True})
+        txn = core.txn
+        assert txn is not None
+        txn.tv2 = True
+        txn.state = S.IN_TRANSACTION
+        _acked_first(core, leader)
+        txn.started = True
+        a, _ = _produce(core, "a", 3)
+        _pass(core)
+        _age(core, a)
+        _pass(core)
+        calls: list[str] = []
+
+        async def fake_call(what: str, *args: Any, **kw: Any) -> Any:
+            calls.append(what)
+            return types.SimpleNamespace(error_code=0, producer_id=7, producer_epoch=1)
+        txn._call = fake_call  # type: ignore[method-assign]
+        with pytest.raises(KafkaTimeoutError, match="Produce request"):
+            await txn.abort_transaction(0.05)
+        assert calls == [] and txn.state is S.ABORTING
+        leader.deliver(written=True, answered=True)
+        await txn.abort_transaction(1)
+        assert calls == ["EndTxn(abort)"] and txn.state is S.READY and core.producer_epoch == 1
+    asyncio.run(run())
+
+
+def test_set_producer_gives_no_sequence_to_a_batch_failed_in_flight() -> None:
+    """set_producer (the transaction's epoch change) drops a batch failed in flight at delivery.timeout.ms
+    from the batches it renumbers: it is complete and never resent. The next batch goes at the new epoch
+    from sequence 0 (before: A.count), and A's late answer under the old epoch changes nothing."""
+    core, leader = _producer()
+    _acked_first(core, leader)
+    a, a_futs = _produce(core, "a", 3)
+    _pass(core)
+    _age(core, a)
+    _pass(core)
+    assert all(isinstance(f.exception(0), DeliveryTimeoutError) for f in a_futs) and a.in_flight
+    core.set_producer(7, 1)
+    p = core.partitions[("t", 0)]
+    assert (list(p.unacked), p.next_seq) == ([], 0)
+    c, c_futs = _produce(core, "c", 2)
+    _pass(core)
+    assert c.seq == 0
+    leader.deliver(written=True, answered=True)  # A, late (epoch 0, sequence 2)
+    assert (p.acked_seq, p.acked_max) == (0, 0)
+    leader.deliver(written=True, answered=True)  # C
+    assert leader.sent[-1] == (1, 0, 2)  # (epoch, sequence, records)
+    assert [f.result(0).offset for f in c_futs] == [5, 6]
+    assert (p.acked_seq, p.next_seq) == (2, 2)
+
+
+def test_later_batch_acknowledged_before_the_head_resolves_the_head_given_up() -> None:
+    """The fault proxy's "gap" mode: A's answer is missing on a live connection, B (pipelined behind it) is
+    answered. When A (failed in flight at delivery.timeout.ms) is then given up as its request times out,
+    B's acknowledgement shows A was written (Java keeps the highest acknowledged sequence): no epoch bump,
+    and the next batch follows B under the same epoch. Before, the head's acknowledgement alone counted
+    and the epoch was bumped."""
+    from oncelog.client.errors import RequestTimeoutError
+    core, leader = _producer()
+    _acked_first(core, leader)
+    a, a_futs = _produce(core, "a", 3)
+    _pass(core)
+    b, b_futs = _produce(core, "b", 2)
+    _pass(core)
+    _age(core, a)
+    _pass(core)
+    fut_a, body_a = leader.pending.pop(0), leader.bodies.pop(0)
+    leader._decide(body_a)  # A written, its answer missing
+    leader.deliver(written=True, answered=True)  # B written and answered
+    assert [f.result(0).offset for f in b_futs] == [5, 6]
+    fut_a.set_exception(RequestTimeoutError("no response"))  # A's request times out
+    _pass(core)
+    _pass(core)
+    assert (core.stats["epoch_bumps"], core.producer_epoch) == (0, 0)
+    c, c_futs = _produce(core, "c", 2)
+    _settle(core, leader)
+    assert leader.sent[-1] == (0, 7, 2)
+    assert [f.result(0).offset for f in c_futs] == [7, 8]
+    assert leader.log == _values("p", 2) + _values("a", 3) + _values("b", 2) + _values("c", 2)

@@ -110,7 +110,10 @@ class RequestTimeoutError(_BY_CODE[ErrorCode.request_timed_out.value]):  # type:
 
 
 class DeliveryTimeoutError(KafkaError):
-    """A record was not acknowledged within ``delivery.timeout.ms`` (the Java client's TimeoutException)."""
+    """A record was not acknowledged within ``delivery.timeout.ms`` (the Java client's TimeoutException).
+
+    If its Produce request was in flight at the deadline, the record may still have been written (the
+    request can succeed later, as with Java's producer); with idempotence it is never written twice."""
 
     name = "DELIVERY_TIMEOUT"
     retriable = False

@@ -29,7 +29,9 @@ Internal design (for the transactions work that builds on it):
   record's future when it is asked for.
 * Per partition (:class:`_Partition`): ``ready`` (closed, no sequence yet),
   ``unacked`` (sequenced, sent at least once, not acknowledged; in sequence
-  order), ``acked_seq`` (the sequence after the last acknowledged batch).
+  order), ``acked_seq`` (the sequence after the last acknowledged batch),
+  ``acked_max`` (the end of the furthest acknowledged batch, also one answered
+  while an earlier answer is missing).
   Sequences are given when a batch is first sent. When a batch fails, the
   partition is *blocked*: nothing more is sent for it until every request
   in flight for it has been answered. Then the unacked batches are
@@ -226,7 +228,7 @@ class _Batch:
 
 class _Partition:
     __slots__ = ("topic", "partition", "open", "ready", "unacked", "inflight", "acked_seq", "next_seq", "blocked",
-                 "retry_at", "needs_bump", "unresolved", "node")
+                 "acked_max", "retry_at", "needs_bump", "unresolved", "node")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -236,6 +238,9 @@ class _Partition:
         self.unacked: deque[_Batch] = deque()
         self.inflight = 0
         self.acked_seq = 0
+        # the end of the furthest acknowledged batch, head or not (Java's maybeUpdateLastAckedSequence keeps
+        # the maximum): a later batch acknowledged while an earlier one is unanswered shows that one written
+        self.acked_max = 0
         self.next_seq = 0
         self.blocked = False
         self.retry_at = 0.0
@@ -460,6 +465,7 @@ class ProducerCore:
         # the same requests' oldest batch creation time (inf once their expired batches are failed): the
         # sender fails a batch in flight at delivery.timeout.ms without scanning every batch of every pass
         self._request_oldest: dict[int, float] = {}
+        self._no_requests: asyncio.Event | None = None  # set when _requests empties (wait_requests())
         self._connecting: set[int] = set()
         self._refreshing: set[str] = set()
         self._flushing = 0
@@ -509,6 +515,24 @@ class ProducerCore:
             self._flushing -= 1
         return self._outstanding
 
+    async def wait_requests(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds until no Produce request of this producer is unanswered; returns
+        how many still are. After flush() one can remain: a batch failed in flight at delivery.timeout.ms
+        completes its records while its request is out (each request ends within request.timeout.ms)."""
+        deadline = time.monotonic() + timeout
+        while self._requests:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if self._no_requests is None:
+                self._no_requests = asyncio.Event()
+            self._no_requests.clear()
+            try:
+                await asyncio.wait_for(self._no_requests.wait(), left)
+            except asyncio.TimeoutError:
+                break
+        return len(self._requests)
+
     async def close(self, timeout: float | None = None) -> None:
         if self._closed or self._closing:
             return
@@ -542,6 +566,8 @@ class ProducerCore:
                     self._fail_batch(b, err)
         self._requests.clear()
         self._request_oldest.clear()
+        if self._no_requests is not None:
+            self._no_requests.set()
         for recs in self._waiting.values():
             for r in recs:
                 self._fail_record(r[6], r[1], r[2], err)
@@ -579,7 +605,11 @@ class ProducerCore:
             return
         self.producer_id, self.producer_epoch = producer_id, epoch
         for p in self.partitions.values():
-            p.acked_seq = 0
+            if any(b.expired for b in p.unacked):
+                # failed in flight at delivery.timeout.ms: completed and never resent, so it takes no
+                # sequence under the new epoch (its late answer finds it gone and changes nothing)
+                p.unacked = deque(b for b in p.unacked if not b.expired)
+            p.acked_seq = p.acked_max = 0
             p.needs_bump = False
             p.unresolved = -1
             self._resequence(p)
@@ -891,7 +921,7 @@ class ProducerCore:
     def _bumped(self) -> None:
         self.stats["epoch_bumps"] += 1
         for p in self.partitions.values():
-            p.acked_seq = 0
+            p.acked_seq = p.acked_max = 0
             p.needs_bump = False
             p.unresolved = -1
             self._resequence(p)
@@ -940,9 +970,11 @@ class ProducerCore:
         batch was, so the given-up one was written too), the partition goes on under this epoch;
         otherwise a gap may remain and the epoch is bumped."""
         p.unresolved = -1
-        if p.acked_seq != p.next_seq:
+        if p.acked_max != p.next_seq:
             p.needs_bump = True
             p.blocked = True
+        else:
+            p.acked_seq = p.next_seq  # nothing is unacknowledged: later batches are numbered from here
 
     # -- the sender -------------------------------------------------------------------
 
@@ -1254,6 +1286,8 @@ class ProducerCore:
         self._node_inflight[node] -= 1
         self._requests.pop(id(sent), None)
         self._request_oldest.pop(id(sent), None)
+        if not self._requests and self._no_requests is not None:
+            self._no_requests.set()
         if self._closed:
             if not fut.cancelled():
                 fut.exception()  # marked retrieved: a closed producer reads no answer (its batches failed)
@@ -1315,10 +1349,18 @@ class ProducerCore:
                 self._batch_failed(p, b, KafkaError("the response did not mention the partition"), in_doubt=True)
             elif code == 0 or (code == DUPLICATE_SEQUENCE_NUMBER and self.idempotent):
                 if self.idempotent:
-                    if p.unacked and p.unacked[0] is b:
+                    end = (b.seq + b.count) % _SEQ_MOD
+                    head = bool(p.unacked) and p.unacked[0] is b
+                    if head or b in p.unacked:  # (not a batch dropped at an epoch change: an old sequence)
+                        if (end - p.acked_seq) % _SEQ_MOD > (p.acked_max - p.acked_seq) % _SEQ_MOD:
+                            p.acked_max = end
+                    if head:
                         p.unacked.popleft()
-                        p.acked_seq = (b.seq + b.count) % _SEQ_MOD
-                    else:  # acknowledged out of order: cannot happen with in-order resends
+                        # past the batches acknowledged out of order too once none below them is left
+                        p.acked_seq = p.acked_max if not p.unacked else end
+                    else:
+                        # acknowledged out of order: an earlier batch's answer is missing (lost on a live
+                        # connection, as the fault proxy's "gap" mode) or this one was dropped at an epoch change
                         try:
                             p.unacked.remove(b)
                         except ValueError:

@@ -660,6 +660,14 @@ class TransactionManager:
         left = await self.core.flush(max(0.0, deadline - time.monotonic()))
         if left:
             raise KafkaTimeoutError(f"{what}: {left} record(s) still not acknowledged after max.block.ms")
+        # A batch failed in flight at delivery.timeout.ms has completed its records, but its Produce request
+        # may still be out. The transaction ends (EndTxn, the epoch bump) only once it is answered: else
+        # the bump renumbered it, and with transactions v1 it could land after the abort marker and open a
+        # transaction nobody ends. (Java sends EndTxn once no batch is incomplete, which such a batch no
+        # longer is; waiting here is stricter.) Bounded: a request ends within request.timeout.ms.
+        requests = await self.core.wait_requests(max(0.0, deadline - time.monotonic()))
+        if requests:
+            raise KafkaTimeoutError(f"{what}: {requests} Produce request(s) still unanswered after max.block.ms")
 
     async def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
         async with self._lock:
