@@ -29,7 +29,7 @@ import pytest
 from oncelog.broker.producer_state import Accept, Duplicate, Incoming, ProducerEntry, check_batch
 from oncelog.client.aio.producer import ProducerCore
 from oncelog.client.config import parse_config
-from oncelog.client.errors import DeliveryTimeoutError, KafkaConnectionError
+from oncelog.client.errors import DeliveryTimeoutError, KafkaConnectionError, RequestTimeoutError
 from oncelog.protocol.codec import decode_request
 from oncelog.protocol.records import decode_records, parse_batch_header
 
@@ -463,7 +463,6 @@ def test_later_batch_acknowledged_before_the_head_resolves_the_head_given_up() -
     B's acknowledgement shows A was written (Java keeps the highest acknowledged sequence): no epoch bump,
     and the next batch follows B under the same epoch. Before, the head's acknowledgement alone counted
     and the epoch was bumped."""
-    from oncelog.client.errors import RequestTimeoutError
     core, leader = _producer()
     _acked_first(core, leader)
     a, a_futs = _produce(core, "a", 3)
@@ -485,3 +484,29 @@ def test_later_batch_acknowledged_before_the_head_resolves_the_head_given_up() -
     assert leader.sent[-1] == (0, 7, 2)
     assert [f.result(0).offset for f in c_futs] == [7, 8]
     assert leader.log == _values("p", 2) + _values("a", 3) + _values("b", 2) + _values("c", 2)
+
+
+def test_resequencing_steps_over_a_batch_acknowledged_ahead_of_an_earlier_one() -> None:
+    """A's answer is lost on a live connection, B's (after it) arrives, then A's request times out and takes
+    C's with the connection: the re-sequencing keeps A's and C's own sequences and leaves B's taken. Before,
+    C was renumbered onto B's sequences, answered as B's duplicate and reported written, but never written
+    (review 6, finding 1)."""
+    core, leader = _producer()
+    _acked_first(core, leader)
+    a, _ = _produce(core, "a", 2)
+    _pass(core)
+    b, b_futs = _produce(core, "b", 2)
+    _pass(core)
+    c, c_futs = _produce(core, "c", 2)
+    _pass(core)
+    assert (a.seq, b.seq, c.seq) == (2, 4, 6)
+    fut_a, body_a = leader.pending.pop(0), leader.bodies.pop(0)
+    leader._decide(body_a)  # A written, its answer lost
+    leader.deliver(written=True, answered=True)  # B written and answered ahead of A
+    assert [f.result(0).offset for f in b_futs] == [4, 5]
+    fut_a.set_exception(RequestTimeoutError("no response"))  # A's request times out: the connection closes
+    leader.deliver(written=False, answered=False)  # and C's request dies with it
+    _settle(core, leader)
+    assert leader.log == _values("p", 2) + _values("a", 2) + _values("b", 2) + _values("c", 2)
+    assert [f.result(0).offset for f in c_futs] == [6, 7]
+    assert core.stats["epoch_bumps"] == 0

@@ -31,7 +31,8 @@ Internal design (for the transactions work that builds on it):
   ``unacked`` (sequenced, sent at least once, not acknowledged; in sequence
   order), ``acked_seq`` (the sequence after the last acknowledged batch),
   ``acked_max`` (the end of the furthest acknowledged batch, also one answered
-  while an earlier answer is missing).
+  while an earlier answer is missing) and ``acked_ahead`` (the sequences of
+  such batches, which a re-sequencing steps over).
   Sequences are given when a batch is first sent. When a batch fails, the
   partition is *blocked*: nothing more is sent for it until every request
   in flight for it has been answered. Then the unacked batches are
@@ -228,7 +229,7 @@ class _Batch:
 
 class _Partition:
     __slots__ = ("topic", "partition", "open", "ready", "unacked", "inflight", "acked_seq", "next_seq", "blocked",
-                 "acked_max", "retry_at", "needs_bump", "unresolved", "node")
+                 "acked_max", "acked_ahead", "retry_at", "needs_bump", "unresolved", "node")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -241,6 +242,10 @@ class _Partition:
         # the end of the furthest acknowledged batch, head or not (Java's maybeUpdateLastAckedSequence keeps
         # the maximum): a later batch acknowledged while an earlier one is unanswered shows that one written
         self.acked_max = 0
+        # (start, end) of each batch acknowledged while an earlier one is still unacknowledged: it has left
+        # ``unacked``, but its sequences stay taken, so a re-sequencing steps over them (without this a later
+        # batch took them and the broker answered it as a duplicate of the acknowledged one: never written)
+        self.acked_ahead: dict[int, int] = {}
         self.next_seq = 0
         self.blocked = False
         self.retry_at = 0.0
@@ -610,6 +615,7 @@ class ProducerCore:
                 # sequence under the new epoch (its late answer finds it gone and changes nothing)
                 p.unacked = deque(b for b in p.unacked if not b.expired)
             p.acked_seq = p.acked_max = 0
+            p.acked_ahead.clear()
             p.needs_bump = False
             p.unresolved = -1
             self._resequence(p)
@@ -922,6 +928,7 @@ class ProducerCore:
         self.stats["epoch_bumps"] += 1
         for p in self.partitions.values():
             p.acked_seq = p.acked_max = 0
+            p.acked_ahead.clear()
             p.needs_bump = False
             p.unresolved = -1
             self._resequence(p)
@@ -949,9 +956,14 @@ class ProducerCore:
 
     def _resequence(self, p: _Partition) -> None:
         seq = p.acked_seq
+        ahead = p.acked_ahead
         for b in p.unacked:
+            while seq in ahead:  # sequences of a batch acknowledged ahead of an earlier one stay taken
+                seq = ahead[seq]
             b.seq = seq
             seq = (seq + b.count) % _SEQ_MOD
+        while seq in ahead:
+            seq = ahead[seq]
         p.next_seq = seq
         p.blocked = False
 
@@ -975,6 +987,7 @@ class ProducerCore:
             p.blocked = True
         else:
             p.acked_seq = p.next_seq  # nothing is unacknowledged: later batches are numbered from here
+            p.acked_ahead.clear()
 
     # -- the sender -------------------------------------------------------------------
 
@@ -1357,7 +1370,13 @@ class ProducerCore:
                     if head:
                         p.unacked.popleft()
                         # past the batches acknowledged out of order too once none below them is left
-                        p.acked_seq = p.acked_max if not p.unacked else end
+                        if not p.unacked:
+                            p.acked_seq = p.acked_max
+                            p.acked_ahead.clear()
+                        else:
+                            while end in p.acked_ahead:
+                                end = p.acked_ahead.pop(end)
+                            p.acked_seq = end
                     else:
                         # acknowledged out of order: an earlier batch's answer is missing (lost on a live
                         # connection, as the fault proxy's "gap" mode) or this one was dropped at an epoch change
@@ -1365,6 +1384,8 @@ class ProducerCore:
                             p.unacked.remove(b)
                         except ValueError:
                             pass
+                        else:
+                            p.acked_ahead[b.seq] = end
                 self._succeed_batch(b, base if code == 0 else -1, lat)
             elif code in (OFFSET_MISMATCH, CONDITIONAL_PRODUCE_REFUSED):
                 err = error_for(code, msg)
