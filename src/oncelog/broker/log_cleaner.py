@@ -172,11 +172,11 @@ class LogCleaner:
         self._wake.set()
 
     async def stop(
-        self, task: "asyncio.Task[None] | None" = None, keep_deleter: bool = False, timeout: float = 30,
+        self, task: "asyncio.Task[None] | None" = None, keep_deleter: bool = False, timeout: float | None = None,
         quiet: bool = False,
     ) -> None:
-        """Stop after the current step; ``task`` is the :meth:`run` task to wait for (up to
-        ``timeout`` seconds). A pass stopped half-way leaves files that the next start rolls
+        """Stop after the current step; ``task`` is the :meth:`run` task to wait for (at a
+        normal stop for as long as the step takes; when halting, up to ``timeout`` seconds). A pass stopped half-way leaves files that the next start rolls
         back or forward. ``keep_deleter``: the replaced segments still being removed are left
         to :attr:`deleter`, which the next cleaner takes over (a reconfiguration). If the
         step is still running after ``timeout`` (stuck in an fsync of a failing disk, say),
