@@ -14,20 +14,12 @@ import struct
 from typing import Any
 
 from oncelog.protocol.conditional import next_offset_tag_block
+from oncelog.protocol.varint import encode_uvarint as uvarint
 
 _I32 = struct.Struct(">i")
 _PART_V3 = struct.Struct(">ihqq")  # index, error, base offset, log append time
 _I64 = struct.Struct(">q")
 _I16 = struct.Struct(">h")
-
-
-def uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def string(s: str | None, flexible: bool) -> bytes:

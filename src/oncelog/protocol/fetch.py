@@ -26,7 +26,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from oncelog.protocol.varint import varint_readers
+from oncelog.protocol.varint import encode_uvarint, varint_readers
 
 __all__ = ["FetchDecodeError", "FetchResponse", "FetchTopic", "FetchPartition", "AbortedTxn",
            "decode_fetch_response", "encode_fetch_request", "VERSIONS"]
@@ -201,15 +201,6 @@ def decode_fetch_response(buf: bytes | bytearray, pos: int, version: int, copy: 
     return FetchResponse(throttle, error_code, session_id, topics)
 
 
-def _uvarint_bytes(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def encode_fetch_request(version: int, partitions: dict[str, list[tuple[int, int]]], isolation_level: int, *,
                          max_wait_ms: int, min_bytes: int, max_bytes: int, partition_max_bytes: int) -> bytes:
     """A consumer's Fetch request body (after the request header), version ``version`` (4-12), by hand:
@@ -229,14 +220,14 @@ def encode_fetch_request(version: int, partitions: dict[str, list[tuple[int, int
     out = [_REQ_HEAD.pack(-1, max_wait_ms, min_bytes, max_bytes, isolation_level)]
     if version >= 7:
         out.append(b"\x00\x00\x00\x00\xff\xff\xff\xff")  # session_id 0, session_epoch -1: no fetch session
-    out.append(_uvarint_bytes(len(partitions) + 1) if flexible else _I32.pack(len(partitions)))
+    out.append(encode_uvarint(len(partitions) + 1) if flexible else _I32.pack(len(partitions)))
     if version >= 12:
         part = _REQ_PART_V12  # each followed by an empty tagged-field section
         for topic, parts in partitions.items():
             name = topic.encode()
-            out.append(_uvarint_bytes(len(name) + 1))
+            out.append(encode_uvarint(len(name) + 1))
             out.append(name)
-            out.append(_uvarint_bytes(len(parts) + 1))
+            out.append(encode_uvarint(len(parts) + 1))
             out.extend(part.pack(p, -1, off, -1, -1, partition_max_bytes) + b"\x00" for p, off in parts)
             out.append(b"\x00")
     else:

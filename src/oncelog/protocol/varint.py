@@ -3,7 +3,8 @@
 The request and response headers (:mod:`.headers`), the consumer's Fetch
 decoder (:mod:`.fetch`) and the codec's request guard (:mod:`.codec`) read the
 same two things, each raising its own error class: :func:`varint_readers`
-makes the pair for one error class. The loop indexes the buffer without a
+makes the pair for one error class. The hand-written encoders (the Produce
+response, the Fetch request) write varints with :func:`encode_uvarint`. The loop indexes the buffer without a
 bounds check per byte (Fetch decoding is on the consumer's hot path): running
 off the end of the buffer is the ``IndexError`` that a ``try`` turns into the
 error (free in CPython 3.11+ while nothing is raised), and a one-byte varint
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["varint_readers"]
+__all__ = ["encode_uvarint", "varint_readers"]
 
 ReadUvarint = Callable[[Any, int], tuple[int, int]]
 SkipTaggedFields = Callable[[Any, int], int]
@@ -65,3 +66,13 @@ def varint_readers(error: Callable[[str], Exception]) -> tuple[ReadUvarint, Skip
         return pos
 
     return read_uvarint, skip_tagged_fields
+
+
+def encode_uvarint(n: int) -> bytes:
+    """``n`` (>= 0) as an unsigned varint: seven bits a byte, low first, the high bit set on all but the last."""
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
