@@ -46,6 +46,9 @@ class LogClosedError(KafkaError):
 
 
 class LogDirFailureChannel:
+    """The one log directory's state, shared by all its logs: online until :meth:`failed`
+    is first called, then offline for good (listeners told once; :meth:`check` raises)."""
+
     def __init__(self, directory: str | Path | None = None) -> None:
         self.directory = None if directory is None else Path(directory)
         self._lock = threading.Lock()
