@@ -105,6 +105,16 @@ def partition_answer(r: Any) -> Any:
     return p
 
 
+
+def _exited_1_with_one_critical_line(code: int, err: str, expected: str) -> None:
+    """The broker process exited 1, printed no traceback and exactly one ERROR/CRITICAL line: a CRITICAL one
+    containing ``expected``."""
+    assert code == 1, err
+    assert "Traceback" not in err, err
+    alarms = [line for line in err.splitlines() if " ERROR " in line or " CRITICAL " in line]
+    assert len(alarms) == 1, err
+    assert "CRITICAL" in alarms[0] and expected in alarms[0], err
+
 def test_a_retried_idempotent_produce_is_not_acknowledged_after_a_failed_fsync(
     broker: EmbeddedBroker, faults: Faults, tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -219,11 +229,7 @@ def test_the_standalone_broker_exits_1_with_one_line(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert code == 1, err
-    assert "Traceback" not in err, err
-    alarms = [line for line in err.splitlines() if " ERROR " in line or " CRITICAL " in line]
-    assert len(alarms) == 1, err
-    assert "CRITICAL" in alarms[0] and f"log directory {data} failed (fsync of lf-0: Input/output error)" in alarms[0]
+    _exited_1_with_one_critical_line(code, err, f"log directory {data} failed (fsync of lf-0: Input/output error)")
     assert not (data / "lf-0" / ".clean_shutdown").exists()
     # nothing at all was written after the failure (review: the internal logs were not checked)
     assert not list(data.rglob(".clean_shutdown")), sorted(map(str, data.rglob(".clean_shutdown")))
@@ -273,11 +279,7 @@ def test_an_fsync_error_at_a_clean_shutdown_exits_1_with_one_line(tmp_path: Path
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert code == 1, err
-    assert "Traceback" not in err, err
-    alarms = [line for line in err.splitlines() if " ERROR " in line or " CRITICAL " in line]
-    assert len(alarms) == 1, err
-    assert "CRITICAL" in alarms[0] and f"log directory {data} failed (fsync of lf-0 at shutdown: " in alarms[0], err
+    _exited_1_with_one_critical_line(code, err, f"log directory {data} failed (fsync of lf-0 at shutdown: ")
     assert not (data / "lf-0" / ".clean_shutdown").exists()
 
 
