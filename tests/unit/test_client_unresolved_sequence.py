@@ -174,6 +174,20 @@ def _two_in_doubt(core: ProducerCore, leader: _Leader, a_written: bool) -> tuple
     return a, b, a_futs, b_futs
 
 
+
+def _a_expired_in_flight_ahead_of_b() -> tuple[ProducerCore, _Leader, Any, list[Any], Any, list[Any]]:
+    """A (3 records) and B (2) of one partition both in flight behind acknowledged ones; A then ages past
+    delivery.timeout.ms and a sender pass fails it in flight."""
+    core, leader = _producer()
+    _acked_first(core, leader)
+    a, a_futs = _produce(core, "a", 3)
+    _pass(core)
+    b, b_futs = _produce(core, "b", 2)
+    _pass(core)
+    _age(core, a)
+    _pass(core)
+    return core, leader, a, a_futs, b, b_futs
+
 def test_expired_batch_then_a_later_written_batch_in_doubt_is_written_once() -> None:
     """A (written, answer lost) expires while B behind it (written, answer lost) is still retriable:
     B is resent under epoch 0 with its own sequence, answered as a duplicate, and every record is in the
@@ -307,14 +321,7 @@ def test_batch_in_flight_fails_at_delivery_timeout_and_its_late_success_still_co
 def test_batch_in_flight_expired_with_its_answer_lost_is_given_up_not_resent() -> None:
     """A expires in flight, then its answer is lost: it is not resent (its records failed already), its
     sequence is unresolved, and B behind it (written, answer lost) settles it under the same epoch."""
-    core, leader = _producer()
-    _acked_first(core, leader)
-    a, a_futs = _produce(core, "a", 3)
-    _pass(core)
-    b, b_futs = _produce(core, "b", 2)
-    _pass(core)
-    _age(core, a)
-    _pass(core)
+    core, leader, a, a_futs, b, b_futs = _a_expired_in_flight_ahead_of_b()
     assert all(isinstance(f.exception(0), DeliveryTimeoutError) for f in a_futs)
     assert not any(f.done() for f in b_futs) and len(leader.pending) == 2
     before = len(leader.sent)
@@ -463,14 +470,7 @@ def test_later_batch_acknowledged_before_the_head_resolves_the_head_given_up() -
     B's acknowledgement shows A was written (Java keeps the highest acknowledged sequence): no epoch bump,
     and the next batch follows B under the same epoch. Before, the head's acknowledgement alone counted
     and the epoch was bumped."""
-    core, leader = _producer()
-    _acked_first(core, leader)
-    a, a_futs = _produce(core, "a", 3)
-    _pass(core)
-    b, b_futs = _produce(core, "b", 2)
-    _pass(core)
-    _age(core, a)
-    _pass(core)
+    core, leader, a, a_futs, b, b_futs = _a_expired_in_flight_ahead_of_b()
     fut_a, body_a = leader.pending.pop(0), leader.bodies.pop(0)
     leader._decide(body_a)  # A written, its answer missing
     leader.deliver(written=True, answered=True)  # B written and answered
