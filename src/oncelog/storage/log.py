@@ -68,6 +68,7 @@ recovered log end are dropped.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -76,7 +77,9 @@ import threading
 import uuid
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, TypeVar
 from pathlib import Path
 
 from oncelog.protocol.compression import decompressed_batch
@@ -94,7 +97,7 @@ from oncelog.storage.cleaner import SegmentInfo
 from oncelog.storage.config import LOG_APPEND_TIME, LogConfig
 from oncelog.storage.fileutil import atomic_write, fsync_dir, write_all
 from oncelog.storage.leader_epoch import LeaderEpochCache
-from oncelog.storage.log_dir import LogClosedError, LogDirFailureChannel
+from oncelog.storage.log_dir import LogClosedError, LogDirFailureChannel, LogDirOfflineError
 from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name, walk_batches
 from oncelog.storage.txn_index import TXNINDEX_SUFFIX, AbortedTxn
 
@@ -188,6 +191,23 @@ def crash_point(step: str) -> None:
     at that step of a cleaner swap (:data:`SWAP_STEPS`)."""
     if os.environ.get(CRASH_ENV) == step:
         os._exit(137)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _log_dir_io(what: str) -> Callable[[_F], _F]:
+    """Run a :class:`PartitionLog` method under :meth:`PartitionLog.io` (``what`` names it)."""
+
+    def wrap(method: _F) -> _F:
+        @functools.wraps(method)
+        def guarded(self: PartitionLog, *args: Any, **kwargs: Any) -> Any:
+            with self.io(what):
+                return method(self, *args, **kwargs)
+
+        return guarded  # type: ignore[return-value]
+
+    return wrap
 
 
 def _paths(directory: Path, base: int, suffix: str = "") -> list[Path]:
@@ -307,10 +327,10 @@ class PartitionLog:
         # thread that rolled or deleted; None for logs without producer state
         self.on_roll: Callable[[int], None] | None = None
         self.on_segments_deleted: Callable[[list[int]], None] | None = None
-        # the log directory's failure channel (storage/log_dir.py): an OSError of an append or
-        # sync takes the directory offline, and nothing is written or synced once it is; None
-        # (a log opened alone, in tests) raises the error and changes nothing else
-        self.failure_channel: LogDirFailureChannel | None = None
+        # the log directory's failure channel (storage/log_dir.py): an OSError of a write or
+        # sync takes the directory offline, and nothing is written or synced once it is; a log
+        # opened without one (alone, in tests) gets one of its own
+        self.failure_channel = LogDirFailureChannel(directory)
 
     # -- opening and recovery ---------------------------------------------------
 
@@ -390,7 +410,8 @@ class PartitionLog:
             recovery_point = segments[-1].base_offset
             atomic_write(directory / RECOVERY_POINT_FILE, b"%d\n" % recovery_point)
         log._recovery_point = recovery_point if not clean else segments[-1].base_offset
-        log.failure_channel = failure_channel
+        if failure_channel is not None:
+            log.failure_channel = failure_channel
         fsync_dir(directory)
         fsync_dir(directory.parent)
         return log
@@ -440,6 +461,25 @@ class PartitionLog:
             self.leader_epoch = epoch
             return epoch
 
+    @contextmanager
+    def io(self, what: str) -> Iterator[None]:
+        """I/O of this log outside :meth:`append` and :meth:`sync` (retention, DeleteRecords,
+        rolls, the cleaner's swaps and checkpoint, the partition's producer snapshots), under
+        the log directory's failure channel, as Kafka's ``maybeHandleIOException`` wraps
+        ``deleteSegments``, ``roll``, ``truncateTo`` and the cleaner's swap: it raises
+        :class:`LogDirOfflineError` before touching a file if the directory is offline, and
+        an ``OSError`` takes the directory offline (``what`` names the operation in the
+        broker's one line). An error of a log closed meanwhile (its topic was deleted: its
+        files went with it) is raised as is and leaves the directory online."""
+        channel = self.failure_channel
+        channel.check()
+        try:
+            yield
+        except OSError as exc:
+            if self._closed and not isinstance(exc, LogDirOfflineError):
+                raise
+            raise channel.failed(f"{what} of {self.directory.name}", exc) from exc
+
     def set_config(self, config: LogConfig) -> None:
         """Apply new settings (used by later appends, rolls and retention)."""
         self.config = config
@@ -460,8 +500,6 @@ class PartitionLog:
         file: its descriptors are gone, and an EBADF is no disk failure.
         """
         channel = self.failure_channel
-        if channel is None:
-            return self._append(batch, now_ms, header)
         channel.check()
         try:
             return self._append(batch, now_ms, header)
@@ -536,6 +574,7 @@ class PartitionLog:
         if self.on_roll is not None:
             self.on_roll(new_base)
 
+    @_log_dir_io("roll")
     def maybe_roll(self, now_ms: int) -> bool:
         """Roll the active segment if it is older than segment.ms; True if rolled."""
         with self._lock:
@@ -545,6 +584,7 @@ class PartitionLog:
         self._rolled(new.base_offset)
         return True
 
+    @_log_dir_io("roll")
     def roll(self) -> None:
         """Force a new active segment (no-op when the active one is empty)."""
         with self._lock:
@@ -581,10 +621,13 @@ class PartitionLog:
         An OSError takes the log directory offline (:mod:`oncelog.storage.log_dir`):
         a failed fdatasync is never retried, since a later one may return 0 for
         pages the kernel dropped; once offline, nothing is synced (it raises).
+        That includes a failure to get the index files' descriptors (EMFILE, say)
+        before any fdatasync ran, although a retry would be safe there (nothing was
+        written or synced yet): Kafka takes the directory offline for any
+        IOException of a flush, and the group committer treats every failed
+        round alike.
         """
         channel = self.failure_channel
-        if channel is None:
-            return self._sync()
         channel.check()
         try:
             return self._sync()
@@ -612,14 +655,12 @@ class PartitionLog:
                             if seg is not active:
                                 own += seg.index_sync_fds()
                 except BaseException:
-                    # no descriptor (EMFILE, say): nothing was synced, so the segments stay unsynced (the
-                    # next sync must fdatasync them before it reports them durable), nothing opened is left
+                    # no descriptor (EMFILE, say): sync() takes the log directory offline, so nothing
+                    # is synced or reported durable again and the segments need not be marked
+                    # unsynced again; nothing opened for this sync is left open
                     for fd in own:
                         os.close(fd)
                     in_sync.clear()
-                    for seg in segs:
-                        self._unsynced[seg] = None
-                    self._dir_dirty |= dir_dirty
                     raise
             ok = False
             try:
@@ -632,14 +673,6 @@ class PartitionLog:
                 if dir_dirty:
                     fsync_dir(self.directory)
                 ok = True
-            except BaseException:
-                with self._lock:
-                    live = set(map(id, self.segments))
-                    for seg in segs:  # not those retention or the cleaner dropped meanwhile
-                        if seg.fd >= 0 and id(seg) in live:
-                            self._unsynced[seg] = None
-                    self._dir_dirty |= dir_dirty
-                raise
             finally:
                 for fd in own:
                     os.close(fd)
@@ -667,8 +700,6 @@ class PartitionLog:
         guard): an OSError of the write takes the log directory offline, as the
         append's own would."""
         channel = self.failure_channel
-        if channel is None:
-            return self._append_aborted_txn(txn)
         channel.check()
         try:
             self._append_aborted_txn(txn)
@@ -699,6 +730,7 @@ class PartitionLog:
                 break
         return found
 
+    @_log_dir_io("truncation of the aborted-transaction indexes")
     def truncate_txn_indexes(self, offset: int) -> int:
         """Drop every aborted-transaction entry with ``last_offset >= offset``; returns how many."""
         with self._lock:
@@ -708,8 +740,6 @@ class PartitionLog:
         """fdatasync every transaction index changed since its last sync. An OSError takes
         the log directory offline, as :meth:`sync`'s does (a failed fdatasync is not retried)."""
         channel = self.failure_channel
-        if channel is None:
-            return self._sync_txn_indexes()
         channel.check()
         try:
             self._sync_txn_indexes()
@@ -847,6 +877,7 @@ class PartitionLog:
 
     # -- retention ----------------------------------------------------------------
 
+    @_log_dir_io("retention")
     def apply_retention(self, now_ms: int, upper_bound: int | None = None) -> int:
         """Delete whole segments breaching retention.ms / retention.bytes.
 
@@ -928,6 +959,7 @@ class PartitionLog:
         else:
             seg.close()
 
+    @_log_dir_io("DeleteRecords")
     def delete_records_before(self, offset: int) -> int:
         """DeleteRecords: move the log start offset up to ``offset``; returns the new start."""
         if offset > self.log_end_offset:
@@ -955,6 +987,7 @@ class PartitionLog:
         """The first dirty offset the last cleaner pass left, None if never cleaned."""
         return _read_checkpoint(self.directory / CLEANER_CHECKPOINT_FILE)
 
+    @_log_dir_io("cleaner checkpoint")
     def write_cleaner_checkpoint(self, offset: int) -> None:
         atomic_write(self.directory / CLEANER_CHECKPOINT_FILE, b"%d\n" % offset)
 
@@ -980,23 +1013,27 @@ class PartitionLog:
                 pinned.append(PinnedSegment(seg, seg.base_offset, nxt, seg.size, os.dup(seg.fd)))
         return pinned
 
+    @_log_dir_io("compaction")
     def new_cleaned_segment(self, base: int) -> Segment:
         """An empty ``<base>.*.cleaned`` segment for the cleaner to write (any thread)."""
         for path in _paths(self.directory, base, CLEANED_SUFFIX):
             path.unlink(missing_ok=True)
         return Segment(self.directory, base, self.config.index_interval_bytes, suffix=CLEANED_SUFFIX)
 
+    @_log_dir_io("compaction")
     def open_cleaned_segment(self, base: int, now_ms: int) -> Segment:
         """The ``<base>.*.cleaned`` segment another process wrote (checked as on recovery)."""
         seg = Segment(self.directory, base, self.config.index_interval_bytes, existing=True, suffix=CLEANED_SUFFIX)
         seg.load(now_ms, full_recovery=False)
         return seg
 
+    @_log_dir_io("compaction")
     def discard_cleaned(self, base: int) -> None:
         """Delete ``<base>.*.cleaned`` files that will not be swapped in."""
         for path in _paths(self.directory, base, CLEANED_SUFFIX):
             path.unlink(missing_ok=True)
 
+    @_log_dir_io("compaction swap")
     def commit_cleaned(self, segs: list[Segment], groups: list[tuple[int, int]]) -> None:
         """Steps 1-3 of a pass's swaps (cleaner thread): make the cleaned files durable,
         list the groups in ``cleaner-swap``, rename the files to ``.swap``. After this the
@@ -1030,6 +1067,7 @@ class PartitionLog:
         fsync_dir(self.directory)
         crash_point("swap")
 
+    @_log_dir_io("compaction checkpoint")
     def raise_cleaned_end(self, offset: int) -> None:
         """Durably allow compaction gaps between segments up to ``offset`` (before any swap
         that can leave one: the cleaner calls it once per pass, and per swap)."""
@@ -1037,6 +1075,7 @@ class PartitionLog:
             atomic_write(self.directory / CLEANED_END_FILE, b"%d\n" % offset)
             self._cleaned_end = offset
 
+    @_log_dir_io("compaction swap")
     def install_cleaned(self, group: list[PinnedSegment], seg: Segment) -> bool:
         """Step 4 (event loop; renames and the in-memory list only): replace the group's
         segments by ``seg``. False, changing nothing, if the group is no longer in the log
@@ -1074,6 +1113,7 @@ class PartitionLog:
             self._dir_dirty = True
         return True
 
+    @_log_dir_io("compaction swap")
     def finish_swaps(
         self, installed: list[tuple[int, int]], dropped: list[Segment], unlink: bool = True
     ) -> list[Path]:
@@ -1100,20 +1140,21 @@ class PartitionLog:
         return [] if unlink else old
 
     def abort_cleaned(self, segs: list[Segment]) -> None:
-        """Throw cleaned segments away (cleaner thread), whatever step they reached before install."""
-        try:
+        """Throw cleaned segments away (cleaner thread), whatever step they reached before
+        install. Their descriptors are closed in any case; the files are removed under
+        :meth:`io` (an error of a deleted log's, whose directory went, is raised as is)."""
+        doomed = [(seg.base_offset, seg.suffix) for seg in segs]
+        for seg in segs:
+            seg.close()
+        with self.io("compaction"):
             # the manifest first: without it, recovery takes leftover .swap files for strays
             # (with it and no .swap, recovery would take a swap for installed)
             (self.directory / SWAP_MANIFEST).unlink(missing_ok=True)
             fsync_dir(self.directory)
-        except OSError:  # the directory itself went (topic deleted)
-            pass
-        for seg in segs:
-            suffix = seg.suffix
-            seg.close()
-            if suffix:
-                for path in _paths(self.directory, seg.base_offset, suffix):
-                    path.unlink(missing_ok=True)
+            for base, suffix in doomed:
+                if suffix:
+                    for path in _paths(self.directory, base, suffix):
+                        path.unlink(missing_ok=True)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -1127,14 +1168,12 @@ class PartitionLog:
         raised; the caller abandons the other logs of the directory.
         """
         channel = self.failure_channel
-        if channel is not None and channel.offline:
+        if channel.offline:
             self.abandon()
             return
         try:
             self._close()
         except OSError as exc:
-            if channel is None:
-                raise
             error = channel.failed(f"fsync of {self.directory.name} at shutdown", exc)
             try:  # a marker renamed in place before its directory's fsync failed
                 (self.directory / CLEAN_SHUTDOWN_FILE).unlink(missing_ok=True)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import errno
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from oncelog.protocol.errors import ErrorCode, KafkaError
@@ -98,6 +99,22 @@ class LogDirFailureChannel:
             for listener in listeners:
                 listener(self._cause or "")
         return self.error()
+
+
+@contextmanager
+def guarded(channel: LogDirFailureChannel | None, what: str) -> Iterator[None]:
+    """Run the block as I/O of the log directory (Kafka's ``maybeHandleIOException``): it
+    raises :class:`LogDirOfflineError` at once if the directory is offline, and an
+    ``OSError`` in it takes the directory offline (``what`` names it in the one line the
+    broker logs). Without a channel (a log opened alone, in tests) the error is raised as is."""
+    if channel is None:
+        yield
+        return
+    channel.check()
+    try:
+        yield
+    except OSError as exc:
+        raise channel.failed(what, exc) from exc
 
 
 def log_level(exc: BaseException | None, level: int) -> int:

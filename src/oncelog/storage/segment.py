@@ -483,10 +483,14 @@ class Segment:
         """Fresh fds to fdatasync, owned by the caller (safe even if the segment
         is closed or deleted meanwhile). An index file this process never
         wrote has nothing to sync and is not opened."""
-        fds = [os.dup(self.fd)]
-        if with_indexes:
-            fds += self.index_sync_fds()
-        return fds
+        fd = os.dup(self.fd)
+        if not with_indexes:
+            return [fd]
+        try:
+            return [fd, *self.index_sync_fds()]
+        except BaseException:  # EMFILE, say: the .log's dup is not left open either
+            os.close(fd)
+            raise
 
     def index_sync_fds(self) -> list[int]:
         """Fresh fds of the index files to fdatasync, owned by the caller (see :meth:`sync_fds`)."""
