@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from oncelog.broker.durability import DaemonThreadExecutor
 from oncelog.protocol.records import InvalidRecordError
 from oncelog.storage.fileutil import remove_gradually
+from oncelog.storage.log_dir import LogDirFailureChannel, guarded, log_level
 from oncelog.storage.cleaner import (
     CleanableRange,
     CleanerStats,
@@ -108,7 +109,8 @@ class LogCleaner:
         # LogCleanerManager.inProgress): never two cleaners on one partition
         self.in_progress: dict[str, int] = {}
         self.install_max_s = 0.0  # the longest in-loop step of a swap so far
-        self.deleter = deleter or _Deleter()  # handed on to the next cleaner on a reconfiguration
+        # handed on to the next cleaner on a reconfiguration
+        self.deleter = deleter or _Deleter(getattr(broker, "log_dir", None))
 
     @property
     def enabled(self) -> bool:
@@ -159,8 +161,11 @@ class LogCleaner:
                 cleaned = await self.clean_once(cleaner_id)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - one bad log must not stop the cleaner
-                log.exception("log cleaner pass failed")
+            except Exception as exc:  # noqa: BLE001 - one bad log must not stop the cleaner
+                if log_level(exc, logging.ERROR) == logging.DEBUG:  # the log directory is offline
+                    log.debug("log cleaner pass failed: %s", exc)
+                else:
+                    log.exception("log cleaner pass failed")
             if not cleaned:
                 self._wake.clear()
                 try:
@@ -301,9 +306,16 @@ class LogCleaner:
             phases["finish"] = time.monotonic() - t
         except CleaningAborted:
             return None
-        except OSError as exc:
+        except CleaningFailed as exc:  # a corrupt batch, or a segment retention deleted under the job
             if not plog.closed:
                 log.error("%s: compaction failed: %s", name, exc)
+            return None
+        except OSError as exc:
+            if not plog.closed:
+                # Kafka's cleaner: an IOException takes the log directory offline (the broker
+                # stops and says why, once); the steps under PartitionLog.io already did
+                error = plog.failure_channel.failed(f"compaction of {name}", exc)
+                log.log(log_level(error, logging.ERROR), "%s: compaction failed: %s", name, exc)
             return None
         finally:
             lag_task.cancel()
@@ -363,17 +375,25 @@ class LogCleaner:
         """Run the pass's heavy part in the cleaner process (started on first use) and wait,
         giving up if the broker is stopping (the process is then terminated)."""
         pool = self._ensure_pool()
-        if pool is False:
-            return run_clean_job(job)
-        pending = pool.apply_async(run_clean_job, (job,))
-        while True:
-            try:
-                return pending.get(0.2)
-            except multiprocessing.TimeoutError:
-                if self._stopping:
-                    raise CleaningAborted() from None
-            except (FileNotFoundError, InvalidRecordError, ValueError) as exc:
-                raise OSError(f"cleaning failed: {exc}") from None
+        try:
+            if pool is False:
+                return run_clean_job(job)
+            pending = pool.apply_async(run_clean_job, (job,))
+            while True:
+                try:
+                    return pending.get(0.2)
+                except multiprocessing.TimeoutError:
+                    if self._stopping:
+                        raise CleaningAborted() from None
+        except (FileNotFoundError, InvalidRecordError, ValueError) as exc:
+            # no disk failure: a segment retention or DeleteRecords deleted while the job read it,
+            # or a corrupt batch (Kafka's cleaner marks such a log uncleanable, its directory
+            # stays online); any other OSError takes the log directory offline (clean_partition)
+            raise CleaningFailed(f"cleaning failed: {exc}") from None
+
+
+class CleaningFailed(Exception):
+    """A pass that failed without a disk error (logged; the log directory stays online)."""
 
 
 class _Deleter:
@@ -388,7 +408,8 @@ class _Deleter:
     CHUNK = 2 << 20
     PAUSE_S = 0.02
 
-    def __init__(self) -> None:
+    def __init__(self, log_dir: "LogDirFailureChannel | None" = None) -> None:
+        self.log_dir = log_dir  # an OSError (but ENOENT: the file went) takes it offline
         self._queue: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -406,12 +427,15 @@ class _Deleter:
     def _run(self) -> None:
         while True:
             path = self._queue.get()
-            if path is None or self._stop.is_set():
+            if path is None or self._stop.is_set() or (self.log_dir is not None and self.log_dir.offline):
                 return
             try:
-                self.freed += remove_gradually(path, self.CHUNK, lambda: self._stop.wait(self.PAUSE_S))
-            except OSError as exc:
-                log.warning("cannot remove %s: %s (the next start removes it)", path, exc)
+                with guarded(self.log_dir, f"removal of {path.parent.name}/{path.name}"):
+                    self.freed += remove_gradually(path, self.CHUNK, lambda: self._stop.wait(self.PAUSE_S))
+            except OSError as exc:  # Kafka's async segment deletion: the log directory goes offline
+                log.log(log_level(exc, logging.WARNING), "cannot remove %s: %s (the next start removes it)", path, exc)
+                if self.log_dir is not None:
+                    return
 
     def stop(self) -> None:
         self._stop.set()

@@ -41,7 +41,6 @@ from oncelog.broker.producer_state import (
 from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.protocol.records import BatchHeader, InvalidRecordError, encode_control_batch, read_control_marker
 from oncelog.storage.fileutil import offset_named_files, write_offset_named
-from oncelog.storage.log_dir import log_level
 from oncelog.storage.txn_index import AbortedTxn
 
 if TYPE_CHECKING:
@@ -64,7 +63,7 @@ class Partition:
 
     Producer state is snapshotted to ``<offset>.snapshot`` in the partition
     directory at every segment roll (appends, ``segment.ms`` and retention
-    rolls alike: the log calls :meth:`_snapshot_quietly` through its
+    rolls alike: the log calls :meth:`_snapshot_on_roll` through its
     ``on_roll`` hook) and at clean shutdown; the snapshots of segments that
     retention or DeleteRecords delete go with them. On open, snapshots beyond
     the log end or at or below the log start offset are deleted (Kafka's
@@ -96,7 +95,7 @@ class Partition:
         # this node becomes the partition's leader: a new leader epoch, as a KRaft
         # controller elects a restarted broker again with a bumped epoch
         self.leader_epoch = log.become_leader()
-        log.on_roll = self._snapshot_quietly
+        log.on_roll = self._snapshot_on_roll
         log.on_segments_deleted = self._delete_snapshots
 
     def __repr__(self) -> str:
@@ -272,11 +271,11 @@ class Partition:
 
     # -- producer state snapshots --------------------------------------------
 
-    def _snapshot_quietly(self, offset: int) -> None:
-        try:
-            self.snapshot_producer_state(offset)
-        except OSError as exc:  # snapshots are an optimisation; replay covers a missing one
-            log.log(log_level(exc, logging.ERROR), "producer snapshot of %s at %d failed: %s", self, offset, exc)
+    def _snapshot_on_roll(self, offset: int) -> None:
+        """The log's ``on_roll`` hook. Called inside the roll's I/O guard: an OSError takes
+        the log directory offline and fails the roll's caller (as Kafka's ``roll`` does
+        with ``takeProducerSnapshot``'s IOException)."""
+        self.snapshot_producer_state(offset)
 
     def _snapshots(self) -> list[tuple[int, Path]]:
         return offset_named_files(self.log.directory, SNAPSHOT_SUFFIX)
@@ -354,11 +353,14 @@ class Partition:
         )
 
     def snapshot_producer_state(self, offset: int | None = None) -> None:
-        """Write the producer state as of ``offset`` (default: the log end)."""
+        """Write the producer state as of ``offset`` (default: the log end). An OSError takes
+        the log directory offline (Kafka's ``takeProducerSnapshot`` runs inside the log's
+        IOException handler)."""
         offset = self.log.log_end_offset if offset is None else offset
-        # the snapshot ends replay there on the next open: the index entries below must be durable first
-        self.log.sync_txn_indexes()
-        write_offset_named(self.log.directory, offset, SNAPSHOT_SUFFIX, self.producers.to_bytes(), SNAPSHOTS_KEPT)
+        with self.log.io("producer snapshot"):
+            # the snapshot ends replay there on the next open: the index entries below must be durable first
+            self.log.sync_txn_indexes()
+            write_offset_named(self.log.directory, offset, SNAPSHOT_SUFFIX, self.producers.to_bytes(), SNAPSHOTS_KEPT)
 
 
 def _recompress(records: bytes, hdr: BatchHeader, cfg: object) -> tuple[bytes, BatchHeader]:

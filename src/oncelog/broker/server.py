@@ -60,6 +60,7 @@ from oncelog.broker.security import SaslSession
 from oncelog.broker.security import describe as describe_security
 from oncelog.broker.security import security_warnings
 from oncelog.protocol.framing import FrameDecoder, FrameError, frame
+from oncelog.storage.log_dir import log_level
 
 log = logging.getLogger("oncelog.server")
 
@@ -509,8 +510,11 @@ class BrokerServer:
                 result = job()
                 if asyncio.iscoroutine(result):
                     await result
-            except Exception:
-                log.exception("%s failed", job.__name__)
+            except Exception as exc:
+                if log_level(exc, logging.ERROR) == logging.DEBUG:  # the log directory is offline: the
+                    log.debug("%s failed: %s", job.__name__, exc)  # broker stops and says why, once
+                else:
+                    log.exception("%s failed", job.__name__)
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -127,14 +127,13 @@ class LogManager:
                 plog.set_config(cfg)
 
     def retention_pass(self, now_ms: int) -> int:
-        """Time-roll and apply retention to every log; returns segments deleted."""
+        """Time-roll and apply retention to every log; returns segments deleted. An OSError
+        takes the log directory offline (:meth:`PartitionLog.io`) and ends the pass: it is
+        raised, and nothing more is deleted."""
         deleted = 0
-        for key, plog in list(self._logs.items()):
-            try:
-                plog.maybe_roll(now_ms)
-                deleted += plog.apply_retention(now_ms)
-            except OSError as exc:
-                log.error("retention failed for %s-%d: %s", key[0], key[1], exc)
+        for plog in list(self._logs.values()):
+            plog.maybe_roll(now_ms)
+            deleted += plog.apply_retention(now_ms)
         return deleted
 
     def sync_all(self) -> None:

@@ -603,7 +603,9 @@ class OffsetStore:
                 for pid, txn in self.txn_offsets.items()
             ],  # fmt: skip
         }
-        write_offset_named(plog.directory, end, SNAPSHOT_SUFFIX, json.dumps(snap, separators=(",", ":")).encode(), SNAPSHOTS_KEPT)
+        with plog.io("offsets store snapshot"):  # an OSError takes the log directory offline
+            write_offset_named(plog.directory, end, SNAPSHOT_SUFFIX, json.dumps(snap, separators=(",", ":")).encode(),
+                               SNAPSHOTS_KEPT)
         plog.delete_records_before(end)
         self.snapshots += 1
         log.info(
@@ -628,5 +630,5 @@ class OffsetStore:
         try:
             self.maybe_snapshot(force=True)
         except OSError as exc:
-            log.error("offsets snapshot at shutdown failed: %s", exc)
+            log.log(log_level(exc, logging.ERROR), "offsets snapshot at shutdown failed: %s", exc)
         self._log.close()

@@ -26,6 +26,7 @@ from typing import Any
 
 from oncelog.broker.context import RequestContext
 from oncelog.protocol.errors import ErrorCode, KafkaError
+from oncelog.storage.log_dir import log_level
 
 API_KEY = 21
 MIN_VERSION = 0
@@ -50,8 +51,8 @@ def _delete(ctx: RequestContext, topic: str, index: int, offset: int) -> tuple[i
     before = partition.log_start_offset
     try:
         low = partition.log.delete_records_before(target)
-    except OSError as exc:
-        log.error("delete records of %s-%d failed: %s", topic, index, exc)
+    except OSError as exc:  # the log directory went (or was) offline (PartitionLog.io)
+        log.log(log_level(exc, logging.ERROR), "delete records of %s-%d failed: %s", topic, index, exc)
         return int(ErrorCode.kafka_storage_error), -1
     if low > before:
         log.info("deleted records of %s-%d: log start offset %d -> %d", topic, index, before, low)

@@ -30,6 +30,7 @@ from oncelog.protocol.records import InvalidRecordError, Record, encode_record_b
 from oncelog.storage.config import internal_log_config
 from oncelog.storage.fileutil import offset_named_files, write_offset_named
 from oncelog.storage.log import PartitionLog
+from oncelog.storage.log_dir import log_level
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +167,9 @@ class DurableKeyedLog:
         plog.roll()
         end = plog.log_end_offset
         snap = {"format": SNAPSHOT_FORMAT, "offset": end, "entries": self.live}
-        write_offset_named(plog.directory, end, self.suffix, json.dumps(snap, separators=(",", ":")).encode(), SNAPSHOTS_KEPT)
+        with plog.io("snapshot"):  # an OSError takes the log directory offline
+            write_offset_named(plog.directory, end, self.suffix, json.dumps(snap, separators=(",", ":")).encode(),
+                               SNAPSHOTS_KEPT)
         plog.delete_records_before(end)
         self.snapshots += 1
         return True
@@ -175,7 +178,7 @@ class DurableKeyedLog:
         try:
             self.maybe_snapshot(force=True)
         except OSError as exc:
-            log.error("snapshot at shutdown of %s failed: %s", self.log.directory, exc)
+            log.log(log_level(exc, logging.ERROR), "snapshot at shutdown of %s failed: %s", self.log.directory, exc)
         self.log.close()
 
 
