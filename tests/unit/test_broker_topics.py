@@ -1,4 +1,6 @@
-"""Topic creation that runs out of resources fails alone and leaves nothing behind."""
+"""Topic creation that fails on the disk (EMFILE included) takes the log directory offline, as Kafka's
+``LogManager.getOrCreateLog`` does: the request gets KAFKA_STORAGE_ERROR, nothing more is written, and
+the next start creates the logs the catalog lists."""
 
 from __future__ import annotations
 
@@ -10,45 +12,79 @@ import pytest
 from oncelog.broker.broker import Broker
 from oncelog.broker.config import BrokerConfig
 from oncelog.protocol.errors import ErrorCode, KafkaError
+from oncelog.storage import engine
 
 
 def _broker(tmp_path: Path) -> Broker:
     return Broker(BrokerConfig(data_dir=tmp_path / "data"))
 
 
-def test_create_topic_out_of_file_descriptors_rolls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _fail_opens_after(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    real = engine.PartitionLog.open
+    opened = 0
+
+    def failing(*args: object, **kwargs: object) -> object:
+        nonlocal opened
+        opened += 1
+        if opened > n:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.PartitionLog, "open", failing)
+
+
+def test_create_topic_out_of_file_descriptors_takes_the_log_directory_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     broker = _broker(tmp_path)
-    real = broker.logs.create_partitions
-
-    def failing(topic: str, n_from: int, n_to: int, now_ms: int, config: object = None) -> object:
-        real(topic, n_from, min(n_to, n_from + 2), now_ms)  # some partitions opened, then EMFILE
-        raise OSError(errno.EMFILE, "Too many open files")
-
-    monkeypatch.setattr(broker.logs, "create_partitions", failing)
+    _fail_opens_after(monkeypatch, 2)  # some partitions opened, then EMFILE
     with pytest.raises(KafkaError) as info:
         broker.create_topic("big", 10)
     assert info.value.code == ErrorCode.kafka_storage_error
-    assert "big" not in broker.topics and broker.catalog.get("big") is None
-    monkeypatch.setattr(broker.logs, "create_partitions", real)
-    # the broker keeps working: the same name can be created once resources are back
-    topic = broker.create_topic("big", 3)
-    assert topic is not None and len(topic.partitions) == 3
-    broker.close()
-    reopened = _broker(tmp_path)
-    assert len(reopened.topics["big"].partitions) == 3
+    assert broker.log_dir.offline and "creation of the log big-2" in (broker.log_dir.cause or "")
+    monkeypatch.undo()
+    with pytest.raises(KafkaError) as info:  # nothing more is written to the directory
+        broker.create_topic("other", 1)
+    assert info.value.code == ErrorCode.kafka_storage_error
+    assert not (tmp_path / "data" / "other-0").exists()
+    broker.close()  # abandons: no clean-shutdown marker
+    assert not (tmp_path / "data" / "big-0" / ".clean_shutdown").exists()
+    reopened = _broker(tmp_path)  # the catalog lists the topic: its logs are created at start
+    assert len(reopened.topics["big"].partitions) == 10 and "other" not in reopened.topics
     reopened.close()
 
 
-def test_create_partitions_failure_keeps_the_old_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_create_partitions_failure_keeps_the_old_count_and_takes_the_directory_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     broker = _broker(tmp_path)
     broker.create_topic("t", 2)
-
-    def failing(*args: object, **kwargs: object) -> object:
-        raise OSError(errno.EMFILE, "Too many open files")
-
-    monkeypatch.setattr(broker.logs, "create_partitions", failing)
+    _fail_opens_after(monkeypatch, 1)
     with pytest.raises(KafkaError) as info:
         broker.create_partitions("t", 5)
     assert info.value.code == ErrorCode.kafka_storage_error
     assert len(broker.topics["t"].partitions) == 2 and broker.catalog.get("t").num_partitions == 2
+    assert broker.log_dir.offline
+    broker.close()
+
+
+def test_a_failed_topic_catalog_write_takes_the_directory_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = _broker(tmp_path)
+    broker.create_topic("t", 1)
+    from oncelog.storage import catalog
+
+    def enospc(path: object, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(catalog, "atomic_write", enospc)
+    with pytest.raises(KafkaError) as info:
+        broker.alter_topic_configs("t", {"retention.ms": "1000"})
+    assert info.value.code == ErrorCode.kafka_storage_error
+    monkeypatch.undo()
+    assert broker.log_dir.offline and "topic catalog" in (broker.log_dir.cause or "")
+    with pytest.raises(KafkaError) as info:
+        broker.create_topic("u", 1)
+    assert info.value.code == ErrorCode.kafka_storage_error
     broker.close()

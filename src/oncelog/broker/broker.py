@@ -88,6 +88,7 @@ class Broker:
         self.cluster_id = self._load_cluster_id()
         self.producer_ids = ProducerIdManager(config.data_dir / "meta")
         self.catalog = TopicCatalog.load(config.data_dir)
+        self.catalog.failure_channel = self.log_dir
         self._static_producer_id_expiration_ms = config.producer_id_expiration_ms
         self.dynamic = dynamic_config.DynamicBrokerConfigs.load(config.data_dir / "meta")
         self.cleaner_threads = config.log_cleaner_threads  # of the running log cleaner (set by the server)
@@ -229,17 +230,12 @@ class Broker:
             return None
         try:
             meta = self.catalog.create_topic(name, num_partitions, configs)
-        except OSError as exc:
-            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {name!r}: {exc}") from None
-        try:
             self.logs.create_partitions(name, 0, num_partitions, self.clock())
-        except OSError as exc:  # e.g. out of file descriptors: undo, fail only this topic
-            log.error("creating topic %s failed, rolling back: %s", name, exc)
-            try:
-                self.logs.delete_topic(name)
-                self.catalog.delete_topic(name)
-            except OSError as undo:
-                log.error("rolling back topic %s failed: %s", name, undo)
+        except OSError as exc:
+            # the catalog's write or a log's creation failed (EMFILE included): the log directory is
+            # offline (Kafka's getOrCreateLog), nothing more is written to it and the broker stops;
+            # the next start creates the logs the catalog lists
+            log.log(log_level(exc, logging.ERROR), "creating topic %s failed: %s", name, exc)
             raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {name!r}: {exc}") from None
         log.info("created topic %s with %d partitions", name, num_partitions)
         return self._attach_topic(name, uuid.UUID(str(meta.topic_id)), num_partitions, configs)
@@ -255,8 +251,12 @@ class Broker:
         self.topology_version += 1
         for p in topic.partitions:
             p.wake()
-        self.catalog.delete_topic(name)
-        self.logs.delete_topic(name)
+        try:
+            self.catalog.delete_topic(name)
+            self.logs.delete_topic(name)
+        except OSError as exc:  # the log directory is offline (storage/log_dir.py): the broker stops
+            log.log(log_level(exc, logging.ERROR), "deleting topic %s failed: %s", name, exc)
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot delete topic {name!r}: {exc}") from None
         self.groups.on_topic_deleted(name)
         log.info("deleted topic %s", name)
 
@@ -288,7 +288,11 @@ class Broker:
         self.check_topic_configs({k: v for k, v in configs.items() if v is not None})
         if validate_only:
             return
-        self.catalog.set_configs(name, configs)
+        try:
+            self.catalog.set_configs(name, configs)
+        except OSError as exc:  # the log directory is offline (storage/log_dir.py): the broker stops
+            log.log(log_level(exc, logging.ERROR), "storing the configs of topic %s failed: %s", name, exc)
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot store the configs of {name!r}: {exc}") from None
         topic.configs = dict(configs)
         self.logs.reconfigure(name)
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from oncelog.storage.fileutil import atomic_write
+from oncelog.storage.log_dir import LogDirFailureChannel, guarded
 
 META_DIR = "meta"
 TOPICS_FILE = "topics.json"
@@ -52,6 +53,10 @@ class TopicCatalog:
         self.data_dir = Path(data_dir)
         self._topics = topics
         self.existed = existed  # False when no catalog file was found on load
+        # the data directory's failure channel (storage/log_dir.py): an OSError of a write of the
+        # catalog takes the directory offline (Kafka's broker stops when its metadata log
+        # directory fails), and nothing is written once it is
+        self.failure_channel: LogDirFailureChannel | None = None
 
     @property
     def path(self) -> Path:
@@ -72,8 +77,9 @@ class TopicCatalog:
 
     def _save(self) -> None:
         doc = {"version": _FORMAT_VERSION, "topics": [asdict(t) for t in self._topics.values()]}
-        meta_dir(self.data_dir)
-        atomic_write(self.path, json.dumps(doc, indent=1, sort_keys=True).encode())
+        with guarded(self.failure_channel, "write of the topic catalog"):
+            meta_dir(self.data_dir)
+            atomic_write(self.path, json.dumps(doc, indent=1, sort_keys=True).encode())
         self.existed = True
 
     def _require(self, name: str) -> TopicMeta:

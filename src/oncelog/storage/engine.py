@@ -11,7 +11,7 @@ from oncelog.storage.catalog import TopicCatalog
 from oncelog.storage.config import LogConfig
 from oncelog.storage.fileutil import atomic_write
 from oncelog.storage.log import DELETE_SUFFIX, PartitionLog
-from oncelog.storage.log_dir import LogDirFailureChannel
+from oncelog.storage.log_dir import LogDirFailureChannel, guarded
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,13 @@ class LogManager:
             self.create_partitions(meta.name, 0, meta.num_partitions, now_ms)
 
     def _open(self, topic: str, partition: int, topic_id: str | None, config: LogConfig, now_ms: int) -> PartitionLog:
+        """Open (or create) one log. An OSError takes the log directory offline, as Kafka's
+        ``getOrCreateLog`` does (and loading a log at start up)."""
         directory = self.data_dir / partition_dir_name(topic, partition)
+        with guarded(self.failure_channel, f"creation of the log {directory.name}"):
+            return self._open_log(directory, topic_id, config, now_ms)
+
+    def _open_log(self, directory: Path, topic_id: str | None, config: LogConfig, now_ms: int) -> PartitionLog:
         if directory.exists() and topic_id is not None:
             found = read_partition_topic_id(directory)
             if found is not None and found != topic_id:
@@ -109,7 +115,9 @@ class LogManager:
         """Close and remove every partition log of ``topic``; returns how many."""
         keys = [k for k in self._logs if k[0] == topic]
         for key in keys:
-            self._logs.pop(key).delete()
+            # an OSError takes the log directory offline (Kafka's renameDir of a deleted log)
+            with guarded(self.failure_channel, f"deletion of the log {key[0]}-{key[1]}"):
+                self._logs.pop(key).delete()
         return len(keys)
 
     def effective_config(self, topic: str) -> LogConfig:
