@@ -11,8 +11,9 @@ start recovers the logs from the files.
 
 Most tests run the broker in a thread of the test process so they can make an
 fdatasync fail (``PartitionLog._sync``, under the failure channel, or ``os.fdatasync``
-for the close at shutdown); two run ``oncelog serve`` as a process with the same
-fault. About 3 s in all.
+for the close at shutdown); three run ``oncelog serve`` as a process, two with the same
+fault and one whose retention fails to delete a segment (an error outside the data path
+takes the directory offline too). About 4 s in all.
 """
 
 from __future__ import annotations
@@ -323,3 +324,48 @@ def test_a_thread_broker_whose_shutdown_fsync_failed_releases_its_directory(
             assert answer.error_code == 0 and answer.base_offset == 1, answer  # recovered "x" at offset 0
     finally:
         again.close()
+
+
+RETENTION_PRELUDE = """
+import os, sys
+real = os.unlink
+def unlink(path, *args, **kwargs):
+    if "/lf-0/" in str(path) and str(path).endswith(".log"):
+        raise OSError(5, "Input/output error")
+    return real(path, *args, **kwargs)
+os.unlink = unlink
+from oncelog.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_failed_segment_deletion_of_retention_stops_the_broker_with_one_line(tmp_path: Path) -> None:
+    """Retention deletes lf-0's first segment and the unlink of its .log fails: the log directory
+    goes offline as for a failed fsync (Kafka's deleteSegments runs under maybeHandleIOException;
+    before, one ERROR line and the broker went on), the process logs one line (no traceback)
+    and exits 1 without a clean-shutdown marker. About 2 s."""
+    port = free_port()
+    data = tmp_path / "data"
+    props = tmp_path / "server.properties"
+    props.write_text("log.retention.check.interval.ms=100\n")
+    proc = subprocess.Popen([sys.executable, "-c", RETENTION_PRELUDE, "serve", "--listen", f"127.0.0.1:{port}",
+                             "--data-dir", str(data), "--config", str(props)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith(b"oncelog listening on"), proc.stderr
+        bootstrap = f"127.0.0.1:{port}"
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        topic = NewTopic(TOPIC, 1, 1, config={"retention.ms": "1", "segment.ms": "1"})
+        admin.create_topics([topic])[TOPIC].result(10)
+        with Connection(bootstrap) as conn:
+            batch = encode_record_batch([Record(None, b"x")])
+            assert partition_answer(conn.request(PRODUCE, 9, produce_body(batch))).error_code == 0
+        code = proc.wait(15)  # the next retention pass rolls, then deletes the first segment
+        err = proc.stderr.read().decode() if proc.stderr is not None else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    _exited_1_with_one_critical_line(code, err, f"log directory {data} failed (retention of lf-0: Input/output error)")
+    assert not list(data.rglob(".clean_shutdown")), sorted(map(str, data.rglob(".clean_shutdown")))
