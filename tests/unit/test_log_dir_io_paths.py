@@ -399,3 +399,31 @@ def test_delete_records_whose_checkpoint_fails_answers_kafka_storage_error_and_s
         asyncio.run(main())
     finally:
         broker.close()
+
+
+def test_a_failed_write_of_the_producer_id_block_takes_the_directory_offline_and_issues_no_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next block's end is written before any of its ids is handed out. Before: the block end
+    was raised in memory first, so after a failed write the next InitProducerId was answered with
+    an id of the unwritten block, which a restart hands out again."""
+    broker = _broker(tmp_path)
+    try:
+        async def main() -> None:
+            body = {"transactional_id": None, "transaction_timeout": -1, "producer_id": -1, "producer_epoch": -1}
+            monkeypatch.setattr("oncelog.broker.producer_ids.atomic_write", _enospc)
+            r = await call(broker, INIT_PRODUCER_ID, 4, body)
+            assert r.error_code == E.not_coordinator and r.producer_id == -1
+            assert broker.log_dir.cause == "write of the producer-id block: No space left on device"
+            monkeypatch.undo()
+            r = await call(broker, INIT_PRODUCER_ID, 4, body)
+            assert r.error_code == E.not_coordinator and r.producer_id == -1  # still nothing written, no id
+
+        asyncio.run(main())
+    finally:
+        broker.close()
+    again = _broker(tmp_path)
+    try:
+        assert again.producer_ids.generate() == 0  # no id was ever issued
+    finally:
+        again.close()

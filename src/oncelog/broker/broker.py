@@ -86,7 +86,7 @@ class Broker:
         # the data directory is locked before anything in it is read or written (Kafka's .lock)
         self.dir_lock = lock_data_dir(config.data_dir)
         self.cluster_id = self._load_cluster_id()
-        self.producer_ids = ProducerIdManager(config.data_dir / "meta")
+        self.producer_ids = ProducerIdManager(config.data_dir / "meta", self.log_dir)
         self.catalog = TopicCatalog.load(config.data_dir)
         self.catalog.failure_channel = self.log_dir
         self._static_producer_id_expiration_ms = config.producer_id_expiration_ms

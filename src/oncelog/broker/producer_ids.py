@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oncelog.storage.fileutil import atomic_write
+from oncelog.storage.log_dir import LogDirFailureChannel, guarded
 
 BLOCK_SIZE = 1000
 
@@ -29,8 +30,10 @@ class ProducerIdAndEpoch:
 
 
 class ProducerIdManager:
-    def __init__(self, meta_dir: Path) -> None:
+    def __init__(self, meta_dir: Path, failure_channel: LogDirFailureChannel | None = None) -> None:
         self.path = meta_dir / "producer_id_block"
+        # an OSError of the block's write takes the data directory offline (storage/log_dir.py)
+        self.failure_channel = failure_channel
         meta_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._next = int(self.path.read_text().strip())
@@ -47,8 +50,10 @@ class ProducerIdManager:
 
     def generate(self) -> int:
         if self._next >= self._block_end:
-            self._block_end = self._next + BLOCK_SIZE
-            atomic_write(self.path, str(self._block_end).encode())
+            end = self._next + BLOCK_SIZE
+            with guarded(self.failure_channel, "write of the producer-id block"):
+                atomic_write(self.path, str(end).encode())
+            self._block_end = end  # only once durable: no id of an unwritten block is handed out
         pid = self._next
         self._next += 1
         return pid

@@ -26,11 +26,15 @@ and epoch of a kept prepared transaction.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from oncelog.broker.context import RequestContext
 from oncelog.protocol.build import to_ms
 from oncelog.protocol.errors import ErrorCode
+from oncelog.storage.log_dir import log_level
+
+log = logging.getLogger(__name__)
 
 API_KEY = 22
 MIN_VERSION = 0
@@ -75,7 +79,12 @@ async def handle(ctx: RequestContext, request: Any) -> dict[str, Any]:
             out["ongoing_txn_producer_id"] = result.ongoing_txn_producer_id
             out["ongoing_txn_producer_epoch"] = result.ongoing_txn_producer_epoch
         return out
-    result = ctx.broker.producer_ids.init_idempotent()
+    try:
+        result = ctx.broker.producer_ids.init_idempotent()
+    except OSError as exc:  # the next block could not be written: the data directory is offline
+        log.log(log_level(exc, logging.ERROR), "InitProducerId failed: %s", exc)
+        out["error_code"] = ErrorCode.not_coordinator  # as the transaction coordinator answers then
+        return out
     out["producer_id"] = result.producer_id
     out["producer_epoch"] = result.epoch
     return out
