@@ -342,6 +342,7 @@ class Broker:
         level.clear()
         level.update(configs)
         try:
+            self.log_dir.check()  # nothing is written to an offline directory
             self.dynamic.save()
         except OSError as exc:
             level.clear()
