@@ -427,3 +427,17 @@ def test_a_failed_write_of_the_producer_id_block_takes_the_directory_offline_and
         assert again.producer_ids.generate() == 0  # no id was ever issued
     finally:
         again.close()
+
+
+def test_a_failed_write_of_the_leader_epoch_checkpoint_takes_the_directory_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """become_leader writes the new epoch's checkpoint (Kafka's LeaderEpochCheckpointFile goes
+    through CheckpointFileWithFailureHandler, which takes the directory offline)."""
+    channel = LogDirFailureChannel(tmp_path)
+    plog = _log(tmp_path, channel)
+    monkeypatch.setattr("oncelog.storage.leader_epoch.write_all", _enospc)
+    with pytest.raises(LogDirOfflineError):
+        plog.become_leader()
+    assert channel.cause == "leader-epoch checkpoint of t-0: No space left on device"
+    plog.abandon()

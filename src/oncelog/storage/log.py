@@ -449,6 +449,7 @@ class PartitionLog:
     def active_segment(self) -> Segment:
         return self.segments[-1]
 
+    @_log_dir_io("leader-epoch checkpoint")
     def become_leader(self) -> int:
         """Start a new leader epoch (one above any the checkpoint ever held) at the log end
         offset and stamp it into later appends; returns it. The checkpoint is written now
