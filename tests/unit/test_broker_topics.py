@@ -88,3 +88,22 @@ def test_a_failed_topic_catalog_write_takes_the_directory_offline(
         broker.create_topic("u", 1)
     assert info.value.code == ErrorCode.kafka_storage_error
     broker.close()
+
+
+def test_a_failed_leader_epoch_checkpoint_of_a_new_topic_answers_kafka_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new partition writes its first leader epoch after its log is created: a failure there is
+    the request's KAFKA_STORAGE_ERROR too (before: a bare OSError out of create_topic)."""
+    broker = _broker(tmp_path)
+
+    def enospc(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("oncelog.storage.leader_epoch.write_all", enospc)
+    with pytest.raises(KafkaError) as info:
+        broker.create_topic("t", 1)
+    assert info.value.code == ErrorCode.kafka_storage_error
+    assert broker.log_dir.cause == "leader-epoch checkpoint of t-0: No space left on device"
+    assert "t" not in broker.topics
+    broker.close()

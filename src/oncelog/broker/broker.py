@@ -167,10 +167,15 @@ class Broker:
 
     # -- topics -----------------------------------------------------------
 
-    def _attach_topic(self, name: str, topic_id: uuid.UUID, n: int, configs: dict[str, str]) -> Topic:
+    def _attach_topic(
+        self, name: str, topic_id: uuid.UUID, n: int, configs: dict[str, str], partitions: list[Partition] | None = None
+    ) -> Topic:
         topic = Topic(name, topic_id, [], dict(configs), internal=name.startswith("__"))
-        for i in range(n):
-            topic.partitions.append(self._new_partition(name, i, topic_id))
+        if partitions is not None:
+            topic.partitions.extend(partitions)
+        else:
+            for i in range(n):
+                topic.partitions.append(self._new_partition(name, i, topic_id))
         self.topics[name] = topic
         self.topics_by_id[topic_id] = topic
         self.topology_version += 1
@@ -231,6 +236,8 @@ class Broker:
         try:
             meta = self.catalog.create_topic(name, num_partitions, configs)
             self.logs.create_partitions(name, 0, num_partitions, self.clock())
+            # each partition loads its producer state and writes its new leader epoch
+            partitions = [self._new_partition(name, i, uuid.UUID(str(meta.topic_id))) for i in range(num_partitions)]
         except OSError as exc:
             # the catalog's write or a log's creation failed (EMFILE included): the log directory is
             # offline (Kafka's getOrCreateLog), nothing more is written to it and the broker stops;
@@ -238,7 +245,7 @@ class Broker:
             log.log(log_level(exc, logging.ERROR), "creating topic %s failed: %s", name, exc)
             raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {name!r}: {exc}") from None
         log.info("created topic %s with %d partitions", name, num_partitions)
-        return self._attach_topic(name, uuid.UUID(str(meta.topic_id)), num_partitions, configs)
+        return self._attach_topic(name, uuid.UUID(str(meta.topic_id)), num_partitions, configs, partitions)
 
     def delete_topic(self, name: str) -> None:
         topic = self.topics.get(name)
@@ -275,10 +282,11 @@ class Broker:
         try:
             self.logs.create_partitions(name, current, total, self.clock())
             self.catalog.add_partitions(name, total)
-        except OSError as exc:
+            added = [self._new_partition(name, i, topic.topic_id) for i in range(current, total)]
+        except OSError as exc:  # the log directory is offline (storage/log_dir.py): the broker stops
+            log.log(log_level(exc, logging.ERROR), "adding partitions to %s failed: %s", name, exc)
             raise KafkaError(ErrorCode.kafka_storage_error, f"cannot add partitions to {name!r}: {exc}") from None
-        for i in range(current, total):
-            topic.partitions.append(self._new_partition(name, i, topic.topic_id))
+        topic.partitions.extend(added)
         self.topology_version += 1
 
     def alter_topic_configs(self, name: str, configs: dict[str, str], validate_only: bool = False) -> None:
