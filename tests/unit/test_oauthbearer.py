@@ -934,3 +934,26 @@ def test_hung_plain_oauth_cb_does_not_keep_a_closed_clients_process_alive() -> N
     took = time.monotonic() - t0
     assert done.returncode == 0 and done.stdout == "closed\n", done.stderr
     assert took < 8, f"the process took {took:.1f} s to exit after close"
+
+
+def test_token_past_the_refresh_point_is_the_one_valid_at_the_call_even_if_the_refresh_is_quick() -> None:
+    """token() past 80% returns the still-valid token it found, also when the background refresh it
+    starts has already replaced it (a fast oauth_cb: that race made the test above flaky)."""
+    clock = _Clock()
+    calls: list[str | None] = []
+
+    def cb(config: str | None) -> tuple[str, float, str, dict[str, str]]:
+        calls.append(config)
+        return f"tok{len(calls)}", clock.now + 100, "alice", {}
+
+    class QuickRefresh(TokenSource):
+        def _bstart(self) -> concurrent.futures.Future[OAuthToken]:
+            job = super()._bstart()
+            concurrent.futures.wait([job], timeout=10)  # the refresh ends before token() goes on
+            return job
+
+    src = QuickRefresh(cb, None, None, clock=clock)
+    assert src.token().value == "tok1"
+    clock.now += 81
+    assert src.token().value == "tok1" and len(calls) == 2
+    assert src.token().value == "tok2"

@@ -292,10 +292,11 @@ class TokenSource:
             return cached
         if self.unsecured is not None:
             return self._keep(self.unsecured.token(self._clock()))
-        job = self._bstart()
+        # the token valid now, read before the refresh starts (its thread may replace it at once)
         now = self._clock()
         with self._lock:
             current = self._token
+        job = self._bstart()
         if current is not None and now < current.expiry:
             return current  # still valid: the refresh goes on in the background
         return job.result()
