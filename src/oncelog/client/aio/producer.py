@@ -115,7 +115,7 @@ from oncelog.client.errors import (
     error_class,
     error_for,
 )
-from oncelog.client.partitioner import StickyPartitioner, partition_for_key
+from oncelog.client.partitioner import StickyPartitioner, key_groups, partition_for_key
 from oncelog.protocol.build import to_ms
 from oncelog.protocol.codec import decode_response, unknown_tags_of
 from oncelog.protocol.conditional import NEXT_OFFSET_TAG, parse_offset_tag, partition_tag_block
@@ -1543,8 +1543,8 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
     ks = None if keys is None else _values_list(keys)
     if ks is not None and len(ks) != len(vals):
         raise ValueError("keys and values differ in length")
-    if ks is not None and (partition is None or is_arrow(vals) != is_arrow(ks)):
-        vals, ks = _as_list(vals), _as_list(ks)  # keyed records spread by key, or Arrow mixed with a list
+    if ks is not None and is_arrow(vals) != is_arrow(ks):
+        vals, ks = _as_list(vals), _as_list(ks)  # Arrow mixed with a list
     info = await core.cluster.wait_topic(topic, core.max_block)
     ts = _now_ms() if timestamp is None else timestamp
     n = info.partitions
@@ -1554,12 +1554,16 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
         core.append_many(topic, vals, ks, partition, ts, futs, expected_offset)  # type: ignore[arg-type]
     elif partition is None and ks is not None:
         each = futs.eager()  # spread over partitions: one future per record
-        groups: dict[int, list[int]] = {}
-        for i, k in enumerate(ks):
-            groups.setdefault(core.sticky.partition(topic, n) if k is None else partition_for_key(k, n),
-                              []).append(i)
-        for part, idx in groups.items():
-            core.append_many(topic, [vals[i] for i in idx], [ks[i] for i in idx], part, ts, [each[i] for i in idx])
+        # every key hashed at once (numpy, from VECTOR_MIN records or Arrow keys), records grouped by
+        # partition in the order given; Arrow arrays stay Arrow (take) and are encoded from their buffers
+        arrow = is_arrow(ks)
+        for part, idx in key_groups(ks, n, lambda: core.sticky.partition(topic, n)):
+            il = idx if isinstance(idx, list) else idx.tolist()
+            if arrow:
+                core.append_many(topic, vals.take(idx), ks.take(idx), part, ts, list(map(each.__getitem__, il)))
+            else:
+                core.append_many(topic, list(map(vals.__getitem__, il)), list(map(ks.__getitem__, il)), part, ts,
+                                 list(map(each.__getitem__, il)))
     else:
         part = core.sticky.partition(topic, n) if partition is None else partition
         core.append_many(topic, vals, ks, part, ts, futs)
