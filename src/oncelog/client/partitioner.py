@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["StickyPartitioner", "key_groups", "murmur2", "murmur2_buffers", "partition_for_key"]
+__all__ = ["StickyPartitioner", "key_groups", "murmur2", "murmur2_buffers", "murmur2_many", "partition_for_key"]
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
@@ -170,22 +170,8 @@ def key_groups(keys: Any, partitions: int, null_partition: Callable[[], int]) ->
         return list(groups.items())
     import numpy as np
 
-    if arrow:
-        from oncelog.client.arrow import arrow_key_buffers
-
-        data, starts, lengths, nulls = arrow_key_buffers(keys)
-    else:
-        nulls = None
-        if None in keys:
-            isnull = [k is None for k in keys]
-            nulls = np.array(isnull, bool)
-            keys = [b"" if k is None else k for k in keys]
-        lengths = np.fromiter(map(len, keys), np.int64, n)
-        starts = np.zeros(n, np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        data = np.frombuffer(b"".join([*keys, b"\0\0\0"]), np.uint8)  # the tail of the last key is read as a word
-    parts = ((murmur2_buffers(data, starts, lengths) & np.uint32(0x7FFFFFFF)) % np.uint32(partitions)).astype(
-        np.int64)
+    hashes, nulls = _hash_keys(keys)
+    parts = ((hashes & np.uint32(0x7FFFFFFF)) % np.uint32(partitions)).astype(np.int64)
     if nulls is not None and nulls.any():
         parts[nulls] = null_partition()
     if n == 0:
@@ -196,6 +182,39 @@ def key_groups(keys: Any, partitions: int, null_partition: Callable[[], int]) ->
     ends = np.append(firsts[1:], n)
     by_first = np.argsort(order[firsts], kind="stable")  # partitions in the order of their first record
     return [(int(ordered[firsts[g]]), order[firsts[g]:ends[g]]) for g in by_first.tolist()]
+
+
+def murmur2_many(keys: Any) -> Any:
+    """:func:`murmur2` of every key (signed, as an int32 numpy array; 0 for a null key) of a list of
+    ``bytes`` / ``None`` or an :func:`~oncelog.client.arrow.as_binary` Array, with numpy."""
+    import numpy as np
+
+    hashes, nulls = _hash_keys(keys)
+    if nulls is not None:
+        hashes[nulls] = 0
+    return hashes.view(np.int32)
+
+
+def _hash_keys(keys: Any) -> tuple[Any, Any]:
+    """(uint32 murmur2 of every key, bool null mask or None) of a list or an Arrow binary Array."""
+    import numpy as np
+
+    if not isinstance(keys, (list, tuple)):
+        from oncelog.client.arrow import arrow_key_buffers
+
+        data, starts, lengths, nulls = arrow_key_buffers(keys)
+        return murmur2_buffers(data, starts, lengths), nulls
+    n = len(keys)
+    nulls = None
+    if None in keys:
+        nulls = np.fromiter((k is None for k in keys), bool, n)
+        keys = [b"" if k is None else k for k in keys]
+    lengths = np.fromiter(map(len, keys), np.int64, n)
+    starts = np.zeros(n, np.int64)
+    if n:
+        np.cumsum(lengths[:-1], out=starts[1:])
+    data = np.frombuffer(b"".join([*keys, b"\0\0\0"]), np.uint8)  # the last key's tail is read as a word
+    return murmur2_buffers(data, starts, lengths), nulls
 
 
 def _numpy() -> bool:
