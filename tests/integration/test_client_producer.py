@@ -102,10 +102,15 @@ def test_keyed_arrow_batch_lands_where_confluent_puts_it_in_order(broker: Embedd
     values = [b"%d" % i for i in range(len(sent))]
     with Producer({"bootstrap.servers": broker.bootstrap}) as p:
         futs = p.produce_batch("akeys-oncelog", pa.array(values, pa.binary()), keys=pa.array(sent, pa.binary()))
+        early = {i: futs[i] for i in (0, 7, len(keys), len(sent) - 1)}  # futures asked for before delivery
         assert p.flush(30) == 0
-        parts = [f.result().partition for f in futs]
+        md = [f.result() for f in futs]
+        assert all(early[i].result() == md[i] for i in early)
+    parts = [m.partition for m in md]
     assert {k: q for k, q in zip(sent, parts) if k is not None} == theirs
     assert parts[len(keys)] == parts[-1]  # the null keys: one partition
+    for q in range(PARTITIONS):  # each partition's records at offsets 0, 1, ... in the order given
+        assert [m.offset for m in md if m.partition == q] == list(range(parts.count(q))), f"partition {q}"
     ends = {q: hw for q, (_, hw) in kit.confluent_watermarks(broker.bootstrap, "akeys-oncelog", PARTITIONS).items()}
     got = kit.confluent_consume_all(broker.bootstrap, "akeys-oncelog", ends)
     for q in range(PARTITIONS):

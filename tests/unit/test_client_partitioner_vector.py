@@ -202,3 +202,37 @@ def test_key_groups_without_numpy_loop_per_record(monkeypatch: pytest.MonkeyPatc
     groups = key_groups(keys, 7, lambda: 3)
     assert all(isinstance(idx, list) for _, idx in groups)
     assert groups == _scalar_groups(keys, 7, 3)
+
+
+# -- the futures of a keyed call: one span per batch, holding its records' indices ----------------------
+
+
+def test_spread_spans_complete_the_records_they_hold() -> None:
+    """A keyed call's records go to partitions out of order: each batch's span holds the indices of its
+    records, and a record's future (made when asked for, before or after its batch completes) gets the
+    offset of its position in that batch; exception() is the error of the lowest failed record."""
+    from concurrent.futures import Future
+
+    from oncelog.client.aio.producer import BatchFutures
+
+    futs = BatchFutures(7, Future)
+    a, b = futs.spread(np.array([0, 2, 5, 6])), futs.spread([1, 3, 4])
+    s0, s1 = a._span(0, 2), a._span(2, 2)  # records 0, 2 | 5, 6 (two batches of partition 0)
+    s2 = b._span(0, 3)  # records 1, 3, 4 (partition 1)
+    early = futs[2], futs[6], futs[3]  # asked for before delivery
+    assert not futs.done()
+    s0.finish("t", 0, 10, 111, None)
+    s1.finish("t", 0, 12, 111, None)
+    assert not futs.done() and early[0].result().offset == 11 and early[1].result().offset == 13
+    s2.finish("t", 1, -1, -1, KeyError("lost"))
+    assert futs.done()
+    assert [(f.result().partition, f.result().offset) for f in (futs[0], futs[2], futs[5], futs[6])] == \
+        [(0, 10), (0, 11), (0, 12), (0, 13)]
+    assert isinstance(early[2].exception(), KeyError) and isinstance(futs[4].exception(), KeyError)
+    assert str(futs.exception()) == "'lost'"
+    futs2 = BatchFutures(3, Future)
+    x, y = futs2.spread([0, 2]), futs2.spread([1])
+    sx, sy = x._span(0, 2), y._span(0, 1)
+    sx.finish("t", 0, -1, -1, ValueError("later"))
+    sy.finish("t", 1, -1, -1, KeyError("first"))
+    assert isinstance(futs2.exception(), ValueError)  # record 0 failed: the lowest record's error
