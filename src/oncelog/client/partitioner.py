@@ -78,7 +78,7 @@ def partition_for_key(key: bytes, partitions: int) -> int:
 
 # keyed batches of at least this many records are hashed and grouped with numpy (when it is installed);
 # smaller ones key by key (docs/benchmarks.md "Keyed batches: murmur2 vectorised")
-VECTOR_MIN = 16
+VECTOR_MIN = 32
 # the block loop of murmur2_buffers runs while at least this many keys still have a block at its column;
 # the few longer keys left are hashed key by key (one very long key must not cost a numpy pass per block)
 _COLUMN_MIN = 8

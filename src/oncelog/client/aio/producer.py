@@ -1552,7 +1552,7 @@ def _values_list(values: Any) -> Any:
     large_string one (chunked or not) comes back as one binary Array (:func:`oncelog.client.arrow.as_binary`,
     encoded without a list), any other type as a list. pyarrow is not a dependency."""
     if isinstance(values, (list, tuple)):
-        if values and not all(type(v) is bytes for v in values):
+        if values and set(map(type, values)) != {bytes}:  # (a set of types: no Python loop per value)
             return [_to_bytes(v, "value") for v in values]
         return list(values)
     if is_arrow(values):
