@@ -98,14 +98,18 @@ def test_keyed_arrow_batch_lands_where_confluent_puts_it_in_order(broker: Embedd
     keys = _KEYS
     theirs = _confluent_partitions(broker, kit, "akeys-confluent", keys)
     kit.create_topic(broker.bootstrap, "akeys-oncelog", PARTITIONS)
+    kit.create_topic(broker.bootstrap, "akeys-small", PARTITIONS)
     sent: list[bytes | None] = [*keys, None, *keys[::-1], None]  # every key twice, two null keys
     values = [b"%d" % i for i in range(len(sent))]
     with Producer({"bootstrap.servers": broker.bootstrap}) as p:
         futs = p.produce_batch("akeys-oncelog", pa.array(values, pa.binary()), keys=pa.array(sent, pa.binary()))
         early = {i: futs[i] for i in (0, 7, len(keys), len(sent) - 1)}  # futures asked for before delivery
+        few = keys[-6:]  # fewer than VECTOR_MIN keys: hashed key by key, the arrays still taken per partition
+        small = p.produce_batch("akeys-small", pa.array(few, pa.binary()), keys=pa.array(few, pa.binary()))
         assert p.flush(30) == 0
         md = [f.result() for f in futs]
         assert all(early[i].result() == md[i] for i in early)
+        assert [f.result().partition for f in small] == [theirs[k] for k in few]
     parts = [m.partition for m in md]
     assert {k: q for k, q in zip(sent, parts) if k is not None} == theirs
     assert parts[len(keys)] == parts[-1]  # the null keys: one partition

@@ -153,11 +153,12 @@ def key_groups(keys: Any, partitions: int, null_partition: Callable[[], int]) ->
     (:func:`oncelog.client.arrow.as_binary`; then numpy is installed). A keyed record goes to
     :func:`partition_for_key`, every null key to ``null_partition()`` (called once, and only when there
     is one: the sticky partition). ``indices`` is a list of ints, or an int64 array when numpy hashed the
-    batch: from :data:`VECTOR_MIN` records on (and always for Arrow keys), every key is hashed with
-    :func:`murmur2_buffers` and the records are grouped with a stable sort."""
+    batch: from :data:`VECTOR_MIN` records on, every key is hashed with :func:`murmur2_buffers` and the
+    records are grouped with a stable sort (below it, key by key: numpy's fixed cost is larger)."""
     n = len(keys)
-    arrow = not isinstance(keys, (list, tuple))
-    if not arrow and n < VECTOR_MIN or not _numpy():
+    if n < VECTOR_MIN or not _numpy():
+        if not isinstance(keys, (list, tuple)):  # a few Arrow keys (a larger array implies numpy)
+            keys = keys.to_pylist()
         groups: dict[int, list[int]] = {}
         sticky = -1
         for i, k in enumerate(keys):

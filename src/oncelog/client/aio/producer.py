@@ -1589,7 +1589,7 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
     if expected_offset is not None:
         core.append_many(topic, vals, ks, partition, ts, futs, expected_offset)  # type: ignore[arg-type]
     elif partition is None and ks is not None:
-        # every key hashed at once (numpy, from VECTOR_MIN records or Arrow keys), records grouped by
+        # every key hashed at once (numpy, from VECTOR_MIN records), records grouped by
         # partition in the order given; Arrow arrays stay Arrow (take) and are encoded from their buffers;
         # a span per batch holds its records' indices (no future per record until one is asked for)
         arrow = is_arrow(ks)
