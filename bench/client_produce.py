@@ -23,6 +23,10 @@ broker process during the run, per MB of record values. Clients:
   the timed run), encoded from its buffers (``oncelog.client.arrow``);
 * ``oncelog-arrow-list``: the same array's ``to_pylist()`` given to ``produce_batch`` (what the
   connector's sink and ``produce_batch`` itself did with Arrow input before);
+* ``oncelog-keyed``: ``produce_batch`` with keys and no partition, lists, calls of 10,000 records
+  (16-byte keys ``user-%011d`` of random numbers, made before the timed run): the keys' partitions
+  by murmur2 (``oncelog.client.partitioner.key_groups``);
+* ``oncelog-keyed-arrow``: the same with the values and keys as pyarrow ``binary`` arrays;
 * ``confluent``: confluent-kafka ``Producer`` (librdkafka, C), idempotent;
 * ``confluent-default``: the same at librdkafka's own default, ``enable.idempotence=false``
   (no sequence numbers, up to 1,000,000 requests in flight per connection);
@@ -115,6 +119,57 @@ def run_oncelog_arrow_list(bootstrap: str, topic: str, n: int, payload: bytes) -
     run_oncelog_arrow(bootstrap, topic, n, payload, to_list=True)
 
 
+_KEYS: dict[int, list[bytes]] = {}  # the keyed clients' keys, made once (not timed)
+KEYED_CALL = 10_000  # records per produce_batch call of the keyed clients
+
+
+def _keys(n: int) -> list[bytes]:
+    import random
+
+    if n not in _KEYS:
+        rng = random.Random(n)
+        _KEYS[n] = [b"user-%011d" % rng.randrange(10 ** 11) for _ in range(n)]
+    return _KEYS[n]
+
+
+_KEYED: dict[tuple[int, bytes, bool], list[tuple[object, object]]] = {}  # their calls' inputs (not timed)
+
+
+def keyed_inputs(n: int, payload: bytes, arrow: bool) -> list[tuple[object, object]]:
+    """(values, keys) of each produce_batch call of the keyed clients, made once before the timed runs."""
+    if (n, payload, arrow) not in _KEYED:
+        keys = _keys(n)
+        calls = []
+        for a in range(0, n, KEYED_CALL):
+            ks: object = keys[a:a + KEYED_CALL]
+            vs: object = [payload] * len(ks)  # type: ignore[arg-type]
+            if arrow:
+                import pyarrow as pa
+
+                vs, ks = pa.array(vs, pa.binary()), pa.array(ks, pa.binary())
+            calls.append((vs, ks))
+        _KEYED[(n, payload, arrow)] = calls
+    return _KEYED[(n, payload, arrow)]
+
+
+def run_oncelog_keyed(bootstrap: str, topic: str, n: int, payload: bytes, arrow: bool = False) -> None:
+    from oncelog.client import Producer
+
+    calls_in = keyed_inputs(n, payload, arrow)
+    p = Producer({"bootstrap.servers": bootstrap, **ONCELOG_CONFIG})
+    try:
+        calls = [p.produce_batch(topic, vs, keys=ks) for vs, ks in calls_in]
+        assert p.flush(120) == 0
+        for c in calls:
+            assert c.done() and c.exception() is None
+    finally:
+        p.close()
+
+
+def run_oncelog_keyed_arrow(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
+    run_oncelog_keyed(bootstrap, topic, n, payload, arrow=True)
+
+
 def run_oncelog_batch_inline(bootstrap: str, topic: str, n: int, payload: bytes) -> None:
     """``oncelog-batch`` with every batch compressed on the loop (no worker thread: the client before
     large batches were compressed off the loop), for paired runs against ``oncelog-batch``."""
@@ -203,6 +258,8 @@ CLIENTS: dict[str, Callable[[str, str, int, bytes], None]] = {
     "oncelog-batch-inline": run_oncelog_batch_inline,
     "oncelog-arrow": run_oncelog_arrow,
     "oncelog-arrow-list": run_oncelog_arrow_list,
+    "oncelog-keyed": run_oncelog_keyed,
+    "oncelog-keyed-arrow": run_oncelog_keyed_arrow,
     "confluent": run_confluent,
     "confluent-default": run_confluent_default,
     "kafkapython": run_kafkapython,
@@ -265,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
             from oncelog.client.arrow import arrow_sections, as_binary
 
             arrow_sections(as_binary(pa.array([b"warm-up"])), None, [(0, 1)])
+        for c in clients:  # the keyed clients' keys and arrays are not part of a run
+            if c.startswith("oncelog-keyed"):
+                keyed_inputs(args.records, payload, c.endswith("arrow"))
         if args.profile:
             from pyinstrument import Profiler
 

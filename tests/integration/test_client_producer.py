@@ -52,29 +52,74 @@ def _kafkapython_read(bootstrap: str, topic: str, ends: dict[int, int]) -> dict[
     return out
 
 
-def test_keys_land_where_confluent_murmur2_random_puts_them(broker: EmbeddedBroker, kit: Any) -> None:
+_KEYS = [b"key-%d" % i for i in range(400)] + [b"", b"\x00\xff" * 9, "ключ".encode(), b"x" * 1000]
+
+
+def _confluent_partitions(broker: EmbeddedBroker, kit: Any, topic: str, keys: list[bytes]) -> dict[bytes, int]:
+    """Where confluent-kafka with ``partitioner=murmur2_random`` puts each key of ``keys``."""
     from confluent_kafka import Producer as CProducer
 
-    keys = [b"key-%d" % i for i in range(400)] + [b"", b"\x00\xff" * 9, "ключ".encode(), b"x" * 1000]
-    kit.create_topic(broker.bootstrap, "keys-confluent", PARTITIONS)
-    kit.create_topic(broker.bootstrap, "keys-oncelog", PARTITIONS)
+    kit.create_topic(broker.bootstrap, topic, PARTITIONS)
     theirs: dict[bytes, int] = {}
     cp = CProducer({"bootstrap.servers": broker.bootstrap, "partitioner": "murmur2_random", "linger.ms": 5})
     for k in keys:
-        cp.produce("keys-confluent", b"v", key=k,
-                   on_delivery=lambda err, msg: theirs.__setitem__(msg.key(), msg.partition()))
+        cp.produce(topic, b"v", key=k, on_delivery=lambda err, msg: theirs.__setitem__(msg.key(), msg.partition()))
     assert cp.flush(30) == 0
+    assert len(theirs) == len(keys)
+    return theirs
+
+
+def test_keys_land_where_confluent_murmur2_random_puts_them(broker: EmbeddedBroker, kit: Any) -> None:
+    """Per record (produce) and in a keyed produce_batch of a list (keys hashed all at once with numpy)."""
+    keys = _KEYS
+    theirs = _confluent_partitions(broker, kit, "keys-confluent", keys)
+    kit.create_topic(broker.bootstrap, "keys-oncelog", PARTITIONS)
+    kit.create_topic(broker.bootstrap, "keys-batch", PARTITIONS)
     with Producer({"bootstrap.servers": broker.bootstrap}) as p:
         futs = {k: p.produce("keys-oncelog", b"v", key=k) for k in keys}
+        batch = p.produce_batch("keys-batch", [b"v"] * len(keys), keys=keys)
         assert p.flush(30) == 0
         ours = {k: f.result().partition for k, f in futs.items()}
-    assert len(theirs) == len(keys)
+        ours_batch = {k: f.result().partition for k, f in zip(keys, batch)}
     assert len(set(ours.values())) == PARTITIONS  # the keys really spread
     assert ours == theirs
+    assert ours_batch == theirs
     # and the broker holds them there: read back by partition
     ends = {q: hw for q, (_, hw) in kit.confluent_watermarks(broker.bootstrap, "keys-oncelog", PARTITIONS).items()}
     got = kit.confluent_consume_all(broker.bootstrap, "keys-oncelog", ends)
     assert sorted((m.key(), p) for p, ms in got.items() for m in ms) == sorted(ours.items())
+
+
+def test_keyed_arrow_batch_lands_where_confluent_puts_it_in_order(broker: EmbeddedBroker, kit: Any) -> None:
+    """A keyed produce_batch of pyarrow arrays (keys hashed from the Arrow buffers, each partition's
+    records taken out of the arrays and encoded as Arrow): every key where confluent-kafka's murmur2_random
+    puts it, each partition's records in the order given, null keys all on one (sticky) partition."""
+    pa = pytest.importorskip("pyarrow")
+    keys = _KEYS
+    theirs = _confluent_partitions(broker, kit, "akeys-confluent", keys)
+    kit.create_topic(broker.bootstrap, "akeys-oncelog", PARTITIONS)
+    kit.create_topic(broker.bootstrap, "akeys-small", PARTITIONS)
+    sent: list[bytes | None] = [*keys, None, *keys[::-1], None]  # every key twice, two null keys
+    values = [b"%d" % i for i in range(len(sent))]
+    with Producer({"bootstrap.servers": broker.bootstrap}) as p:
+        futs = p.produce_batch("akeys-oncelog", pa.array(values, pa.binary()), keys=pa.array(sent, pa.binary()))
+        early = {i: futs[i] for i in (0, 7, len(keys), len(sent) - 1)}  # futures asked for before delivery
+        few = keys[-6:]  # fewer than VECTOR_MIN keys: hashed key by key, the arrays still taken per partition
+        small = p.produce_batch("akeys-small", pa.array(few, pa.binary()), keys=pa.array(few, pa.binary()))
+        assert p.flush(30) == 0
+        md = [f.result() for f in futs]
+        assert all(early[i].result() == md[i] for i in early)
+        assert [f.result().partition for f in small] == [theirs[k] for k in few]
+    parts = [m.partition for m in md]
+    assert {k: q for k, q in zip(sent, parts) if k is not None} == theirs
+    assert parts[len(keys)] == parts[-1]  # the null keys: one partition
+    for q in range(PARTITIONS):  # each partition's records at offsets 0, 1, ... in the order given
+        assert [m.offset for m in md if m.partition == q] == list(range(parts.count(q))), f"partition {q}"
+    ends = {q: hw for q, (_, hw) in kit.confluent_watermarks(broker.bootstrap, "akeys-oncelog", PARTITIONS).items()}
+    got = kit.confluent_consume_all(broker.bootstrap, "akeys-oncelog", ends)
+    for q in range(PARTITIONS):
+        want = [(sent[i], values[i]) for i in range(len(sent)) if parts[i] == q]
+        assert [(m.key(), m.value()) for m in got.get(q, [])] == want, f"partition {q}"
 
 
 def test_null_keys_are_sticky_per_batch(broker: EmbeddedBroker, kit: Any) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from oncelog.client.batch import RECORD_OVERHEAD_MAX
 
-__all__ = ["arrow_bounds", "arrow_sections", "as_binary", "is_arrow"]
+__all__ = ["arrow_bounds", "arrow_key_buffers", "arrow_sections", "as_binary", "is_arrow"]
 
 
 def is_arrow(values: Any) -> bool:
@@ -80,6 +80,27 @@ def _lengths(arr: Any) -> Any:
     if arr.null_count:
         lens[_nulls(arr)] = 0
     return lens
+
+
+def arrow_key_buffers(arr: Any) -> tuple[Any, Any, Any, Any]:
+    """The keys of an :func:`as_binary` array as :func:`oncelog.client.partitioner.murmur2_buffers` reads
+    them: (uint8 data with 3 readable bytes past the last key, int64 starts, int64 lengths, bool null mask
+    or None), from the offsets and data buffers (no ``bytes`` per key; copied only to add those 3 bytes)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(arr)
+    if n == 0:
+        return np.zeros(3, np.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64), None
+    dtype = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
+    offsets = np.frombuffer(arr.buffers()[1], dtype=dtype, count=arr.offset + n + 1)[arr.offset:].astype(np.int64)
+    buf = arr.buffers()[2]
+    data = np.frombuffer(buf, np.uint8) if buf is not None else np.zeros(0, np.uint8)
+    end = int(offsets[-1])
+    if len(data) < end + 3:
+        data = np.concatenate((data[:end], np.zeros(3, np.uint8)))
+    nulls = _nulls(arr) if arr.null_count else None
+    return data, offsets[:-1], np.diff(offsets), nulls
 
 
 def _nulls(arr: Any) -> Any:

@@ -26,7 +26,10 @@ Internal design (for the transactions work that builds on it):
   call in one pass) and puts one
   ``_Span`` per batch in ``_Batch.futures`` instead of a future per record:
   the batch completes them at once, and :class:`BatchFutures` makes a
-  record's future when it is asked for.
+  record's future when it is asked for. Keyed records without a partition
+  are hashed all at once (:func:`~oncelog.client.partitioner.key_groups`)
+  and each partition's records go the same way: their spans hold the
+  records' indices in the call instead of a first index.
 * Per partition (:class:`_Partition`): ``ready`` (closed, no sequence yet),
   ``unacked`` (sequenced, sent at least once, not acknowledged; in sequence
   order), ``acked_seq`` (the sequence after the last acknowledged batch),
@@ -115,7 +118,7 @@ from oncelog.client.errors import (
     error_class,
     error_for,
 )
-from oncelog.client.partitioner import StickyPartitioner, partition_for_key
+from oncelog.client.partitioner import StickyPartitioner, key_groups, partition_for_key
 from oncelog.protocol.build import to_ms
 from oncelog.protocol.codec import decode_response, unknown_tags_of
 from oncelog.protocol.conditional import NEXT_OFFSET_TAG, parse_offset_tag, partition_tag_block
@@ -305,12 +308,13 @@ class _Span:
         self.timestamp = -1
         self.error: BaseException | None = None
         self.done = False
-        self.waiters: dict[int, Any] | None = None  # record index -> future handed out before completion
+        self.waiters: dict[int, Any] | None = None  # position in the span -> future handed out before completion
         self.lock = lock  # the blocking facade's (futures are asked for from other threads), else None
 
-    def metadata(self, i: int) -> RecordMetadata:
-        return RecordMetadata(self.topic, self.partition,
-                              self.offset + i - self.start if self.offset >= 0 else -1, self.timestamp)
+    def metadata(self, pos: int) -> RecordMetadata:
+        """The metadata of the span's record ``pos`` (0..count-1)."""
+        return RecordMetadata(self.topic, self.partition, self.offset + pos if self.offset >= 0 else -1,
+                              self.timestamp)
 
     def finish(self, topic: str, partition: int, offset: int, timestamp: int, error: BaseException | None) -> None:
         lock = self.lock
@@ -349,44 +353,61 @@ class BatchFutures(Sequence[Any]):
         self._n = n
         self._make = make
         self._lock = lock
-        self._spans: list[_Span] = []  # in record order, covering 0..n-1 once placed
+        self._spans: list[_Span] = []  # in record order, covering 0..n-1 once placed (spread: placing order)
         self._made: dict[int, Any] = {}
-        self._eager: list[Any] | None = None  # keyed records spread over partitions: one future each, made now
+        # keyed records spread over partitions (spread()): each span's record indices (ascending), and,
+        # once a record's future is asked for, (span number, position in it) of every record
+        self._records: list[Any] | None = None
+        self._where: tuple[list[int], list[int]] | None = None
 
-    def eager(self) -> list[Any]:
-        """Make every record's future now (records that do not go to one partition in order)."""
-        self._eager = [self._future_made(i) for i in range(self._n)]
-        return self._eager
+    def spread(self, indices: Any) -> "_SpreadFutures":
+        """The futures of the records ``indices`` (ascending) of this call, for ``append_many`` of one
+        partition: its spans hold those records (keyed records spread over partitions)."""
+        if self._records is None:
+            self._records = []
+        return _SpreadFutures(self, indices)
 
-    def _future_made(self, i: int) -> Any:
-        fut = self._made[i] = self._make()
-        return fut
-
-    def _span(self, start: int, count: int) -> _Span:
+    def _span(self, start: int, count: int, records: Any = None) -> _Span:
         sp = _Span(start, count, self._lock)
         self._spans.append(sp)
+        if records is not None:
+            self._records.append(records)  # type: ignore[union-attr]
         return sp
+
+    def _locate(self, i: int) -> tuple[_Span, int]:
+        """The span holding record ``i`` and ``i``'s position in it."""
+        spans = self._spans
+        if self._records is None:
+            lo, hi = 0, len(spans)
+            while lo < hi:  # the span holding record i
+                mid = (lo + hi) // 2
+                if spans[mid].start + spans[mid].count <= i:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            return spans[lo], i - spans[lo].start
+        where = self._where
+        if where is None:  # the first record looked at: map every record (the spans are all placed)
+            span_of, pos = [0] * self._n, [0] * self._n
+            for s, recs in enumerate(self._records):
+                for p, r in enumerate(recs if isinstance(recs, list) else recs.tolist()):
+                    span_of[r] = s
+                    pos[r] = p
+            where = self._where = (span_of, pos)
+        return spans[where[0][i]], where[1][i]
 
     def __len__(self) -> int:
         return self._n
 
     def _future(self, i: int) -> Any:
         fut = self._made.get(i)
-        if fut is not None or self._eager is not None:
+        if fut is not None:
             return fut
-        spans = self._spans
-        lo, hi = 0, len(spans)
-        while lo < hi:  # the span holding record i
-            mid = (lo + hi) // 2
-            if spans[mid].start + spans[mid].count <= i:
-                lo = mid + 1
-            else:
-                hi = mid
-        sp = spans[lo]
         lock = self._lock
         if lock is not None:
             lock.acquire()
         try:
+            sp, pos = self._locate(i)  # (under the lock: two threads build a spread call's record map once)
             fut = self._made.get(i)
             if fut is not None:  # made meanwhile by another thread
                 return fut
@@ -394,7 +415,7 @@ class BatchFutures(Sequence[Any]):
             if not sp.done:
                 if sp.waiters is None:
                     sp.waiters = {}
-                sp.waiters[i] = fut
+                sp.waiters[pos] = fut
                 return fut
         finally:
             if lock is not None:
@@ -402,7 +423,7 @@ class BatchFutures(Sequence[Any]):
         if sp.error is not None:
             _set_error(fut, sp.error)
         else:
-            _set_result(fut, sp.metadata(i))
+            _set_result(fut, sp.metadata(pos))
         return fut
 
     def __getitem__(self, i: Any) -> Any:
@@ -419,8 +440,6 @@ class BatchFutures(Sequence[Any]):
 
     def done(self) -> bool:
         """True when every record of the call is delivered or failed (say, after ``flush()``)."""
-        if self._eager is not None:
-            return all(f.done() for f in self._eager)
         return all(sp.done for sp in self._spans)
 
     def exception(self) -> BaseException | None:
@@ -428,9 +447,24 @@ class BatchFutures(Sequence[Any]):
         (raises TimeoutError while records are outstanding: ``flush()`` first)."""
         if not self.done():
             raise TimeoutError("records not delivered yet")
-        if self._eager is not None:
-            return next((f.exception() for f in self._eager if f.exception() is not None), None)
+        if self._records is not None:  # spread: the failed span holding the lowest record
+            failed = [(int(self._records[s][0]), sp.error) for s, sp in enumerate(self._spans) if sp.error is not None]
+            return min(failed, key=lambda f: f[0])[1] if failed else None
         return next((sp.error for sp in self._spans if sp.error is not None), None)
+
+
+class _SpreadFutures:
+    """:meth:`BatchFutures.spread`: what ``append_many`` gets for one partition's records of a keyed call."""
+
+    __slots__ = ("futs", "indices")
+
+    def __init__(self, futs: BatchFutures, indices: Any) -> None:
+        self.futs = futs
+        self.indices = indices
+
+    def _span(self, start: int, count: int) -> _Span:
+        recs = self.indices[start:start + count]
+        return self.futs._span(int(recs[0]), count, recs)
 
 
 class ProducerCore:
@@ -683,11 +717,13 @@ class ProducerCore:
             self._kick()
 
     def append_many(self, topic: str, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None,
-                    partition: int, timestamp: int, futures: "list[Any] | BatchFutures", expected: int = -1) -> None:
+                    partition: int, timestamp: int, futures: "list[Any] | BatchFutures | _SpreadFutures",
+                    expected: int = -1) -> None:
         """Add many records with no headers to one known partition, encoded in bulk.
 
         ``futures``: one per record, or a :class:`BatchFutures` whose records
-        0..n-1 these are (then each batch completes them with one :class:`_Span`).
+        0..n-1 these are, or its :meth:`~BatchFutures.spread` of the records these are (then each batch
+        completes them with one :class:`_Span`).
 
         ``expected`` >= 0: they must get offsets ``expected, expected+1, ...``
         (conditional batches; all placed now, so a sender pass cannot split them
@@ -710,7 +746,7 @@ class ProducerCore:
             bounds = batch_bounds(values, keys, room)
             # every batch's records section at once (the bulk encoding's fixed cost once per call)
             sections = encode_sections(values, keys, bounds)
-        spans = isinstance(futures, BatchFutures)
+        spans = isinstance(futures, (BatchFutures, _SpreadFutures))
         for (i, j), section in zip(bounds, sections):
             if p.open is not None:
                 self._close_open(p)
@@ -1516,7 +1552,7 @@ def _values_list(values: Any) -> Any:
     large_string one (chunked or not) comes back as one binary Array (:func:`oncelog.client.arrow.as_binary`,
     encoded without a list), any other type as a list. pyarrow is not a dependency."""
     if isinstance(values, (list, tuple)):
-        if values and not all(type(v) is bytes for v in values):
+        if values and set(map(type, values)) != {bytes}:  # (a set of types: no Python loop per value)
             return [_to_bytes(v, "value") for v in values]
         return list(values)
     if is_arrow(values):
@@ -1543,8 +1579,8 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
     ks = None if keys is None else _values_list(keys)
     if ks is not None and len(ks) != len(vals):
         raise ValueError("keys and values differ in length")
-    if ks is not None and (partition is None or is_arrow(vals) != is_arrow(ks)):
-        vals, ks = _as_list(vals), _as_list(ks)  # keyed records spread by key, or Arrow mixed with a list
+    if ks is not None and is_arrow(vals) != is_arrow(ks):
+        vals, ks = _as_list(vals), _as_list(ks)  # Arrow mixed with a list
     info = await core.cluster.wait_topic(topic, core.max_block)
     ts = _now_ms() if timestamp is None else timestamp
     n = info.partitions
@@ -1553,13 +1589,17 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
     if expected_offset is not None:
         core.append_many(topic, vals, ks, partition, ts, futs, expected_offset)  # type: ignore[arg-type]
     elif partition is None and ks is not None:
-        each = futs.eager()  # spread over partitions: one future per record
-        groups: dict[int, list[int]] = {}
-        for i, k in enumerate(ks):
-            groups.setdefault(core.sticky.partition(topic, n) if k is None else partition_for_key(k, n),
-                              []).append(i)
-        for part, idx in groups.items():
-            core.append_many(topic, [vals[i] for i in idx], [ks[i] for i in idx], part, ts, [each[i] for i in idx])
+        # every key hashed at once (numpy, from VECTOR_MIN records), records grouped by
+        # partition in the order given; Arrow arrays stay Arrow (take) and are encoded from their buffers;
+        # a span per batch holds its records' indices (no future per record until one is asked for)
+        arrow = is_arrow(ks)
+        for part, idx in key_groups(ks, n, lambda: core.sticky.partition(topic, n)):
+            if arrow:
+                core.append_many(topic, vals.take(idx), ks.take(idx), part, ts, futs.spread(idx))
+            else:
+                il = idx if isinstance(idx, list) else idx.tolist()
+                core.append_many(topic, list(map(vals.__getitem__, il)), list(map(ks.__getitem__, il)), part, ts,
+                                 futs.spread(idx))
     else:
         part = core.sticky.partition(topic, n) if partition is None else partition
         core.append_many(topic, vals, ks, part, ts, futs)

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Hashing and grouping the keys of a keyed ``produce_batch``: per key (Python) vs all at once (numpy).
+
+For batches of 1, 10, 100, ... keys (16 bytes by default, like ``user-00000012345``), CPU microseconds
+per key (``time.process_time``, median of ``--rounds`` paired rounds, each timing enough repetitions
+to run about 0.2 s) of:
+
+* ``scalar hash``: ``[murmur2(k) for k in keys]`` (the per-record produce path's function);
+* ``numpy hash``: ``murmur2_many(keys)`` of the list (join, lengths, column-wise blocks);
+* ``numpy hash arrow``: ``murmur2_many`` of a pyarrow binary array (offsets and data buffers);
+* ``loop groups``: the per-record grouping ``produce_batch`` ran before (``partition_for_key`` per key
+  into a dict of index lists);
+* ``numpy groups``: ``key_groups`` (hash, ``% partitions``, a stable sort) with numpy forced on.
+
+Usage: ``python bench/murmur2_keys.py --rounds 7 --counts 1,10,100,10000 --key-size 16 --partitions 8``
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from oncelog.client import partitioner
+from oncelog.client.partitioner import key_groups, murmur2, murmur2_many, partition_for_key
+
+
+def per_key_us(fn: Callable[[], Any], n: int, budget: float = 0.2) -> float:
+    reps = 1
+    while True:
+        t0 = time.process_time()
+        for _ in range(reps):
+            fn()
+        dt = time.process_time() - t0
+        if dt >= budget:
+            return dt / reps / n * 1e6
+        reps *= 2 if dt < budget / 10 else max(2, int(budget / max(dt, 1e-6)) + 1)
+
+
+def loop_groups(keys: list[bytes | None], partitions: int) -> list[tuple[int, list[int]]]:
+    groups: dict[int, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(0 if k is None else partition_for_key(k, partitions), []).append(i)
+    return list(groups.items())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--counts", default="1,10,100,10000")
+    ap.add_argument("--key-size", type=int, default=16)
+    ap.add_argument("--partitions", type=int, default=8)
+    args = ap.parse_args()
+    import pyarrow as pa
+
+    rng = random.Random(1)
+    counts = [int(c) for c in args.counts.split(",")]
+    kinds = ["scalar hash", "numpy hash", "numpy hash arrow", "loop groups", "numpy groups"]
+    res: dict[tuple[str, int], list[float]] = {}
+    saved = partitioner.VECTOR_MIN
+    partitioner.VECTOR_MIN = 0  # key_groups: numpy at every size here
+    try:
+        for rnd in range(args.rounds):
+            for n in counts:
+                keys = [(b"user-%0*d" % (max(1, args.key_size - 5), rng.randrange(10 ** 9)))[:args.key_size]
+                        for _ in range(n)]
+                arr = pa.array(keys, pa.binary())
+                fns: dict[str, Callable[[], Any]] = {
+                    "scalar hash": lambda: [murmur2(k) for k in keys],
+                    "numpy hash": lambda: murmur2_many(keys),
+                    "numpy hash arrow": lambda: murmur2_many(arr),
+                    "loop groups": lambda: loop_groups(keys, args.partitions),
+                    "numpy groups": lambda: key_groups(keys, args.partitions, lambda: 0),
+                }
+                order = kinds if rnd % 2 == 0 else kinds[::-1]  # A B ... then B A ...
+                for k in order:
+                    res.setdefault((k, n), []).append(per_key_us(fns[k], n))
+    finally:
+        partitioner.VECTOR_MIN = saved
+    print(f"`{' '.join(['python', *sys.argv])}`\n")
+    print(f"CPU us per key (median of {args.rounds} rounds), {args.key_size}-byte keys, "
+          f"{args.partitions} partitions\n")
+    print("| keys | " + " | ".join(kinds) + " | scalar/numpy hash | loop/numpy groups |")
+    print("|---:|" + "---:|" * (len(kinds) + 2))
+    for n in counts:
+        med = {k: statistics.median(res[(k, n)]) for k in kinds}
+        hr = statistics.median(a / b for a, b in zip(res[("scalar hash", n)], res[("numpy hash", n)]))
+        gr = statistics.median(a / b for a, b in zip(res[("loop groups", n)], res[("numpy groups", n)]))
+        print(f"| {n:,} | " + " | ".join(f"{med[k]:.3f}" for k in kinds) + f" | {hr:.2f}x | {gr:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
