@@ -236,6 +236,8 @@ def test_consumer_decompresses_at_hand_out_in_groups(codec: int, isolation: int,
     calls: list[int] = []
     real = compression.decompress_buffer
     monkeypatch.setattr(compression, "decompress_buffer", lambda c, d: calls.append(c) or real(c, d))
+    real_into = compression.decompress_into  # a group's batches: into one reused buffer
+    monkeypatch.setattr(compression, "decompress_into", lambda c, d, o: calls.append(c) or real_into(c, d, o))
     for group in (2048, 3):
         monkeypatch.setattr(consumer_mod, "GROUP_RECORDS", group)
         c = Consumer({"bootstrap.servers": "127.0.0.1:1",

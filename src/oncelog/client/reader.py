@@ -21,6 +21,7 @@ over bytes and lists, unit-tested without a broker.
 from __future__ import annotations
 
 import heapq
+import threading
 import time
 from dataclasses import dataclass, field
 from collections.abc import Mapping
@@ -286,17 +287,72 @@ def fetched_batches(data: bytes, partition: int, position: int, isolation_level:
 def section_of(batch: Batch, partition: int) -> tuple[Any, int, int]:
     """A batch's uncompressed records section ``(buffer, start, end)``: its ``section``, or its
     ``packed`` body decompressed (ReaderError if it cannot be)."""
+    packed = batch.packed  # first: unpack_group in another thread sets section, then clears packed
     sec = batch.section
     if sec is not None:
         return sec
-    assert batch.packed is not None
-    buf, start, end = batch.packed
+    assert packed is not None
+    buf, start, end = packed
     try:
         body = compression.decompress_buffer(batch.header.compression, memoryview(buf)[start:end])
     except InvalidRecordError as exc:
         raise ReaderError(f"partition {partition}: batch at offset {batch.header.base_offset}: "
                           f"{exc.message}") from None
     return body, 0, len(body)
+
+
+_scratch = threading.local()  # per thread: the reused buffer a group's batches are decompressed into
+SCRATCH_KEEP = 32 << 20  # a larger scratch buffer (a group of huge batches) is not kept
+
+
+def unpack_group(batches: list[Batch]) -> bool:
+    """Decompress the compressed (``packed``) batches among ``batches`` into one ``bytes``: each gets
+    ``section`` = (that bytes, its start, its end), so that their records are decoded in place
+    (:func:`group_sections`) and their values sliced from it. False (none changed) if one of them
+    does not decompress: :func:`batch_section` then raises the precise error.
+
+    They are decompressed one after another into a buffer reused by the thread (``decompress_into``:
+    no buffer of the codec's per batch, grown as it decompresses, and no join of those buffers), and
+    that is copied once into the ``bytes`` the values are sliced from. cramjam releases the GIL
+    while it decompresses, so this may run in a worker thread (the asyncio consumer's large gzip
+    and zstd groups)."""
+    todo = [b for b in batches if b.section is None and b.packed is not None]
+    if not todo:
+        return True
+    buf = getattr(_scratch, "buf", None)
+    if buf is None:
+        buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    spans = []
+    at = 0
+    try:
+        for b in todo:
+            data, start, end = b.packed  # type: ignore[misc]
+            src = memoryview(data)[start:end]
+            codec = b.header.compression
+            n = compression.decompress_into(codec, src, view[at:])
+            if n < 0:  # the buffer is too small (or the batch is damaged: decompress_buffer raises)
+                try:
+                    body = compression.decompress_buffer(codec, src)
+                except InvalidRecordError:
+                    return False
+                n = len(body)
+                if at + n > len(buf):
+                    grown = bytearray(max(2 * len(buf), (at + n) * 3 // 2))
+                    grown[:at] = view[:at]
+                    view.release()
+                    buf, view = grown, memoryview(grown)
+                view[at:at + n] = body
+            spans.append((at, at + n))
+            at += n
+        out = bytes(view[:at])
+    finally:
+        view.release()
+        _scratch.buf = buf if len(buf) <= SCRATCH_KEEP else None
+    for b, (s, e) in zip(todo, spans):
+        b.section = (out, s, e)
+        b.packed = None  # after section: section_of reads packed first
+    return True
 
 
 def batch_section(batch: Batch, partition: int, position: int
@@ -342,16 +398,10 @@ def group_sections(batches: list[Batch], position: int | list[int], pieces: list
     raises the precise error."""
     if not HAVE_NUMPY or not batches:
         return None
-    secs = []
-    for b in batches:  # compressed batches (defer=True) are decompressed here, as their records are read
-        sec = b.section
-        if sec is None:
-            try:
-                sec = b.section = section_of(b, 0)  # kept: batch_section does not decompress it again
-            except ReaderError:
-                return None  # batch_section raises the precise error
-            b.packed = None
-        secs.append(sec)
+    # compressed batches (defer=True) are decompressed here, as their records are read, into one bytes
+    if not unpack_group(batches):
+        return None  # batch_section raises the precise error
+    secs = [b.section for b in batches]
     buf = secs[0][0]  # type: ignore[index]
     if type(buf) is bytes and all(sec[0] is buf for sec in secs):  # type: ignore[index]
         # uncompressed: all in the Fetch blob, decoded in place
