@@ -87,6 +87,7 @@ from oncelog.client.reader import (
     group_sections,
     fetched_batches,
     list_offsets_request,
+    unpack_group,
 )
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.fetch import FetchDecodeError, decode_fetch_response, encode_fetch_request
@@ -103,6 +104,13 @@ LIST_OFFSETS_VERSIONS = (2, 8)
 OFFSET_OUT_OF_RANGE = int(ErrorCode.offset_out_of_range.value)
 CORRUPT_MESSAGE = int(ErrorCode.corrupt_message.value)
 GROUP_RECORDS = 2048  # records decoded together (numpy) at most, plus the last batch's
+# a decode group whose gzip (uncompressed size, from each member's trailer) or zstd (compressed size:
+# Kafka's zstd frames carry no content size) batches add up to this many bytes is decompressed in a
+# worker thread by the asyncio consume(): about 1 ms of decompression or more for records 2-4x
+# compressible (JSON-like), which would hold the loop; cramjam releases the GIL meanwhile. lz4 and
+# snappy (about 0.5 ms per MiB) stay on the loop (docs/benchmarks.md "Compressed consume")
+OFFLOAD_BYTES = 256 * 1024
+_GZIP, _ZSTD = 1, 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -765,6 +773,8 @@ class Consumer:
         while True:
             if member is not None and member.error is not None:
                 raise member.error
+            if (big := self._big_group()) is not None:  # decompressed in a thread: the loop stays free
+                await asyncio.get_running_loop().run_in_executor(None, unpack_group, big)
             out, drained = self._take(num_messages)
             if drained:
                 self._wake.set()
@@ -789,6 +799,33 @@ class Consumer:
                     await self._data.wait()
             except TimeoutError:
                 return []
+
+    def _big_group(self) -> list[Batch] | None:
+        """The batches of the next chunk's decode group if it is still compressed and large enough
+        to decompress off the loop (``OFFLOAD_BYTES`` of gzip or zstd), else None."""
+        with self._lock:  # the blocking facade's caller thread hands out too
+            for key in self._order:
+                st = self._parts.get(key)
+                if st is not None and st.buffer and not st.paused:
+                    ch = st.buffer[0]
+                    break
+            else:
+                return None
+            if ch.n >= 0:
+                return None
+            refs = ch.group
+            chunks = [ch] if refs is None else [c for r in refs if (c := r()) is not None]
+            batches = [b for c in chunks for b in c.batches or ()]
+        size = 0
+        for b in batches:
+            packed = b.packed
+            if packed is not None and b.section is None:
+                codec = b.header.compression
+                if codec == _GZIP and packed[2] - packed[1] >= 4:  # ISIZE: the last member's size mod 2**32
+                    size += int.from_bytes(memoryview(packed[0])[packed[2] - 4:packed[2]], "little")
+                elif codec == _ZSTD:
+                    size += packed[2] - packed[1]
+        return batches if size >= OFFLOAD_BYTES else None
 
     def take_nowait(self, n: int) -> list[Message] | None:
         """Up to ``n`` already fetched messages, callable from any thread (the blocking facade's
