@@ -78,3 +78,29 @@ def test_a_damaged_batch_leaves_the_group_packed_for_the_precise_error() -> None
     assert group_sections(kept, 0) is None
     with pytest.raises(reader.ReaderError, match="batch at offset 3"):
         reader.batch_section(kept[1], 0, 0)
+
+
+def test_size_hints() -> None:
+    cj = compression.codec_library()
+    data = os.urandom(1000) * 300
+    assert compression.size_hint(COMPRESSION_GZIP, bytes(cj.gzip.compress(data))) == len(data)
+    assert compression.size_hint(COMPRESSION_SNAPPY, bytes(cj.snappy.compress_raw(data))) == len(data)
+    assert compression.size_hint(COMPRESSION_SNAPPY, compression.compress(COMPRESSION_SNAPPY, data)) is None  # xerial
+    assert compression.size_hint(COMPRESSION_LZ4, compression.compress(COMPRESSION_LZ4, data)) is None
+    damaged = bytes(cj.gzip.compress(data))[:-4] + b"\xff\xff\xff\x7f"  # ISIZE 2 GiB from 1 KB: not trusted
+    assert compression.size_hint(COMPRESSION_GZIP, damaged) is None
+
+
+def test_a_gzip_group_larger_than_the_scratch_is_decompressed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gzip says its size (ISIZE): the scratch buffer grows first, no decompression a second time."""
+    raws = [batch(0, 300, 1000), batch(300, 300, 1000)]
+    kept = fetched_batches(b"".join(compressed(COMPRESSION_GZIP, r) for r in raws), 0, 0, 0, [], defer=True)[0]
+    reader._scratch.buf = bytearray(1000)
+    calls: list[str] = []
+    for name in ("decompress_into", "decompress_buffer"):
+        real = getattr(compression, name)
+        monkeypatch.setattr(compression, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
+    assert unpack_group(kept)
+    assert calls == ["decompress_into", "decompress_into"]
+    assert b"".join(b.section[0][b.section[1]:b.section[2]] for b in kept) == b"".join(  # type: ignore[index]
+        r[HEADER_SIZE:] for r in raws)

@@ -330,6 +330,12 @@ def unpack_group(batches: list[Batch]) -> bool:
             data, start, end = b.packed  # type: ignore[misc]
             src = memoryview(data)[start:end]
             codec = b.header.compression
+            hint = compression.size_hint(codec, src)
+            if hint is not None and len(buf) < at + hint <= SCRATCH_KEEP:  # grown first: no second decompression
+                grown = bytearray(max(2 * len(buf), (at + hint) * 3 // 2))
+                grown[:at] = view[:at]
+                view.release()
+                buf, view = grown, memoryview(grown)
             n = compression.decompress_into(codec, src, view[at:])
             if n < 0:  # the buffer is too small (or the batch is damaged: decompress_buffer raises)
                 try:

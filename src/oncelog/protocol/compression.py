@@ -117,6 +117,23 @@ def decompress_buffer(codec: int, data: bytes | bytearray | memoryview) -> Any:
     return decompress(codec, data)
 
 
+def size_hint(codec: int, data: bytes | bytearray | memoryview) -> int | None:
+    """The decompressed size of a batch's records section when its format says it cheaply: gzip's
+    trailer (ISIZE, the last member's size modulo 2**32), raw snappy's leading varint; else None
+    (Kafka's lz4 and zstd frames, xerial snappy)."""
+    if codec == COMPRESSION_GZIP and len(data) >= 18:
+        n = int.from_bytes(data[len(data) - 4:], "little")
+        return n if n <= 1032 * len(data) else None  # deflate expands 1032:1 at most: damage
+    if codec == COMPRESSION_SNAPPY and bytes(data[:len(XERIAL_MAGIC)]) != XERIAL_MAGIC:
+        n = shift = 0
+        for i in range(min(5, len(data))):
+            n |= (data[i] & 0x7F) << shift
+            if data[i] < 0x80:
+                return n if n <= 64 * len(data) else None  # snappy expands about 21:1 at most
+            shift += 7
+    return None
+
+
 def decompress_into(codec: int, data: bytes | bytearray | memoryview, out: memoryview) -> int:
     """The records section of a batch compressed with ``codec`` decompressed into ``out`` (a writable
     view, e.g. the rest of a reused buffer); the number of bytes written, or -1 when ``out`` is too
