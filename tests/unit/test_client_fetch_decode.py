@@ -373,30 +373,36 @@ def test_a_decode_group_spans_the_partitions_of_one_answer(numpy: bool, monkeypa
 
 
 @pytest.mark.parametrize("codec", [1, 4])  # gzip, zstd
-def test_a_large_gzip_or_zstd_group_is_decompressed_off_the_loop(codec: int, monkeypatch: Any) -> None:
+@pytest.mark.parametrize("group", [2048, 300])
+def test_a_large_gzip_or_zstd_group_is_decompressed_off_the_loop(codec: int, group: int, monkeypatch: Any) -> None:
     """The asyncio consume() decompresses a decode group of at least OFFLOAD_BYTES (256 KiB) of gzip
     (uncompressed) or zstd (compressed) in a worker thread, so that the loop is not held (about 3.5 ms
     a 1 MiB gzip batch of JSON-like records); a small one, and lz4, on the loop. Every record is handed
-    out once, in order."""
+    out once, in order. With groups of one batch (300 records) a consume(70) reaches the next group
+    in the middle of its take: that group is decompressed in the thread too."""
     import asyncio
     import random
 
-    decompressed: list[tuple[int, bool]] = []  # (codec, on the loop's thread)
+    import oncelog.client.aio.consumer as consumer_mod
+
+    monkeypatch.setattr(consumer_mod, "GROUP_RECORDS", group)
+
+    decompressed: list[tuple[int, bool]] = []  # (compressed size, on the loop's thread)
     loop_thread: list[int] = []
     for name in ("decompress_buffer", "decompress_into", "decompress"):  # whichever the code uses
         real = getattr(compression, name, None)
         if real is not None:
-            def spy(c: int, *a: Any, _real: Any = real) -> Any:
-                decompressed.append((c, threading.get_ident() in loop_thread))
-                return _real(c, *a)
+            def spy(c: int, d: Any, *a: Any, _real: Any = real) -> Any:
+                decompressed.append((len(d), threading.get_ident() in loop_thread))
+                return _real(c, d, *a)
             monkeypatch.setattr(compression, name, spy)
     rng = random.Random(7)
-    # incompressible values: the zstd batches' compressed size passes the threshold too (2 x 150 KB)
-    big = b"".join(compressed(codec, encode_record_batch([Record(None, rng.randbytes(1000)) for _ in range(150)],
-                                                         base_offset=o)) for o in (0, 150))
-    small = compressed(codec, encode_record_batch([Record(None, b"x" * 100) for _ in range(5)], base_offset=300))
-    lz4 = b"".join(compressed(3, encode_record_batch([Record(None, rng.randbytes(1000)) for _ in range(150)],
-                                                     base_offset=o)) for o in (0, 150))
+    # incompressible values: the zstd batches' compressed size passes the threshold too (2 x 300 KB)
+    big = b"".join(compressed(codec, encode_record_batch([Record(None, rng.randbytes(1000)) for _ in range(300)],
+                                                         base_offset=o)) for o in (0, 300))
+    small = compressed(codec, encode_record_batch([Record(None, b"x" * 100) for _ in range(5)], base_offset=600))
+    lz4 = b"".join(compressed(3, encode_record_batch([Record(None, rng.randbytes(1000)) for _ in range(300)],
+                                                     base_offset=o)) for o in (0, 300))
 
     async def run(data: bytes, start: int) -> list[int]:
         loop_thread[:] = [threading.get_ident()]
@@ -408,8 +414,10 @@ def test_a_large_gzip_or_zstd_group_is_decompressed_off_the_loop(codec: int, mon
             got += [m.offset for m in msgs]
         return got
 
-    for data, start, want, in_thread in ((big + small, 0, range(305), True), (big, 100, range(100, 300), True),
-                                         (small, 0, range(300, 305), False), (lz4, 0, range(300), False)):
+    for data, start, want, in_thread in ((big + small, 0, range(605), True), (big, 100, range(100, 600), True),
+                                         (small, 0, range(600, 605), False), (lz4, 0, range(600), False)):
         decompressed.clear()
         assert asyncio.run(run(data, start)) == list(want)
-        assert decompressed and all(on_loop is not in_thread for _c, on_loop in decompressed), (want, decompressed)
+        # with group=300 the small batch is a group of its own, decompressed on the loop
+        assert decompressed and all(on_loop is not (in_thread and (group == 2048 or size > 10_000))
+                                    for size, on_loop in decompressed), (want, decompressed)

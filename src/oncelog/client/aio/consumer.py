@@ -773,7 +773,7 @@ class Consumer:
         while True:
             if member is not None and member.error is not None:
                 raise member.error
-            if (big := self._big_group()) is not None:  # decompressed in a thread: the loop stays free
+            if (big := self._big_group(num_messages)) is not None:  # decompressed in a thread: the loop stays free
                 await asyncio.get_running_loop().run_in_executor(None, unpack_group, big)
             out, drained = self._take(num_messages)
             if drained:
@@ -800,32 +800,36 @@ class Consumer:
             except TimeoutError:
                 return []
 
-    def _big_group(self) -> list[Batch] | None:
-        """The batches of the next chunk's decode group if it is still compressed and large enough
-        to decompress off the loop (``OFFLOAD_BYTES`` of gzip or zstd), else None."""
+    def _big_group(self, n: int) -> list[Batch] | None:
+        """The batches of a decode group that the next ``_take(n)`` would decode while still compressed,
+        if it is large enough to decompress off the loop (``OFFLOAD_BYTES`` of gzip or zstd), else None."""
         with self._lock:  # the blocking facade's caller thread hands out too
-            for key in self._order:
+            for key in self._order:  # the chunks in hand-out order, until n records
                 st = self._parts.get(key)
-                if st is not None and st.buffer and not st.paused:
-                    ch = st.buffer[0]
-                    break
-            else:
-                return None
-            if ch.n >= 0:
-                return None
-            refs = ch.group
-            chunks = [ch] if refs is None else [c for r in refs if (c := r()) is not None]
-            batches = [b for c in chunks for b in c.batches or ()]
-        size = 0
-        for b in batches:
-            packed = b.packed
-            if packed is not None and b.section is None:
-                codec = b.header.compression
-                if codec == _GZIP and packed[2] - packed[1] >= 4:  # ISIZE: the last member's size mod 2**32
-                    size += int.from_bytes(memoryview(packed[0])[packed[2] - 4:packed[2]], "little")
-                elif codec == _ZSTD:
-                    size += packed[2] - packed[1]
-        return batches if size >= OFFLOAD_BYTES else None
+                if st is None or st.paused:
+                    continue
+                for ch in st.buffer:
+                    if ch.n >= 0:
+                        n -= ch.n - ch.i
+                    else:
+                        refs = ch.group
+                        chunks = [ch] if refs is None else [c for r in refs if (c := r()) is not None]
+                        batches = [b for c in chunks for b in c.batches or ()]
+                        size = 0
+                        for b in batches:
+                            packed = b.packed
+                            if packed is not None and b.section is None:
+                                codec = b.header.compression
+                                if codec == _GZIP and packed[2] - packed[1] >= 4:  # ISIZE: the last member's size
+                                    size += int.from_bytes(memoryview(packed[0])[packed[2] - 4:packed[2]], "little")
+                                elif codec == _ZSTD:
+                                    size += packed[2] - packed[1]
+                        if size >= OFFLOAD_BYTES:
+                            return batches
+                        n -= sum(b.header.records_count for b in ch.batches or ())
+                    if n <= 0:
+                        return None
+        return None
 
     def take_nowait(self, n: int) -> list[Message] | None:
         """Up to ``n`` already fetched messages, callable from any thread (the blocking facade's
