@@ -21,7 +21,10 @@ Internal design (for the group consumer that builds on it):
   records is handed out, so the next Fetch goes out while records are decoded.
   A group's batches are copied out of the receive buffer, or decompressed (all
   four codecs), only then: the bytes are still in the cache when their values
-  are sliced. The receive buffer lives until its last group is decoded.
+  are sliced (a group's compressed batches into one buffer reused per thread,
+  :func:`~oncelog.client.reader.unpack_group`; ``consume`` decompresses a group
+  of ``OFFLOAD_BYTES`` of gzip or zstd in a worker thread first, so that the
+  loop is not held). The receive buffer lives until its last group is decoded.
   A group spans the partitions of one answer, so an answer's chunks are
   published to the buffers together, under one ``_lock`` hold, once all are
   built (a half-built group must never be reachable by a decode).
