@@ -313,17 +313,48 @@ def unpack_group(batches: list[Batch]) -> bool:
 
     They are decompressed one after another into a buffer reused by the thread (``decompress_into``:
     no buffer of the codec's per batch, grown as it decompresses, and no join of those buffers), and
-    that is copied once into the ``bytes`` the values are sliced from. cramjam releases the GIL
-    while it decompresses, so this may run in a worker thread (the asyncio consumer's large gzip
-    and zstd groups)."""
-    todo = [b for b in batches if b.section is None and b.packed is not None]
-    if not todo:
-        return True
+    that is copied once into the ``bytes`` the values are sliced from. :func:`unpack_into` and
+    :func:`unpacked` are the two halves (the asyncio consumer runs the first in a worker thread)."""
     buf = getattr(_scratch, "buf", None)
-    if buf is None:
-        buf = bytearray(1 << 20)
+    got = unpack_into(batches, buf if buf is not None else bytearray(1 << 20))
+    if got is None:
+        return False
+    if got[1]:
+        unpacked(got)
+    _scratch.buf = got[0] if len(got[0]) <= SCRATCH_KEEP else None
+    return True
+
+
+Unpacked = tuple[bytearray, list[Batch], list[tuple[int, int]]]
+_spare: list[bytearray] = []  # buffers for unpack_into in worker threads, shared by the consumers
+
+
+def borrow_buffer() -> bytearray:
+    """A buffer for :func:`unpack_into` in a worker thread (one a process reuses: new memory costs
+    page faults); give it back with :func:`return_buffer` once :func:`unpacked` has copied it."""
+    try:
+        return _spare.pop()
+    except IndexError:
+        return bytearray(1 << 20)
+
+
+def return_buffer(buf: bytearray) -> None:
+    if len(buf) <= SCRATCH_KEEP and len(_spare) < 2:
+        _spare.append(buf)
+
+
+def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked | None:
+    """The first half of :func:`unpack_group`: the packed batches among ``batches`` decompressed one
+    after another into ``buf`` (grown if too small): ``(the buffer, those batches, their spans in
+    it)``, or None if one does not decompress. Touches no batch: cramjam releases the GIL while it
+    decompresses, so the asyncio consumer runs this in a worker thread, into a buffer of its own,
+    and :func:`unpacked` on the loop (the ``bytes`` made there, in the loop thread's memory: made in
+    the worker, they cost page faults and about 10 % more CPU in the paired runs)."""
+    todo = [b for b in batches if b.section is None and b.packed is not None]
+    spans: list[tuple[int, int]] = []
+    if not todo:
+        return buf, todo, spans
     view = memoryview(buf)
-    spans = []
     at = 0
     try:
         for b in todo:
@@ -341,7 +372,7 @@ def unpack_group(batches: list[Batch]) -> bool:
                 try:
                     body = compression.decompress_buffer(codec, src)
                 except InvalidRecordError:
-                    return False
+                    return None
                 n = len(body)
                 if at + n > len(buf):
                     grown = bytearray(max(2 * len(buf), (at + n) * 3 // 2))
@@ -351,14 +382,20 @@ def unpack_group(batches: list[Batch]) -> bool:
                 view[at:at + n] = body
             spans.append((at, at + n))
             at += n
-        out = bytes(view[:at])
     finally:
         view.release()
-        _scratch.buf = buf if len(buf) <= SCRATCH_KEEP else None
+    return buf, todo, spans
+
+
+def unpacked(got: Unpacked) -> None:
+    """The second half of :func:`unpack_group`: the decompressed bodies copied once into ``bytes``,
+    each batch's ``section`` set to its part (unless another thread decoded it meanwhile)."""
+    buf, todo, spans = got
+    out = bytes(memoryview(buf)[:spans[-1][1]]) if spans else b""
     for b, (s, e) in zip(todo, spans):
-        b.section = (out, s, e)
-        b.packed = None  # after section: section_of reads packed first
-    return True
+        if b.section is None:
+            b.section = (out, s, e)
+            b.packed = None  # after section: section_of reads packed first
 
 
 def batch_section(batch: Batch, partition: int, position: int

@@ -23,8 +23,8 @@ Internal design (for the group consumer that builds on it):
   four codecs), only then: the bytes are still in the cache when their values
   are sliced (a group's compressed batches into one buffer reused per thread,
   :func:`~oncelog.client.reader.unpack_group`; ``consume`` decompresses a group
-  of ``OFFLOAD_BYTES`` of gzip or zstd in a worker thread first, so that the
-  loop is not held). The receive buffer lives until its last group is decoded.
+  of ``OFFLOAD_BYTES`` of compressed zstd (a third as much gzip) in a worker
+  thread first, so that the loop is not held). The receive buffer lives until its last group is decoded.
   A group spans the partitions of one answer, so an answer's chunks are
   published to the buffers together, under one ``_lock`` hold, once all are
   built (a half-built group must never be reachable by a decode).
@@ -89,8 +89,11 @@ from oncelog.client.reader import (
     batch_section,
     group_sections,
     fetched_batches,
+    borrow_buffer,
     list_offsets_request,
-    unpack_group,
+    return_buffer,
+    unpack_into,
+    unpacked,
 )
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.fetch import FetchDecodeError, decode_fetch_response, encode_fetch_request
@@ -107,11 +110,12 @@ LIST_OFFSETS_VERSIONS = (2, 8)
 OFFSET_OUT_OF_RANGE = int(ErrorCode.offset_out_of_range.value)
 CORRUPT_MESSAGE = int(ErrorCode.corrupt_message.value)
 GROUP_RECORDS = 2048  # records decoded together (numpy) at most, plus the last batch's
-# a decode group whose gzip (uncompressed size, from each member's trailer) or zstd (compressed size:
-# Kafka's zstd frames carry no content size) batches add up to this many bytes is decompressed in a
-# worker thread by the asyncio consume(): about 1 ms of decompression or more for records 2-4x
-# compressible (JSON-like), which would hold the loop; cramjam releases the GIL meanwhile. lz4 and
-# snappy (about 0.5 ms per MiB) stay on the loop (docs/benchmarks.md "Compressed consume")
+# a decode group with this many compressed bytes of zstd, or a third as many of gzip, is decompressed in a
+# worker thread by the asyncio consume(): about 0.85 ms or more on the loop for records 2-4x compressible
+# (JSON-like: gzip ~10 us a compressed KiB, zstd ~3.3); cramjam releases the GIL meanwhile. The hop costs
+# CPU (the data crosses cores): about 6 % for such gzip records, 10-25 % for the bench's 50x compressible
+# ones, which decompress fast (1 MiB of values in 8.7 KiB: 0.6 ms) and so stay on the loop. lz4 and snappy
+# (about 0.5 ms per MiB) stay on the loop (docs/benchmarks.md "Compressed consume")
 OFFLOAD_BYTES = 256 * 1024
 _GZIP, _ZSTD = 1, 4
 
@@ -777,7 +781,10 @@ class Consumer:
             if member is not None and member.error is not None:
                 raise member.error
             if (big := self._big_group(num_messages)) is not None:  # decompressed in a thread: the loop stays free
-                await asyncio.get_running_loop().run_in_executor(None, unpack_group, big)
+                got = await asyncio.get_running_loop().run_in_executor(None, unpack_into, big, borrow_buffer())
+                if got is not None:  # else decoded on the loop, which raises the error
+                    unpacked(got)  # the bytes made on the loop thread (page faults in the worker's memory)
+                    return_buffer(got[0])
             out, drained = self._take(num_messages)
             if drained:
                 self._wake.set()
@@ -805,7 +812,8 @@ class Consumer:
 
     def _big_group(self, n: int) -> list[Batch] | None:
         """The batches of a decode group that the next ``_take(n)`` would decode while still compressed,
-        if it is large enough to decompress off the loop (``OFFLOAD_BYTES`` of gzip or zstd), else None."""
+        if it is large enough to decompress off the loop (``OFFLOAD_BYTES`` of zstd, a third as many of
+        gzip, compressed), else None."""
         with self._lock:  # the blocking facade's caller thread hands out too
             for key in self._order:  # the chunks in hand-out order, until n records
                 st = self._parts.get(key)
@@ -823,8 +831,8 @@ class Consumer:
                             packed = b.packed
                             if packed is not None and b.section is None:
                                 codec = b.header.compression
-                                if codec == _GZIP and packed[2] - packed[1] >= 4:  # ISIZE: the last member's size
-                                    size += int.from_bytes(memoryview(packed[0])[packed[2] - 4:packed[2]], "little")
+                                if codec == _GZIP:
+                                    size += 3 * (packed[2] - packed[1])
                                 elif codec == _ZSTD:
                                     size += packed[2] - packed[1]
                         if size >= OFFLOAD_BYTES:
