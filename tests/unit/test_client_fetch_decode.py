@@ -236,6 +236,8 @@ def test_consumer_decompresses_at_hand_out_in_groups(codec: int, isolation: int,
     calls: list[int] = []
     real = compression.decompress_buffer
     monkeypatch.setattr(compression, "decompress_buffer", lambda c, d: calls.append(c) or real(c, d))
+    real_into = compression.decompress_into  # a group's batches: into one reused buffer
+    monkeypatch.setattr(compression, "decompress_into", lambda c, d, o: calls.append(c) or real_into(c, d, o))
     for group in (2048, 3):
         monkeypatch.setattr(consumer_mod, "GROUP_RECORDS", group)
         c = Consumer({"bootstrap.servers": "127.0.0.1:1",
@@ -367,3 +369,55 @@ def test_a_decode_group_spans_the_partitions_of_one_answer(numpy: bool, monkeypa
     assert [(m.partition, m.offset, m.value, m.timestamp) for m in got] == want
     assert [m.offset for m in got if m.partition == 1][0] == 5  # cut at partition 1's position, not 0's
     assert all(c._parts[("t", p)].consumed == 12 for p in starts)
+
+
+
+@pytest.mark.parametrize("codec", [1, 4])  # gzip, zstd
+@pytest.mark.parametrize("group", [2048, 300])
+def test_a_large_gzip_or_zstd_group_is_decompressed_off_the_loop(codec: int, group: int, monkeypatch: Any) -> None:
+    """The asyncio consume() decompresses a decode group of at least OFFLOAD_BYTES (256 KiB) of zstd or a
+    third as much gzip (compressed) in a worker thread, so that the loop is not held (about 3.5 ms a 1 MiB
+    gzip batch of JSON-like records); a small one, and lz4, on the loop. Every record is handed
+    out once, in order. With groups of one batch (300 records) a consume(70) reaches the next group
+    in the middle of its take: that group is decompressed in the thread too."""
+    import asyncio
+    import random
+
+    import oncelog.client.aio.consumer as consumer_mod
+
+    monkeypatch.setattr(consumer_mod, "GROUP_RECORDS", group)
+
+    decompressed: list[tuple[int, bool]] = []  # (compressed size, on the loop's thread)
+    loop_thread: list[int] = []
+    for name in ("decompress_buffer", "decompress_into", "decompress"):  # whichever the code uses
+        real = getattr(compression, name, None)
+        if real is not None:
+            def spy(c: int, d: Any, *a: Any, _real: Any = real) -> Any:
+                decompressed.append((len(d), threading.get_ident() in loop_thread))
+                return _real(c, d, *a)
+            monkeypatch.setattr(compression, name, spy)
+    rng = random.Random(7)
+    # incompressible values: the zstd batches' compressed size passes the threshold too (2 x 300 KB)
+    big = b"".join(compressed(codec, encode_record_batch([Record(None, rng.randbytes(1000)) for _ in range(300)],
+                                                         base_offset=o)) for o in (0, 300))
+    small = compressed(codec, encode_record_batch([Record(None, b"x" * 100) for _ in range(5)], base_offset=600))
+    lz4 = b"".join(compressed(3, encode_record_batch([Record(None, rng.randbytes(1000)) for _ in range(300)],
+                                                     base_offset=o)) for o in (0, 300))
+
+    async def run(data: bytes, start: int) -> list[int]:
+        loop_thread[:] = [threading.get_ident()]
+        c = Consumer({"bootstrap.servers": "127.0.0.1:1", "enable.auto.commit": False})
+        c.assign([("t", 0, start)])
+        assert c._apply(c._parts[("t", 0)], response(data))
+        got: list[int] = []
+        while msgs := await c.consume(70, 0):
+            got += [m.offset for m in msgs]
+        return got
+
+    for data, start, want, in_thread in ((big + small, 0, range(605), True), (big, 100, range(100, 600), True),
+                                         (small, 0, range(600, 605), False), (lz4, 0, range(600), False)):
+        decompressed.clear()
+        assert asyncio.run(run(data, start)) == list(want)
+        # with group=300 the small batch is a group of its own, decompressed on the loop
+        assert decompressed and all(on_loop is not (in_thread and (group == 2048 or size > 10_000))
+                                    for size, on_loop in decompressed), (want, decompressed)

@@ -21,6 +21,7 @@ over bytes and lists, unit-tested without a broker.
 from __future__ import annotations
 
 import heapq
+import threading
 import time
 from dataclasses import dataclass, field
 from collections.abc import Mapping
@@ -286,17 +287,115 @@ def fetched_batches(data: bytes, partition: int, position: int, isolation_level:
 def section_of(batch: Batch, partition: int) -> tuple[Any, int, int]:
     """A batch's uncompressed records section ``(buffer, start, end)``: its ``section``, or its
     ``packed`` body decompressed (ReaderError if it cannot be)."""
+    packed = batch.packed  # first: unpack_group in another thread sets section, then clears packed
     sec = batch.section
     if sec is not None:
         return sec
-    assert batch.packed is not None
-    buf, start, end = batch.packed
+    assert packed is not None
+    buf, start, end = packed
     try:
         body = compression.decompress_buffer(batch.header.compression, memoryview(buf)[start:end])
     except InvalidRecordError as exc:
         raise ReaderError(f"partition {partition}: batch at offset {batch.header.base_offset}: "
                           f"{exc.message}") from None
     return body, 0, len(body)
+
+
+_scratch = threading.local()  # per thread: the reused buffer a group's batches are decompressed into
+SCRATCH_KEEP = 32 << 20  # a larger scratch buffer (a group of huge batches) is not kept
+
+
+def unpack_group(batches: list[Batch]) -> bool:
+    """Decompress the compressed (``packed``) batches among ``batches`` into one ``bytes``: each gets
+    ``section`` = (that bytes, its start, its end), so that their records are decoded in place
+    (:func:`group_sections`) and their values sliced from it. False (none changed) if one of them
+    does not decompress: :func:`batch_section` then raises the precise error.
+
+    They are decompressed one after another into a buffer reused by the thread (``decompress_into``:
+    no buffer of the codec's per batch, grown as it decompresses, and no join of those buffers), and
+    that is copied once into the ``bytes`` the values are sliced from. :func:`unpack_into` and
+    :func:`unpacked` are the two halves (the asyncio consumer runs the first in a worker thread)."""
+    buf = getattr(_scratch, "buf", None)
+    got = unpack_into(batches, buf if buf is not None else bytearray(1 << 20))
+    if got is None:
+        return False
+    if got[1]:
+        unpacked(got)
+    _scratch.buf = got[0] if len(got[0]) <= SCRATCH_KEEP else None
+    return True
+
+
+Unpacked = tuple[bytearray, list[Batch], list[tuple[int, int]]]
+_spare: list[bytearray] = []  # buffers for unpack_into in worker threads, shared by the consumers
+
+
+def borrow_buffer() -> bytearray:
+    """A buffer for :func:`unpack_into` in a worker thread (one a process reuses: new memory costs
+    page faults); give it back with :func:`return_buffer` once :func:`unpacked` has copied it."""
+    try:
+        return _spare.pop()
+    except IndexError:
+        return bytearray(1 << 20)
+
+
+def return_buffer(buf: bytearray) -> None:
+    if len(buf) <= SCRATCH_KEEP and len(_spare) < 2:
+        _spare.append(buf)
+
+
+def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked | None:
+    """The first half of :func:`unpack_group`: the packed batches among ``batches`` decompressed one
+    after another into ``buf`` (grown if too small): ``(the buffer, those batches, their spans in
+    it)``, or None if one does not decompress. Touches no batch: cramjam releases the GIL while it
+    decompresses, so the asyncio consumer runs this in a worker thread, into a buffer of its own,
+    and :func:`unpacked` on the loop (the ``bytes`` made there, in the loop thread's memory: made in
+    the worker, they cost page faults and about 10 % more CPU in the paired runs)."""
+    todo = [b for b in batches if b.section is None and b.packed is not None]
+    spans: list[tuple[int, int]] = []
+    if not todo:
+        return buf, todo, spans
+    view = memoryview(buf)
+    at = 0
+    try:
+        for b in todo:
+            data, start, end = b.packed  # type: ignore[misc]
+            src = memoryview(data)[start:end]
+            codec = b.header.compression
+            hint = compression.size_hint(codec, src)
+            if hint is not None and len(buf) < at + hint <= SCRATCH_KEEP:  # grown first: no second decompression
+                grown = bytearray(max(2 * len(buf), (at + hint) * 3 // 2))
+                grown[:at] = view[:at]
+                view.release()
+                buf, view = grown, memoryview(grown)
+            n = compression.decompress_into(codec, src, view[at:])
+            if n < 0:  # the buffer is too small (or the batch is damaged: decompress_buffer raises)
+                try:
+                    body = compression.decompress_buffer(codec, src)
+                except InvalidRecordError:
+                    return None
+                n = len(body)
+                if at + n > len(buf):
+                    grown = bytearray(max(2 * len(buf), (at + n) * 3 // 2))
+                    grown[:at] = view[:at]
+                    view.release()
+                    buf, view = grown, memoryview(grown)
+                view[at:at + n] = body
+            spans.append((at, at + n))
+            at += n
+    finally:
+        view.release()
+    return buf, todo, spans
+
+
+def unpacked(got: Unpacked) -> None:
+    """The second half of :func:`unpack_group`: the decompressed bodies copied once into ``bytes``,
+    each batch's ``section`` set to its part (unless another thread decoded it meanwhile)."""
+    buf, todo, spans = got
+    out = bytes(memoryview(buf)[:spans[-1][1]]) if spans else b""
+    for b, (s, e) in zip(todo, spans):
+        if b.section is None:
+            b.section = (out, s, e)
+            b.packed = None  # after section: section_of reads packed first
 
 
 def batch_section(batch: Batch, partition: int, position: int
@@ -342,16 +441,10 @@ def group_sections(batches: list[Batch], position: int | list[int], pieces: list
     raises the precise error."""
     if not HAVE_NUMPY or not batches:
         return None
-    secs = []
-    for b in batches:  # compressed batches (defer=True) are decompressed here, as their records are read
-        sec = b.section
-        if sec is None:
-            try:
-                sec = b.section = section_of(b, 0)  # kept: batch_section does not decompress it again
-            except ReaderError:
-                return None  # batch_section raises the precise error
-            b.packed = None
-        secs.append(sec)
+    # compressed batches (defer=True) are decompressed here, as their records are read, into one bytes
+    if not unpack_group(batches):
+        return None  # batch_section raises the precise error
+    secs = [b.section for b in batches]
     buf = secs[0][0]  # type: ignore[index]
     if type(buf) is bytes and all(sec[0] is buf for sec in secs):  # type: ignore[index]
         # uncompressed: all in the Fetch blob, decoded in place

@@ -117,6 +117,59 @@ def decompress_buffer(codec: int, data: bytes | bytearray | memoryview) -> Any:
     return decompress(codec, data)
 
 
+def size_hint(codec: int, data: bytes | bytearray | memoryview) -> int | None:
+    """The decompressed size of a batch's records section when its format says it cheaply: gzip's
+    trailer (ISIZE, the last member's size modulo 2**32), raw snappy's leading varint; else None
+    (Kafka's lz4 and zstd frames, xerial snappy)."""
+    if codec == COMPRESSION_GZIP and len(data) >= 18:
+        n = int.from_bytes(data[len(data) - 4:], "little")
+        return n if n <= 1032 * len(data) else None  # deflate expands 1032:1 at most: damage
+    if codec == COMPRESSION_SNAPPY and bytes(data[:len(XERIAL_MAGIC)]) != XERIAL_MAGIC:
+        n = shift = 0
+        for i in range(min(5, len(data))):
+            n |= (data[i] & 0x7F) << shift
+            if data[i] < 0x80:
+                return n if n <= 64 * len(data) else None  # snappy expands about 21:1 at most
+            shift += 7
+    return None
+
+
+def decompress_into(codec: int, data: bytes | bytearray | memoryview, out: memoryview) -> int:
+    """The records section of a batch compressed with ``codec`` decompressed into ``out`` (a writable
+    view, e.g. the rest of a reused buffer); the number of bytes written, or -1 when ``out`` is too
+    small or the data does not decompress (the caller then uses :func:`decompress_buffer`, which
+    raises the precise error). Kafka's lz4 and zstd frames and gzip carry no size this could
+    check first; cramjam refuses an output that is too small (it does not truncate)."""
+    try:
+        if codec == COMPRESSION_LZ4:
+            return codec_library().lz4.decompress_into(data, out)
+        if codec == COMPRESSION_ZSTD:
+            return codec_library().zstd.decompress_into(data, out)
+        if codec == COMPRESSION_GZIP:
+            return codec_library().gzip.decompress_into(data, out)
+        if codec == COMPRESSION_SNAPPY:
+            snappy = codec_library().snappy
+            if bytes(data[:len(XERIAL_MAGIC)]) != XERIAL_MAGIC:  # raw: the size is its first varint
+                n = snappy.decompress_raw_len(data)
+                return snappy.decompress_raw_into(data, out) if n <= len(out) else -1
+            view, pos, at = memoryview(data), XERIAL_HEADER_SIZE, 0
+            while pos < len(view):
+                (k,) = _BE32.unpack_from(view, pos)
+                pos += 4
+                if k < 0 or pos + k > len(view):
+                    return -1
+                block = view[pos:pos + k]
+                n = snappy.decompress_raw_len(block)
+                if at + n > len(out):
+                    return -1
+                at += snappy.decompress_raw_into(block, out[at:])
+                pos += k
+            return at
+    except Exception:  # cramjam's errors: too small an output, or damage (told apart by decompress_buffer)
+        return -1
+    return -1  # no codec, or an unknown one
+
+
 def decompressed_batch(buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = None) -> bytes:
     """The batch at ``buf[start:end]`` with its records decompressed and its codec bits
     cleared, ready for :func:`~oncelog.protocol.records.iter_records` (its CRC no longer

@@ -21,7 +21,10 @@ Internal design (for the group consumer that builds on it):
   records is handed out, so the next Fetch goes out while records are decoded.
   A group's batches are copied out of the receive buffer, or decompressed (all
   four codecs), only then: the bytes are still in the cache when their values
-  are sliced. The receive buffer lives until its last group is decoded.
+  are sliced (a group's compressed batches into one buffer reused per thread,
+  :func:`~oncelog.client.reader.unpack_group`; ``consume`` decompresses a group
+  of ``OFFLOAD_BYTES`` of compressed zstd (a third as much gzip) in a worker
+  thread first, so that the loop is not held). The receive buffer lives until its last group is decoded.
   A group spans the partitions of one answer, so an answer's chunks are
   published to the buffers together, under one ``_lock`` hold, once all are
   built (a half-built group must never be reachable by a decode).
@@ -86,7 +89,11 @@ from oncelog.client.reader import (
     batch_section,
     group_sections,
     fetched_batches,
+    borrow_buffer,
     list_offsets_request,
+    return_buffer,
+    unpack_into,
+    unpacked,
 )
 from oncelog.protocol.errors import ErrorCode
 from oncelog.protocol.fetch import FetchDecodeError, decode_fetch_response, encode_fetch_request
@@ -103,6 +110,14 @@ LIST_OFFSETS_VERSIONS = (2, 8)
 OFFSET_OUT_OF_RANGE = int(ErrorCode.offset_out_of_range.value)
 CORRUPT_MESSAGE = int(ErrorCode.corrupt_message.value)
 GROUP_RECORDS = 2048  # records decoded together (numpy) at most, plus the last batch's
+# a decode group with this many compressed bytes of zstd, or a third as many of gzip, is decompressed in a
+# worker thread by the asyncio consume(): about 0.85 ms or more on the loop for records 2-4x compressible
+# (JSON-like: gzip ~10 us a compressed KiB, zstd ~3.3); cramjam releases the GIL meanwhile. The hop costs
+# CPU (the data crosses cores): about 6 % for such gzip records, 10-25 % for the bench's 50x compressible
+# ones, which decompress fast (1 MiB of values in 8.7 KiB: 0.6 ms) and so stay on the loop. lz4 and snappy
+# (about 0.5 ms per MiB) stay on the loop (docs/benchmarks.md "Compressed consume")
+OFFLOAD_BYTES = 256 * 1024
+_GZIP, _ZSTD = 1, 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -765,6 +780,11 @@ class Consumer:
         while True:
             if member is not None and member.error is not None:
                 raise member.error
+            if (big := self._big_group(num_messages)) is not None:  # decompressed in a thread: the loop stays free
+                got = await asyncio.get_running_loop().run_in_executor(None, unpack_into, big, borrow_buffer())
+                if got is not None:  # else decoded on the loop, which raises the error
+                    unpacked(got)  # the bytes made on the loop thread (page faults in the worker's memory)
+                    return_buffer(got[0])
             out, drained = self._take(num_messages)
             if drained:
                 self._wake.set()
@@ -789,6 +809,38 @@ class Consumer:
                     await self._data.wait()
             except TimeoutError:
                 return []
+
+    def _big_group(self, n: int) -> list[Batch] | None:
+        """The batches of a decode group that the next ``_take(n)`` would decode while still compressed,
+        if it is large enough to decompress off the loop (``OFFLOAD_BYTES`` of zstd, a third as many of
+        gzip, compressed), else None."""
+        with self._lock:  # the blocking facade's caller thread hands out too
+            for key in self._order:  # the chunks in hand-out order, until n records
+                st = self._parts.get(key)
+                if st is None or st.paused:
+                    continue
+                for ch in st.buffer:
+                    if ch.n >= 0:
+                        n -= ch.n - ch.i
+                    else:
+                        refs = ch.group
+                        chunks = [ch] if refs is None else [c for r in refs if (c := r()) is not None]
+                        batches = [b for c in chunks for b in c.batches or ()]
+                        size = 0
+                        for b in batches:
+                            packed = b.packed
+                            if packed is not None and b.section is None:
+                                codec = b.header.compression
+                                if codec == _GZIP:
+                                    size += 3 * (packed[2] - packed[1])
+                                elif codec == _ZSTD:
+                                    size += packed[2] - packed[1]
+                        if size >= OFFLOAD_BYTES:
+                            return batches
+                        n -= sum(b.header.records_count for b in ch.batches or ())
+                    if n <= 0:
+                        return None
+        return None
 
     def take_nowait(self, n: int) -> list[Message] | None:
         """Up to ``n`` already fetched messages, callable from any thread (the blocking facade's
