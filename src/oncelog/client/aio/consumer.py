@@ -303,9 +303,13 @@ class Consumer:
         # the partition states' buffers, positions and order are also read by take_nowait() from
         # the blocking facade's caller thread: every change to them holds this lock
         self._lock = threading.RLock()
+        # _data for a caller on another thread (the blocking facade's wait_take): ``_signals`` counts
+        # the _signal() calls, notified under _lock
+        self._arrived = threading.Condition(self._lock)
+        self._signals = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         for cluster in (self.cluster, self._group_cluster):  # a TLS/SASL failure wakes a waiting poll()
-            cluster.on_auth_error(self._data.set)
+            cluster.on_auth_error(self._signal)
 
     async def start(self) -> None:
         """Connect and read metadata."""
@@ -812,6 +816,36 @@ class Consumer:
             self._loop.call_soon_threadsafe(self._wake.set)  # the fetcher refills the drained partitions
         return out
 
+    def _signal(self) -> None:
+        """Records or an error to hand out (on the loop): wakes :meth:`consume` and :meth:`wait_take`."""
+        self._data.set()
+        with self._lock:
+            self._signals += 1
+            self._arrived.notify_all()
+
+    def wait_take(self, n: int, timeout: float) -> list[Message] | None:
+        """Wait up to ``timeout`` s on this (another) thread for the next Fetch answer with records or an
+        error, then :meth:`take_nowait`: the blocking facade's wait, when nothing is buffered, without a
+        coroutine on the loop and a hand-off back (one per Fetch answer when the caller is faster than
+        the fetches), and the records then decoded on the caller's thread rather than the loop's.
+
+        None (at once) in the cases :meth:`take_nowait` leaves to :meth:`consume`, and when nothing
+        came or nothing could be taken: the caller then goes through :meth:`consume`, which raises
+        the errors and waits on. The ``max.poll.interval.ms`` clock restarts here, as in
+        :meth:`consume`."""
+        member = self._member
+        if (self._closed or (member is not None and (member.error is not None or member._poll_expired))
+                or (self._auto_commit and time.monotonic() >= self._next_auto_commit)):
+            return None
+        if member is not None:
+            member._last_poll = time.monotonic()
+        with self._lock:
+            seq = self._signals
+            if not any(st.buffer and not st.paused for st in self._parts.values()):
+                if not self._arrived.wait_for(lambda: self._signals != seq, timeout):
+                    return None
+        return self.take_nowait(n)
+
     def _wake_needed(self, drained: list[_PartitionState]) -> bool:
         """Whether the fetcher must be woken from another thread for these drained partitions: not when
         a Fetch is in flight to each one's leader, since the fetcher runs again when that answer is in
@@ -957,6 +991,7 @@ class Consumer:
 
     async def _shutdown(self) -> None:
         self._closed = True
+        self._signal()  # a caller in wait_take() returns (and finds the consumer closed)
         tasks = [t for t in (self._task, *self._fetches) if t is not None]
         for t in tasks:
             t.cancel()
@@ -1030,20 +1065,20 @@ class Consumer:
             if int(resp.error_code):
                 raise error_for(int(resp.error_code), "Fetch")
             if self._apply_answer(resp, gens):
-                self._data.set()
+                self._signal()
         except KafkaError as exc:
             for st in states:
                 self.cluster.invalidate(st.topic)
             if not exc.retriable:
                 for st in states:
                     st.error = exc
-                self._data.set()
+                self._signal()
             else:
                 await asyncio.sleep(cfg["retry.backoff.ms"] / 1000)
         except Exception as exc:  # a bug must surface from poll(), not spin
             for st in states:
                 st.error = KafkaError(f"fetch failed: {exc!r}")
-            self._data.set()
+            self._signal()
         finally:
             for st in states:
                 st.in_flight = False
