@@ -25,6 +25,7 @@ __all__ = ["Consumer", "Message", "TopicPartition"]
 # seconds a blocking poll()/consume() with nothing buffered waits on its own thread for the next Fetch
 # answer before it waits through the loop thread (AioConsumer.consume, which also raises the errors)
 FAST_WAIT = 1.0
+FETCH_HOLD: int | None = 1
 
 
 class Consumer:
@@ -38,6 +39,9 @@ class Consumer:
         self._lt = LoopThread("oncelog-consumer")
         try:
             self._c = AioConsumer(config)
+            # a leader's Fetch waits until at most one of its partitions has records left (see
+            # AioConsumer._held): fewer, larger Fetches whose answers do not arrive during the decode
+            self._c._fetch_hold = FETCH_HOLD
             self.config = self._c.config
             self._lt.run(self._c.start(), self.config["request.timeout.ms"] / 1000 + 5)
         except BaseException:
