@@ -10,7 +10,9 @@ Internal design (for the group consumer that builds on it):
   offset :meth:`poll` returns, what :meth:`position` reports and a group
   would commit) and a buffer of fetched, not yet returned messages.
 * One fetcher task keeps, per leader broker, at most one Fetch in flight for
-  the partitions of that broker whose buffer is empty. Fetch v4-v12 (topics
+  the partitions of that broker whose buffer is empty (with ``_fetch_hold``,
+  the blocking facade's: once at most that many of its partitions have
+  records left, see :meth:`Consumer._held`). Fetch v4-v12 (topics
   by name), encoded by hand and decoded by hand from the connection's receive buffer
   (:mod:`oncelog.protocol.fetch`): each partition's records stay a view of it.
   CRC checks and the read_committed filter are
@@ -29,7 +31,9 @@ Internal design (for the group consumer that builds on it):
   next partition's (Java's fetch buffer), so partitions drain and are
   refetched one after another. ``take_nowait`` is the same hand-out callable
   from another thread (the blocking facade's fast path); every change to the
-  buffers, positions and partition order holds ``_lock``.
+  buffers, positions and partition order holds ``_lock``. With nothing
+  buffered, the facade's caller waits on ``_arrived`` (a condition on
+  ``_lock``, notified with every ``_data.set()``) in :meth:`wait_take`.
 * A partition without a position gets one from ``auto.offset.reset``
   (ListOffsets earliest/latest; ``none`` -> :class:`OffsetOutOfRangeError`
   from :meth:`poll`); OFFSET_OUT_OF_RANGE resets the same way; leadership
