@@ -868,7 +868,8 @@ class Consumer:
         records to work on meanwhile."""
         held: dict[int | None, int] = {}
         leader = self.cluster.leader
-        for st in self._parts.values():
+        # a snapshot (one C call): also called on the caller's thread, while the loop thread may add states
+        for st in list(self._parts.values()):
             if st.buffer and not st.paused:
                 node = leader(st.topic, st.partition)
                 held[node] = held.get(node, 0) + 1
