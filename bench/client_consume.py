@@ -23,6 +23,10 @@ Clients:
 * ``oncelog-poll``: the same, one ``poll(1.0)`` per record;
 * ``oncelog-aio``: ``oncelog.client.aio.Consumer``, ``await consume(500, 1.0)``;
 * ``oncelog-aio-nonumpy``: the same without the optional numpy decode (not in the default list);
+* ``oncelog-prev``, ``oncelog-poll-prev``: ``oncelog``/``oncelog-poll`` with the blocking facade's
+  earlier fetch policy and wait (each partition fetched as it drains, Java's; waits for data through
+  the loop thread): ``FETCH_HOLD = None``, ``FAST_WAIT = 0`` (not in the default list; for in-process
+  before/after comparisons);
 * ``oncelog-columns``: ``PartitionReader.iter_range(records=False)`` and
   ``decode_columns``, the path the Spark source uses (blocking, one partition
   after another, no prefetch);
@@ -307,11 +311,27 @@ def run_aiokafka_getone(bootstrap: str, topic: str, n: int, iso: str, run: Run) 
     asyncio.run(main())
 
 
+def _prev(run_fn: Callable[[str, str, int, str, Run], None]) -> Callable[[str, str, int, str, Run], None]:
+    def run_prev(bootstrap: str, topic: str, n: int, iso: str, run: Run) -> None:
+        from oncelog.client import consumer
+
+        saved = consumer.FETCH_HOLD, consumer.FAST_WAIT
+        consumer.FETCH_HOLD, consumer.FAST_WAIT = None, 0
+        try:
+            run_fn(bootstrap, topic, n, iso, run)
+        finally:
+            consumer.FETCH_HOLD, consumer.FAST_WAIT = saved
+
+    return run_prev
+
+
 CLIENTS: dict[str, Callable[[str, str, int, str, Run], None]] = {
     "oncelog": run_oncelog,
     "oncelog-poll": run_oncelog_poll,
     "oncelog-aio": run_oncelog_aio,
     "oncelog-aio-nonumpy": run_oncelog_aio_nonumpy,
+    "oncelog-prev": _prev(run_oncelog),
+    "oncelog-poll-prev": _prev(run_oncelog_poll),
     "oncelog-columns": run_oncelog_columns,
     "confluent": run_confluent,
     "confluent-poll": run_confluent_poll,
@@ -320,7 +340,7 @@ CLIENTS: dict[str, Callable[[str, str, int, str, Run], None]] = {
     "aiokafka": run_aiokafka,
     "aiokafka-getone": run_aiokafka_getone,
 }
-PER_RECORD = {"oncelog-poll", "confluent-poll", "kafkapython-iter", "aiokafka-getone"}
+PER_RECORD = {"oncelog-poll", "oncelog-poll-prev", "confluent-poll", "kafkapython-iter", "aiokafka-getone"}
 # the ratio columns: each client against the reference of its kind (per-record API vs per-record API)
 REFERENCES = {"confluent": ("confluent", "confluent-poll"), "kafka-python": ("kafkapython", "kafkapython-iter"),
               "aiokafka": ("aiokafka", "aiokafka-getone")}
@@ -355,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--isolation", choices=["read_uncommitted", "read_committed"], default="read_uncommitted")
     ap.add_argument("--compression", choices=["none", "gzip", "snappy", "lz4", "zstd"], default="none",
                     help="the prefill producer's compression.type (compressed values are repetitive, not random)")
-    ap.add_argument("--clients", default=",".join(c for c in CLIENTS if c != "oncelog-aio-nonumpy"))
+    ap.add_argument("--clients", default=",".join(c for c in CLIENTS if c not in (
+        "oncelog-aio-nonumpy", "oncelog-prev", "oncelog-poll-prev")))
     ap.add_argument("--profile", choices=list(CLIENTS), help="run one client once under pyinstrument")
     args = ap.parse_args(argv)
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]

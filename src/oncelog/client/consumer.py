@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,6 +21,11 @@ from oncelog.client.aio.consumer import Message, TopicPartition
 from oncelog.client.aio.transactions import ConsumerGroupMetadata
 
 __all__ = ["Consumer", "Message", "TopicPartition"]
+
+# seconds a blocking poll()/consume() with nothing buffered waits on its own thread for the next Fetch
+# answer before it waits through the loop thread (AioConsumer.consume, which also raises the errors)
+FAST_WAIT = 1.0
+FETCH_HOLD: int | None = 1
 
 
 class Consumer:
@@ -33,6 +39,9 @@ class Consumer:
         self._lt = LoopThread("oncelog-consumer")
         try:
             self._c = AioConsumer(config)
+            # a leader's Fetch waits until at most one of its partitions has records left (see
+            # AioConsumer._held): fewer, larger Fetches whose answers do not arrive during the decode
+            self._c._fetch_hold = FETCH_HOLD
             self.config = self._c.config
             self._lt.run(self._c.start(), self.config["request.timeout.ms"] / 1000 + 5)
         except BaseException:
@@ -156,6 +165,9 @@ class Consumer:
         msg = self._c.take_one_nowait()  # buffered records: no hop to the loop thread
         if msg is not None:
             return msg
+        got, timeout = self._wait_take(1, timeout)
+        if got:
+            return got[0]
         return self._run(self._c.poll(timeout))
 
     def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
@@ -163,7 +175,23 @@ class Consumer:
         got = self._c.take_nowait(num_messages)
         if got:
             return got
+        got, timeout = self._wait_take(num_messages, timeout)
+        if got:
+            return got
         return self._run(self._c.consume(num_messages, timeout))
+
+    def _wait_take(self, n: int, timeout: float | None) -> tuple[list[Message] | None, float | None]:
+        """Nothing buffered: wait on this thread for the next Fetch answer (up to ``timeout``, at most
+        ``FAST_WAIT`` s) and take from it; and what is left of ``timeout`` for :meth:`AioConsumer.consume`
+        on the loop, which raises errors and does the longer waits."""
+        if not FAST_WAIT or (timeout is not None and timeout <= 0):
+            return None, timeout
+        wait = FAST_WAIT if timeout is None else min(timeout, FAST_WAIT)
+        t0 = time.monotonic()
+        got = self._c.wait_take(n, wait)
+        if got or timeout is None:
+            return got, timeout
+        return None, max(0.0, timeout - (time.monotonic() - t0))
 
     def close(self) -> None:
         """Commit (with ``enable.auto.commit``), leave the group and close the connections; idempotent."""

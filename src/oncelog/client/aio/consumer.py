@@ -10,7 +10,9 @@ Internal design (for the group consumer that builds on it):
   offset :meth:`poll` returns, what :meth:`position` reports and a group
   would commit) and a buffer of fetched, not yet returned messages.
 * One fetcher task keeps, per leader broker, at most one Fetch in flight for
-  the partitions of that broker whose buffer is empty. Fetch v4-v12 (topics
+  the partitions of that broker whose buffer is empty (with ``_fetch_hold``,
+  the blocking facade's: once at most that many of its partitions have
+  records left, see :meth:`Consumer._held`). Fetch v4-v12 (topics
   by name), encoded by hand and decoded by hand from the connection's receive buffer
   (:mod:`oncelog.protocol.fetch`): each partition's records stay a view of it.
   CRC checks and the read_committed filter are
@@ -32,7 +34,9 @@ Internal design (for the group consumer that builds on it):
   next partition's (Java's fetch buffer), so partitions drain and are
   refetched one after another. ``take_nowait`` is the same hand-out callable
   from another thread (the blocking facade's fast path); every change to the
-  buffers, positions and partition order holds ``_lock``.
+  buffers, positions and partition order holds ``_lock``. With nothing
+  buffered, the facade's caller waits on ``_arrived`` (a condition on
+  ``_lock``, notified with every ``_data.set()``) in :meth:`wait_take`.
 * A partition without a position gets one from ``auto.offset.reset``
   (ListOffsets earliest/latest; ``none`` -> :class:`OffsetOutOfRangeError`
   from :meth:`poll`); OFFSET_OUT_OF_RANGE resets the same way; leadership
@@ -318,9 +322,18 @@ class Consumer:
         # the partition states' buffers, positions and order are also read by take_nowait() from
         # the blocking facade's caller thread: every change to them holds this lock
         self._lock = threading.RLock()
+        # _data for a caller on another thread (the blocking facade's wait_take): ``_signals`` counts
+        # the _signal() calls, notified under _lock
+        self._arrived = threading.Condition(self._lock)
+        self._signals = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        # None: a leader's Fetch goes out as soon as one of its partitions has no records buffered (Java's
+        # fetchablePartitions). A number (the blocking facade's 1): only once at most that many of its
+        # partitions still have records to hand out, so that the fetches are fewer, larger, and overlap
+        # the caller's thread less (see _held)
+        self._fetch_hold: int | None = None
         for cluster in (self.cluster, self._group_cluster):  # a TLS/SASL failure wakes a waiting poll()
-            cluster.on_auth_error(self._data.set)
+            cluster.on_auth_error(self._signal)
 
     async def start(self) -> None:
         """Connect and read metadata."""
@@ -864,6 +877,56 @@ class Consumer:
             self._loop.call_soon_threadsafe(self._wake.set)  # the fetcher refills the drained partitions
         return out
 
+    def _signal(self) -> None:
+        """Records or an error to hand out (on the loop): wakes :meth:`consume` and :meth:`wait_take`."""
+        self._data.set()
+        with self._lock:
+            self._signals += 1
+            self._arrived.notify_all()
+
+    def wait_take(self, n: int, timeout: float) -> list[Message] | None:
+        """Wait up to ``timeout`` s on this (another) thread for the next Fetch answer with records or an
+        error, then :meth:`take_nowait`: the blocking facade's wait, when nothing is buffered, without a
+        coroutine on the loop and a hand-off back (one per Fetch answer when the caller is faster than
+        the fetches), and the records then decoded on the caller's thread rather than the loop's.
+
+        None (at once) in the cases :meth:`take_nowait` leaves to :meth:`consume`, and when nothing
+        came or nothing could be taken: the caller then goes through :meth:`consume`, which raises
+        the errors and waits on. The ``max.poll.interval.ms`` clock restarts here, as in
+        :meth:`consume`."""
+        member = self._member
+        if (self._closed or (member is not None and (member.error is not None or member._poll_expired))
+                or (self._auto_commit and time.monotonic() >= self._next_auto_commit)):
+            return None
+        if member is not None:
+            member._last_poll = time.monotonic()
+        with self._lock:
+            seq = self._signals
+            if not any(st.buffer and not st.paused for st in self._parts.values()):
+                if not self._arrived.wait_for(lambda: self._signals != seq, timeout):
+                    return None
+        return self.take_nowait(n)
+
+    def _held(self) -> dict[int | None, int]:
+        """Per leader, how many of its partitions have records to hand out (not paused).
+
+        With ``_fetch_hold`` the fetcher waits for these to drain (all but ``_fetch_hold``) before it
+        fetches a leader's drained partitions: the blocking facade's caller thread then decodes while the
+        loop thread waits for the next answer, not while it receives one. Fetching each partition as it
+        drained (Java's policy) made two to three times as many, smaller Fetches, whose answers arrived
+        while the caller decoded (GIL hand-offs, the receive and the decode competing for the caches):
+        about 10 % more CPU per MB when the caller keeps up with the fetches (docs/benchmarks.md). With
+        one partition left to hand out while the next Fetch is in flight, a slower caller still has
+        records to work on meanwhile."""
+        held: dict[int | None, int] = {}
+        leader = self.cluster.leader
+        # a snapshot (one C call): also called on the caller's thread, while the loop thread may add states
+        for st in list(self._parts.values()):
+            if st.buffer and not st.paused:
+                node = leader(st.topic, st.partition)
+                held[node] = held.get(node, 0) + 1
+        return held
+
     def _wake_needed(self, drained: list[_PartitionState]) -> bool:
         """Whether the fetcher must be woken from another thread for these drained partitions: not when
         a Fetch is in flight to each one's leader, since the fetcher runs again when that answer is in
@@ -872,10 +935,14 @@ class Consumer:
         the caller's thread is a write to the loop's self-pipe and a hand-off of the GIL to the loop
         thread and back; about one per partition and Fetch answer, most while a Fetch is in flight."""
         busy = self._node_busy
-        if not busy:
-            return True
         leader = self.cluster.leader
-        return any(leader(st.topic, st.partition) not in busy for st in drained)
+        idle = [node for node in (leader(st.topic, st.partition) for st in drained) if node not in busy]
+        if not idle:
+            return False
+        if self._fetch_hold is None:
+            return True
+        held = self._held()  # the fetcher would not fetch yet: no wake until it would
+        return any(node is None or held.get(node, 0) <= self._fetch_hold for node in idle)
 
     def take_one_nowait(self) -> Message | None:
         """:meth:`take_nowait` for one message (the blocking ``poll()``), without the list.
@@ -1009,6 +1076,7 @@ class Consumer:
 
     async def _shutdown(self) -> None:
         self._closed = True
+        self._signal()  # a caller in wait_take() returns (and finds the consumer closed)
         tasks = [t for t in (self._task, *self._fetches) if t is not None]
         for t in tasks:
             t.cancel()
@@ -1044,6 +1112,10 @@ class Consumer:
                 except KafkaError:
                     await asyncio.sleep(self.config["retry.backoff.ms"] / 1000)
                 continue
+            if self._fetch_hold is not None and by_node:
+                held = self._held()
+                for node in [nd for nd in by_node if held.get(nd, 0) > self._fetch_hold]:
+                    del by_node[node]  # the caller drains the others first; its last drain wakes us
             for node, states in by_node.items():
                 self._node_busy.add(node)
                 for st in states:
@@ -1082,20 +1154,20 @@ class Consumer:
             if int(resp.error_code):
                 raise error_for(int(resp.error_code), "Fetch")
             if self._apply_answer(resp, gens):
-                self._data.set()
+                self._signal()
         except KafkaError as exc:
             for st in states:
                 self.cluster.invalidate(st.topic)
             if not exc.retriable:
                 for st in states:
                     st.error = exc
-                self._data.set()
+                self._signal()
             else:
                 await asyncio.sleep(cfg["retry.backoff.ms"] / 1000)
         except Exception as exc:  # a bug must surface from poll(), not spin
             for st in states:
                 st.error = KafkaError(f"fetch failed: {exc!r}")
-            self._data.set()
+            self._signal()
         finally:
             for st in states:
                 st.in_flight = False
