@@ -13,6 +13,12 @@ to run about 0.2 s) of:
 * ``numpy groups``: ``key_groups`` (hash, ``% partitions``, a stable sort) with numpy forced on.
 
 Usage: ``python bench/murmur2_keys.py --rounds 7 --counts 1,10,100,10000 --key-size 16 --partitions 8``
+
+``--first-future N``: instead, the first record future asked for of a keyed call of ``N`` records (its spans
+placed as ``produce_batch`` places them: ``key_groups``, then ``--per-batch`` records per batch), which maps
+every record to its span: CPU ms of that first ``futs[5]`` (``time.thread_time``), the longest time the
+call's lock (the one the loop thread's completions take) was held during it, and the memory the map keeps
+(``tracemalloc``). Run it with the old and the new tree first on ``PYTHONPATH``, alternating.
 """
 
 from __future__ import annotations
@@ -48,13 +54,81 @@ def loop_groups(keys: list[bytes | None], partitions: int) -> list[tuple[int, li
     return list(groups.items())
 
 
+class ProbeLock:
+    """A lock that records how long it was held, the longest hold first."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self.longest = 0.0
+        self._t0 = 0.0
+
+    def acquire(self) -> bool:
+        self._lock.acquire()
+        self._t0 = time.perf_counter()
+        return True
+
+    def release(self) -> None:
+        self.longest = max(self.longest, time.perf_counter() - self._t0)
+        self._lock.release()
+
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def first_future(n: int, partitions: int, per_batch: int, rounds: int) -> int:
+    import tracemalloc
+    from concurrent.futures import Future
+
+    from oncelog.client.aio.producer import BatchFutures
+
+    rng = random.Random(2)
+    keys = [b"user-%011d" % rng.randrange(10 ** 9) for _ in range(n)]
+    groups = key_groups(keys, partitions, lambda: 0)
+    def placed(lock: Any) -> Any:
+        futs = BatchFutures(n, Future, lock)
+        for _, idx in groups:
+            sf = futs.spread(idx)
+            for i in range(0, len(idx), per_batch):
+                sf._span(i, min(per_batch, len(idx) - i))
+        return futs
+
+    cpu, held, kept = [], [], []
+    for _ in range(rounds):
+        lock = ProbeLock()
+        futs = placed(lock)
+        t0 = time.thread_time()
+        futs[5]
+        cpu.append((time.thread_time() - t0) * 1e3)
+        held.append(lock.longest * 1e3)
+        futs = placed(None)  # the memory the map keeps (a separate run: tracemalloc slows allocations)
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        futs[5]
+        kept.append((tracemalloc.get_traced_memory()[0] - base) / 1e6)
+        tracemalloc.stop()
+        del futs
+    print(f"`{' '.join(['python', *sys.argv])}`\n")
+    print(f"{n:,} records, {partitions} partitions, {per_batch} a batch ({sum(-(-len(i) // per_batch) for _, i in groups):,}"
+          f" spans), median of {rounds}: first future CPU {statistics.median(cpu):.1f} ms, lock held at most "
+          f"{statistics.median(held):.2f} ms, map kept {statistics.median(kept):.1f} MB")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--counts", default="1,10,100,10000")
     ap.add_argument("--key-size", type=int, default=16)
     ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--first-future", type=int, default=0)
+    ap.add_argument("--per-batch", type=int, default=150)
     args = ap.parse_args()
+    if args.first_future:
+        return first_future(args.first_future, args.partitions, args.per_batch, args.rounds)
     import pyarrow as pa
 
     rng = random.Random(1)

@@ -236,3 +236,104 @@ def test_spread_spans_complete_the_records_they_hold() -> None:
     sx.finish("t", 0, -1, -1, ValueError("later"))
     sy.finish("t", 1, -1, -1, KeyError("first"))
     assert isinstance(futs2.exception(), ValueError)  # record 0 failed: the lowest record's error
+
+
+class _ProbeLock:
+    """The call's lock, recording at each acquire whether the record map of ``futs`` existed already."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self.futs: Any = None
+        self.map_at_acquire: list[bool] = []
+
+    def acquire(self) -> bool:
+        self._lock.acquire()
+        self.map_at_acquire.append(self.futs is not None and self.futs._where is not None)
+        return True
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+@pytest.mark.parametrize("kind", ["arrays", "lists"])
+def test_spread_record_map_is_built_before_the_lock_is_taken(kind: str) -> None:
+    """The first future asked for maps every record of a keyed call to its span (milliseconds for a million
+    records): that must happen before the lock the loop thread's completions take, so the first acquire
+    already finds the map; the map gives every record its span and position, and the futures their offsets."""
+    from concurrent.futures import Future
+
+    from oncelog.client.aio.producer import BatchFutures
+
+    rng = random.Random(4)
+    n = 5000
+    keys = [b"k%d" % rng.randrange(10 ** 6) for _ in range(n)]
+    groups = key_groups(keys, 7, lambda: 0)
+    if kind == "lists":
+        groups = [(p, list(idx)) for p, idx in groups]
+    lock = _ProbeLock()
+    futs = lock.futs = BatchFutures(n, Future, lock)
+    want: dict[int, tuple[int, int]] = {}  # record -> (its partition, its offset)
+    for p, idx in groups:
+        sf = futs.spread(idx)
+        for i in range(0, len(idx), 100):
+            s = len(futs._spans)  # the span's number: its batch gets offsets 1000 * s, 1000 * s + 1, ...
+            sf._span(i, min(100, len(idx) - i))
+            want.update((int(r), (p, 1000 * s + k)) for k, r in enumerate(idx[i:i + 100]))
+    first = futs[n // 2]
+    assert lock.map_at_acquire and all(lock.map_at_acquire), lock.map_at_acquire
+    for s, sp in enumerate(futs._spans):
+        sp.finish("t", want[sp.start][0], 1000 * s, 7, None)
+    assert (first.result(0).partition, first.result(0).offset) == want[n // 2]
+    assert [(f.result(0).partition, f.result(0).offset) for f in futs] == [want[i] for i in range(n)]
+
+
+class _GatedIndex:
+    """A record index whose use as a list index (``__index__``) waits on ``gate`` once: stops the record
+    map's build half way, so a test can complete a batch meanwhile."""
+
+    def __init__(self, value: int, gate: Any = None) -> None:
+        self.value, self.gate = value, gate
+
+    def __index__(self) -> int:
+        if self.gate is not None:
+            building, go = self.gate
+            self.gate = None
+            building.set()
+            go.wait(10)
+        return self.value
+
+    __int__ = __index__
+
+
+def test_spread_completion_is_not_held_up_by_the_record_map() -> None:
+    """While the first future asked for of a keyed call builds the record map (on a caller's thread), the
+    loop thread completes a batch: that completion must not wait for the build (it takes the call's lock)."""
+    import threading
+    from concurrent.futures import Future
+
+    from oncelog.client.aio.producer import BatchFutures
+
+    building, go = threading.Event(), threading.Event()
+    futs = BatchFutures(6, Future, threading.Lock())
+    a = futs.spread([_GatedIndex(0), _GatedIndex(2), _GatedIndex(4, (building, go))])
+    b = futs.spread([_GatedIndex(1), _GatedIndex(3), _GatedIndex(5)])
+    sa, sb = a._span(0, 3), b._span(0, 3)
+    got: list[Any] = []
+    asker = threading.Thread(target=lambda: got.append(futs[3]))
+    asker.start()
+    try:
+        assert building.wait(10)
+        finisher = threading.Thread(target=sb.finish, args=("t", 1, 20, 5, None))
+        finisher.start()
+        finisher.join(5)
+        completed_meanwhile = not finisher.is_alive()
+    finally:
+        go.set()
+        asker.join(10)
+    finisher.join(10)
+    assert completed_meanwhile, "the batch's completion waited for the record map"
+    sa.finish("t", 0, 10, 5, None)
+    assert got[0].result(0).offset == 21  # record 3: position 1 in the second span
+    assert [futs[i].result(0).offset for i in range(6)] == [10, 20, 11, 21, 12, 22]

@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -356,9 +357,12 @@ class BatchFutures(Sequence[Any]):
         self._spans: list[_Span] = []  # in record order, covering 0..n-1 once placed (spread: placing order)
         self._made: dict[int, Any] = {}
         # keyed records spread over partitions (spread()): each span's record indices (ascending), and,
-        # once a record's future is asked for, (span number, position in it) of every record
+        # once a record's future is asked for, (span number, position in it) of every record (two int32
+        # arrays, or lists without numpy), built by _record_map outside ``lock``; with ``lock`` (several
+        # threads) a second asker waits for the first one's map on ``_map_lock``, which completions never take
         self._records: list[Any] | None = None
-        self._where: tuple[list[int], list[int]] | None = None
+        self._where: tuple[Any, Any] | None = None
+        self._map_lock = threading.Lock() if lock is not None else None
 
     def spread(self, indices: Any) -> "_SpreadFutures":
         """The futures of the records ``indices`` (ascending) of this call, for ``append_many`` of one
@@ -386,15 +390,46 @@ class BatchFutures(Sequence[Any]):
                 else:
                     hi = mid
             return spans[lo], i - spans[lo].start
-        where = self._where
-        if where is None:  # the first record looked at: map every record (the spans are all placed)
-            span_of, pos = [0] * self._n, [0] * self._n
-            for s, recs in enumerate(self._records):
-                for p, r in enumerate(recs if isinstance(recs, list) else recs.tolist()):
-                    span_of[r] = s
-                    pos[r] = p
-            where = self._where = (span_of, pos)
-        return spans[where[0][i]], where[1][i]
+        span_of, pos = self._where if self._where is not None else self._record_map()
+        return spans[int(span_of[i])], int(pos[i])
+
+    def _record_map(self) -> tuple[Any, Any]:
+        """(span number, position in it) of every record of a spread call, built when the first record's
+        future is asked for (every span is placed by then) and published with one assignment. Called before
+        ``_lock`` is taken: the loop thread's completions (``_Span.finish``) take that lock, and building
+        the map of a million records takes milliseconds (docs/benchmarks.md "Keyed batches")."""
+        map_lock = self._map_lock
+        if map_lock is not None:
+            map_lock.acquire()
+        try:
+            where = self._where
+            if where is not None:  # built meanwhile by another thread
+                return where
+            records, n = self._records, self._n
+            assert records is not None
+            if records and not isinstance(records[0], list):  # index arrays: key_groups hashed with numpy
+                import numpy as np
+
+                counts = np.fromiter(map(len, records), np.int64, len(records))
+                placed = np.concatenate(records)  # every record once, span after span
+                span_of = np.empty(n, np.int32)
+                span_of[placed] = np.repeat(np.arange(len(records), dtype=np.int32), counts)
+                pos = np.empty(n, np.int32)  # a record's place in the concatenation minus its span's first
+                pos[placed] = np.arange(n, dtype=np.int32) - np.repeat((np.cumsum(counts) - counts).astype(np.int32),
+                                                                       counts)
+                where = (span_of, pos)
+            else:  # lists (a small call, or no numpy)
+                span_list, pos_list = [0] * n, [0] * n
+                for s, recs in enumerate(records):
+                    for p, r in enumerate(recs):
+                        span_list[r] = s
+                        pos_list[r] = p
+                where = (span_list, pos_list)
+            self._where = where
+            return where
+        finally:
+            if map_lock is not None:
+                map_lock.release()
 
     def __len__(self) -> int:
         return self._n
@@ -403,11 +438,13 @@ class BatchFutures(Sequence[Any]):
         fut = self._made.get(i)
         if fut is not None:
             return fut
+        if self._records is not None and self._where is None:
+            self._record_map()  # not under the lock: completions would wait for the map
         lock = self._lock
         if lock is not None:
             lock.acquire()
         try:
-            sp, pos = self._locate(i)  # (under the lock: two threads build a spread call's record map once)
+            sp, pos = self._locate(i)
             fut = self._made.get(i)
             if fut is not None:  # made meanwhile by another thread
                 return fut
