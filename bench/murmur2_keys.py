@@ -19,6 +19,11 @@ placed as ``produce_batch`` places them: ``key_groups``, then ``--per-batch`` re
 every record to its span: CPU ms of that first ``futs[5]`` (``time.thread_time``), the longest time the
 call's lock (the one the loop thread's completions take) was held during it, and the memory the map keeps
 (``tracemalloc``). Run it with the old and the new tree first on ``PYTHONPATH``, alternating.
+
+``--column-min``: instead, where ``murmur2_buffers``' column loop should stop (``_COLUMN_MIN``): 24 short keys
+plus ``c`` long ones (``--long-sizes``), hashed with the column loop running to the end (numpy passes) and
+with it stopping as soon as only the long keys are left (their blocks key by key), CPU ms each and the
+ratio (median of ``--rounds`` paired rounds).
 """
 
 from __future__ import annotations
@@ -118,6 +123,31 @@ def first_future(n: int, partitions: int, per_batch: int, rounds: int) -> int:
     return 0
 
 
+def column_min(rounds: int, long_sizes: list[int], counts: list[int]) -> int:
+    rng = random.Random(3)
+    saved = partitioner._COLUMN_MIN
+    print(f"`{' '.join(['python', *sys.argv])}`\n")
+    print("| long key bytes | long keys | numpy passes ms | key by key ms | key by key / numpy |")
+    print("|---:|---:|---:|---:|---:|")
+    try:
+        for size in long_sizes:
+            for c in counts:
+                keys = [rng.randbytes(rng.randrange(0, 24)) for _ in range(24)] + \
+                    [rng.randbytes(size) for _ in range(c)]
+                rng.shuffle(keys)
+                res: dict[int, list[float]] = {1: [], c + 1: []}
+                for rnd in range(rounds):
+                    for m in ((1, c + 1) if rnd % 2 == 0 else (c + 1, 1)):
+                        partitioner._COLUMN_MIN = m
+                        res[m].append(per_key_us(lambda: murmur2_many(keys), 1, 0.1) / 1000)
+                ratio = statistics.median(b / a for a, b in zip(res[1], res[c + 1]))
+                print(f"| {size:,} | {c} | {statistics.median(res[1]):.3f} | {statistics.median(res[c + 1]):.3f} "
+                      f"| {ratio:.2f}x |")
+    finally:
+        partitioner._COLUMN_MIN = saved
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -126,7 +156,12 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--first-future", type=int, default=0)
     ap.add_argument("--per-batch", type=int, default=150)
+    ap.add_argument("--column-min", action="store_true")
+    ap.add_argument("--long-sizes", default="1024,40960")
     args = ap.parse_args()
+    if args.column_min:
+        return column_min(args.rounds, [int(x) for x in args.long_sizes.split(",")],
+                          [int(c) for c in args.counts.split(",")])
     if args.first_future:
         return first_future(args.first_future, args.partitions, args.per_batch, args.rounds)
     import pyarrow as pa

@@ -49,11 +49,32 @@ def test_murmur2_many_long_keys_among_short_ones() -> None:
     """A batch with a few very long keys (the block loop stops when fewer than a handful of keys are left
     and finishes them key by key) and with many long keys (no early stop)."""
     rng = random.Random(5)
-    for longs in (1, 3, 7, 8, 9, 40):
+    for longs in (1, 3, 7, 8, 9, 15, 16, 17, 40):
         keys = [rng.randbytes(rng.randrange(0, 24)) for _ in range(200)]
         for _ in range(longs):
             keys.insert(rng.randrange(len(keys)), rng.randbytes(rng.randrange(1000, 5000)))
         assert murmur2_many(keys).tolist() == [murmur2(k) for k in keys], longs
+
+
+def test_murmur2_many_finishes_fewer_than_16_long_keys_key_by_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When only a few keys still have blocks, a numpy pass per block costs more than their blocks key by key:
+    measured break-even 16 keys (bench/murmur2_keys.py --column-min): 15 long keys among short ones are
+    finished key by key, 16 take a numpy pass per block (with the same hashes either way)."""
+    finished: list[int] = []
+    mix = partitioner._mix_blocks
+
+    def counting(h: int, blocks: list[int]) -> int:
+        finished.append(len(blocks))
+        return mix(h, blocks)
+
+    monkeypatch.setattr(partitioner, "_mix_blocks", counting)
+    rng = random.Random(6)
+    for longs, by_key in ((8, 8), (15, 15), (16, 0), (30, 0)):
+        finished.clear()
+        keys = [rng.randbytes(rng.randrange(0, 24)) for _ in range(40)] + [rng.randbytes(4000) for _ in range(longs)]
+        rng.shuffle(keys)
+        assert murmur2_many(keys).tolist() == [murmur2(k) for k in keys]
+        assert len(finished) == by_key, longs
 
 
 # Utils.murmur2 values from Apache Kafka's UtilsTest (as in test_client_batch.py), all in one batch

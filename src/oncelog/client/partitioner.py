@@ -80,8 +80,10 @@ def partition_for_key(key: bytes, partitions: int) -> int:
 # smaller ones key by key (docs/benchmarks.md "Keyed batches: murmur2 vectorised")
 VECTOR_MIN = 32
 # the block loop of murmur2_buffers runs while at least this many keys still have a block at its column;
-# the few longer keys left are hashed key by key (one very long key must not cost a numpy pass per block)
-_COLUMN_MIN = 8
+# the few longer keys left are hashed key by key (one very long key must not cost a numpy pass per block):
+# a numpy pass over a column costs about what 16 keys' blocks cost key by key (measured break-even 16-18,
+# docs/benchmarks.md "Keyed batches: murmur2 vectorised", bench/murmur2_keys.py --column-min)
+_COLUMN_MIN = 16
 
 
 def murmur2_buffers(data: Any, starts: Any, lengths: Any) -> Any:
