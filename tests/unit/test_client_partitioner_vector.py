@@ -167,6 +167,27 @@ def test_arrow_keys_sliced_and_chunked_are_covered() -> None:
     assert murmur2_many(arr).tolist() == [murmur2(b"abcde"), murmur2(b"12345")]
 
 
+def test_arrow_keys_of_a_slice_copy_only_the_slice_bytes() -> None:
+    """A buffer with no room for the 3 bytes read past the last key is copied: only the slice's own byte
+    range (the last 2 keys of 100 x 1000 bytes: 2,003 bytes, not the parent's 100,003); hashes unchanged."""
+    pa = pytest.importorskip("pyarrow")
+    from oncelog.client.arrow import arrow_key_buffers
+
+    rng = random.Random(9)
+    keys = [rng.randbytes(1000) for _ in range(100)]
+    offsets = np.arange(0, 100_001, 1000, dtype=np.int32)
+    arr = pa.Array.from_buffers(pa.binary(), 100, [None, pa.py_buffer(offsets.tobytes()),
+                                                   pa.py_buffer(b"".join(keys))])  # exactly sized
+    for a, b in ((98, 100), (0, 100), (99, 100)):  # the last key ends at the buffer's end: copied
+        data, starts, lengths, nulls = arrow_key_buffers(arr.slice(a, b - a))
+        assert len(data) == 1000 * (b - a) + 3 and starts.tolist() == list(range(0, 1000 * (b - a), 1000))
+        assert murmur2_many(arr.slice(a, b - a)).tolist() == [murmur2(k) for k in keys[a:b]]
+    inner = arr.slice(40, 3)  # room past its keys in the parent's buffer: not copied, the parent's offsets
+    data, starts, _, _ = arrow_key_buffers(inner)
+    assert np.shares_memory(data, np.frombuffer(inner.buffers()[2], np.uint8)) and int(starts[0]) == 40_000
+    assert murmur2_many(inner).tolist() == [murmur2(k) for k in keys[40:43]]
+
+
 # -- grouping by partition -----------------------------------------------------------------------------
 
 

@@ -85,7 +85,8 @@ def _lengths(arr: Any) -> Any:
 def arrow_key_buffers(arr: Any) -> tuple[Any, Any, Any, Any]:
     """The keys of an :func:`as_binary` array as :func:`oncelog.client.partitioner.murmur2_buffers` reads
     them: (uint8 data with 3 readable bytes past the last key, int64 starts, int64 lengths, bool null mask
-    or None), from the offsets and data buffers (no ``bytes`` per key; copied only to add those 3 bytes)."""
+    or None), from the offsets and data buffers (no ``bytes`` per key; copied only to add those 3 bytes,
+    and then only the array's own byte range: a slice's keys, not the parent's bytes before them)."""
     import numpy as np
     import pyarrow as pa
 
@@ -96,11 +97,13 @@ def arrow_key_buffers(arr: Any) -> tuple[Any, Any, Any, Any]:
     offsets = np.frombuffer(arr.buffers()[1], dtype=dtype, count=arr.offset + n + 1)[arr.offset:].astype(np.int64)
     buf = arr.buffers()[2]
     data = np.frombuffer(buf, np.uint8) if buf is not None else np.zeros(0, np.uint8)
-    end = int(offsets[-1])
+    first, end = int(offsets[0]), int(offsets[-1])
+    starts = offsets[:-1]
     if len(data) < end + 3:
-        data = np.concatenate((data[:end], np.zeros(3, np.uint8)))
+        data = np.concatenate((data[first:end], np.zeros(3, np.uint8)))
+        starts = starts - first
     nulls = _nulls(arr) if arr.null_count else None
-    return data, offsets[:-1], np.diff(offsets), nulls
+    return data, starts, np.diff(offsets), nulls
 
 
 def _nulls(arr: Any) -> Any:
