@@ -13,17 +13,11 @@ from oncelog.client.reader import decode_batches
 from oncelog.protocol.build import materialize
 from oncelog.protocol.codec import decode_request, request_type
 from oncelog.protocol.records import parse_batch_header, validate_produce_records
+from tests.unit.murmur2_vectors import MURMUR2_JAVA
 
 
-# Utils.murmur2 values from Apache Kafka's UtilsTest
-@pytest.mark.parametrize("key, expected", [
-    (b"21", -973932308),
-    (b"foobar", -790332482),
-    (b"a-little-bit-long-string", -985981536),
-    (b"a-little-bit-longer-string", -1486304829),
-    (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
-    (b"abc", 479470107),
-])
+# Java's Utils.murmur2: Kafka's UtilsTest vectors and high-byte ones (tests/unit/murmur2_vectors.py)
+@pytest.mark.parametrize("key, expected", MURMUR2_JAVA)
 def test_murmur2_matches_java(key: bytes, expected: int) -> None:
     assert murmur2(key) == expected
 

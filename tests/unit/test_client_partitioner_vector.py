@@ -25,6 +25,7 @@ from oncelog.client.partitioner import (  # noqa: E402
     murmur2_many,
     partition_for_key,
 )
+from tests.unit.murmur2_vectors import MURMUR2_JAVA  # noqa: E402
 
 # keys of every length 0..100 (all four lengths mod 4, empty keys, several blocks)
 _keys = st.lists(st.binary(min_size=0, max_size=100), min_size=0, max_size=60)
@@ -77,21 +78,25 @@ def test_murmur2_many_finishes_fewer_than_16_long_keys_key_by_key(monkeypatch: p
         assert len(finished) == by_key, longs
 
 
-# Utils.murmur2 values from Apache Kafka's UtilsTest (as in test_client_batch.py), all in one batch
-_JAVA = [
-    (b"21", -973932308),
-    (b"foobar", -790332482),
-    (b"a-little-bit-long-string", -985981536),
-    (b"a-little-bit-longer-string", -1486304829),
-    (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
-    (b"abc", 479470107),
-]
-
-
 def test_murmur2_many_matches_java() -> None:
-    keys = [k for k, _ in _JAVA]
-    assert murmur2_many(keys).tolist() == [v for _, v in _JAVA]
-    assert murmur2_many(keys[::-1] * 5).tolist() == [v for _, v in _JAVA[::-1]] * 5
+    """Java's values (Kafka's UtilsTest and bytes >= 0x80, tests/unit/murmur2_vectors.py), all in one batch
+    (a list and an Arrow array), and each key's partition (Java's toPositive(h) % n) from key_groups."""
+    keys = [k for k, _ in MURMUR2_JAVA]
+    want = [v for _, v in MURMUR2_JAVA]
+    assert murmur2_many(keys).tolist() == want
+    assert murmur2_many(keys[::-1] * 5).tolist() == want[::-1] * 5
+    pa = pytest.importorskip("pyarrow")
+    from oncelog.client.arrow import as_binary
+
+    assert murmur2_many(as_binary(pa.array(keys, pa.binary()))).tolist() == want
+    many = keys * 4  # from VECTOR_MIN keys: the numpy grouping
+    assert len(many) >= VECTOR_MIN
+    for src in (many, as_binary(pa.array(many, pa.binary()))):
+        got = [-1] * len(many)
+        for p, idx in key_groups(src, 7, lambda: 0):
+            for i in idx:
+                got[int(i)] = p
+        assert got == [(v & 0x7FFFFFFF) % 7 for v in want * 4]
 
 
 def test_murmur2_many_null_keys_in_a_list() -> None:
