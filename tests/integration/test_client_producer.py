@@ -70,17 +70,20 @@ def _confluent_partitions(broker: EmbeddedBroker, kit: Any, topic: str, keys: li
 
 
 def test_keys_land_where_confluent_murmur2_random_puts_them(broker: EmbeddedBroker, kit: Any) -> None:
-    """Per record (produce) and in a keyed produce_batch of a list (keys hashed all at once with numpy)."""
+    """Per record (produce) and in a keyed produce_batch of a list (keys hashed all at once with numpy):
+    the batch's records also at offsets 0, 1, ... of their partition in the order given, and read back so."""
     keys = _KEYS
     theirs = _confluent_partitions(broker, kit, "keys-confluent", keys)
     kit.create_topic(broker.bootstrap, "keys-oncelog", PARTITIONS)
     kit.create_topic(broker.bootstrap, "keys-batch", PARTITIONS)
+    values = [b"%d" % i for i in range(len(keys))]
     with Producer({"bootstrap.servers": broker.bootstrap}) as p:
         futs = {k: p.produce("keys-oncelog", b"v", key=k) for k in keys}
-        batch = p.produce_batch("keys-batch", [b"v"] * len(keys), keys=keys)
+        batch = p.produce_batch("keys-batch", values, keys=keys)
         assert p.flush(30) == 0
         ours = {k: f.result().partition for k, f in futs.items()}
-        ours_batch = {k: f.result().partition for k, f in zip(keys, batch)}
+        md = [f.result() for f in batch]
+    ours_batch = {k: m.partition for k, m in zip(keys, md)}
     assert len(set(ours.values())) == PARTITIONS  # the keys really spread
     assert ours == theirs
     assert ours_batch == theirs
@@ -88,6 +91,52 @@ def test_keys_land_where_confluent_murmur2_random_puts_them(broker: EmbeddedBrok
     ends = {q: hw for q, (_, hw) in kit.confluent_watermarks(broker.bootstrap, "keys-oncelog", PARTITIONS).items()}
     got = kit.confluent_consume_all(broker.bootstrap, "keys-oncelog", ends)
     assert sorted((m.key(), p) for p, ms in got.items() for m in ms) == sorted(ours.items())
+    ends = {q: hw for q, (_, hw) in kit.confluent_watermarks(broker.bootstrap, "keys-batch", PARTITIONS).items()}
+    got = kit.confluent_consume_all(broker.bootstrap, "keys-batch", ends)
+    for q in range(PARTITIONS):  # each partition's records in the order given, at the offsets their futures say
+        mine = [i for i, m in enumerate(md) if m.partition == q]
+        assert [md[i].offset for i in mine] == list(range(len(mine))), f"partition {q}"
+        assert [(m.offset(), m.key(), m.value()) for m in got.get(q, [])] == \
+            [(md[i].offset, keys[i], values[i]) for i in mine], f"partition {q}"
+
+
+def test_keyed_batch_refused_by_the_broker_fails_only_its_records(broker: EmbeddedBroker, kit: Any) -> None:
+    """A keyed produce_batch whose records of one partition form a batch the topic refuses (larger than its
+    max.message.bytes): exactly those records (scattered through the call) fail with MessageTooLargeError,
+    futures asked for before and after delivery alike, futs.exception() is that error, and every other
+    record is at the offset its future says, in the order given, read back by confluent-kafka."""
+    import random
+
+    from oncelog.client.partitioner import partition_for_key
+
+    kit.create_topic(broker.bootstrap, "keys-refused", 5, {"max.message.bytes": "3000"})
+    rng = random.Random(1)
+    keys = [b"k%d" % rng.randrange(1000) for _ in range(200)]
+    parts = [partition_for_key(k, 5) for k in keys]
+    # partition 2's records: 300-byte values, about 12 KB in one batch (batch.size 16384), refused whole;
+    # the others' fit
+    values = [b"%05d" % i + (b"." * 295 if q == 2 else b"") for i, q in enumerate(parts)]
+    refused = [i for i, q in enumerate(parts) if q == 2]
+    assert 20 < len(refused) < 50 and refused[-1] - refused[0] > len(refused)  # scattered through the call
+    with Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 100}) as p:
+        futs = p.produce_batch("keys-refused", values, keys=keys)
+        early = {i: futs[i] for i in range(0, len(keys), 7)}  # asked for before delivery
+        p.flush(30)
+        assert futs.done()
+        res = [f.exception(5) or f.result(5) for f in futs]
+        assert all(early[i] is futs[i] for i in early)
+    failed = [i for i, r in enumerate(res) if isinstance(r, BaseException)]
+    assert failed == refused
+    assert all(isinstance(res[i], MessageTooLargeError) for i in failed)
+    assert isinstance(futs.exception(), MessageTooLargeError)
+    ends = {q: hw for q, (_, hw) in kit.confluent_watermarks(broker.bootstrap, "keys-refused", 5).items()}
+    got = kit.confluent_consume_all(broker.bootstrap, "keys-refused", ends)
+    assert not got.get(2)
+    for q in (0, 1, 3, 4):
+        mine = [i for i, q2 in enumerate(parts) if q2 == q]  # none failed (above)
+        assert [res[i].partition for i in mine] == [q] * len(mine)
+        assert [res[i].offset for i in mine] == list(range(len(mine))), f"partition {q}"
+        assert [(m.offset(), m.value()) for m in got.get(q, [])] == [(res[i].offset, values[i]) for i in mine]
 
 
 def test_keyed_arrow_batch_lands_where_confluent_puts_it_in_order(broker: EmbeddedBroker, kit: Any) -> None:
@@ -839,3 +888,48 @@ def test_close_fails_records_of_requests_still_unanswered(acks: int, caplog: pyt
     assert sum(not f.done() for f in futs) == 0
     assert all(isinstance(f.exception(), ClientClosedError) for f in futs)
     assert [r.getMessage() for r in caplog.records if "never retrieved" in r.getMessage()] == []
+
+
+_NO_NUMPY = r'''
+import importlib.abc
+import sys
+
+
+class Refuse(importlib.abc.MetaPathFinder):  # numpy and pyarrow "not installed" (oncelog[fast] left out)
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("numpy", "pyarrow"):
+            raise ImportError("not installed: " + name)
+
+
+sys.meta_path.insert(0, Refuse())
+from oncelog.client import Producer
+from oncelog.client.partitioner import partition_for_key
+
+keys = [b"k%d" % i for i in range(200)] + [None, None]
+values = [b"%d" % i for i in range(len(keys))]
+with Producer({"bootstrap.servers": sys.argv[1]}) as p:
+    futs = p.produce_batch("keys-no-numpy", values, keys=keys)
+    early = futs[150]
+    p.flush(30)
+    md = [f.result(5) for f in futs]
+assert early.result(0) == md[150]
+assert [m.partition for m in md[:200]] == [partition_for_key(k, 4) for k in keys[:200]]
+assert md[200].partition == md[201].partition
+for q in range(4):
+    assert [m.offset for m in md if m.partition == q] == list(range(sum(m.partition == q for m in md))), q
+assert "numpy" not in sys.modules and "pyarrow" not in sys.modules
+print("ok")
+'''
+
+
+def test_keyed_batch_without_numpy(broker: EmbeddedBroker, kit: Any) -> None:
+    """numpy is optional (oncelog[fast]): in a process that cannot import it (or pyarrow), a keyed
+    produce_batch of 202 records hashes key by key and keeps list indices in its spans; every record lands
+    on its key's partition at the offset its future says, null keys together, and numpy is never imported."""
+    import subprocess
+    import sys
+
+    kit.create_topic(broker.bootstrap, "keys-no-numpy", 4)
+    r = subprocess.run([sys.executable, "-c", _NO_NUMPY, broker.bootstrap], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
