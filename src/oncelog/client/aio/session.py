@@ -275,8 +275,9 @@ class TransactSession:
                             timestamp: int | None = None) -> Any:
         """As :meth:`Producer.produce_batch` (many records, no headers), inside the session's transaction.
 
-        With ``partition`` the records are encoded in bulk and no future is made per record (the
-        transaction's outcome is :meth:`end`'s answer)."""
+        The records are encoded in bulk (with keys and no ``partition``, each partition's records of the
+        call) and no future is made per record until one is looked at (the transaction's outcome is
+        :meth:`end`'s answer)."""
         self._check()
         if not self._in_txn:
             self._begin_now()
