@@ -242,6 +242,17 @@ def test_key_groups_vectorised_from_vector_min_for_lists_and_arrow() -> None:
         assert [(p, list(idx)) for p, idx in agroups] == want
 
 
+@pytest.mark.parametrize("n", [0, 1, 2, 5])
+def test_key_groups_numpy_path_for_tiny_batches(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """The numpy grouping needs no special case for 0 or 1 records (bench/murmur2_keys.py runs it with
+    VECTOR_MIN = 0): the same groups as the per-record loop."""
+    monkeypatch.setattr(partitioner, "VECTOR_MIN", 0)
+    keys: list[bytes | None] = [b"a", None, b"bb", b"a", b"ccc"][:n]
+    groups = key_groups(keys, 3, lambda: 2)
+    assert all(not isinstance(idx, list) for _, idx in groups)
+    assert [(p, list(idx)) for p, idx in groups] == _scalar_groups(keys, 3, 2)
+
+
 def test_key_groups_without_numpy_loop_per_record(monkeypatch: pytest.MonkeyPatch) -> None:
     """numpy is optional (oncelog[fast]): without it a list of keys is grouped record by record."""
     monkeypatch.setattr(partitioner, "_HAVE_NUMPY", False)

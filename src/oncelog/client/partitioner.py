@@ -177,11 +177,9 @@ def key_groups(keys: Any, partitions: int, null_partition: Callable[[], int]) ->
     parts = ((hashes & np.uint32(0x7FFFFFFF)) % np.uint32(partitions)).astype(np.int64)
     if nulls is not None and nulls.any():
         parts[nulls] = null_partition()
-    if n == 0:
-        return []
     order = np.argsort(parts.astype(np.uint16) if partitions <= 1 << 16 else parts, kind="stable")
     ordered = parts[order]
-    firsts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    firsts = np.flatnonzero(np.diff(ordered, prepend=-1))  # where a partition's run starts (none: no records)
     ends = np.append(firsts[1:], n)
     by_first = np.argsort(order[firsts], kind="stable")  # partitions in the order of their first record
     return [(int(ordered[firsts[g]]), order[firsts[g]:ends[g]]) for g in by_first.tolist()]
