@@ -350,15 +350,20 @@ def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked | None:
     decompresses, so the asyncio consumer runs this in a worker thread, into a buffer of its own,
     and :func:`unpacked` on the loop (the ``bytes`` made there, in the loop thread's memory: made in
     the worker, they cost page faults and about 10 % more CPU in the paired runs)."""
-    todo = [b for b in batches if b.section is None and b.packed is not None]
+    todo: list[Batch] = []
+    packs = []
+    for b in batches:  # packed read once: another thread's unpacked() may clear it meanwhile
+        p = b.packed
+        if p is not None and b.section is None:
+            todo.append(b)
+            packs.append(p)
     spans: list[tuple[int, int]] = []
     if not todo:
         return buf, todo, spans
     view = memoryview(buf)
     at = 0
     try:
-        for b in todo:
-            data, start, end = b.packed  # type: ignore[misc]
+        for b, (data, start, end) in zip(todo, packs):
             src = memoryview(data)[start:end]
             codec = b.header.compression
             hint = compression.size_hint(codec, src)

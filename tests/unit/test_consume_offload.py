@@ -1,0 +1,106 @@
+"""The asyncio ``consume()`` decompressing a large compressed decode group in a worker thread
+(``reader.unpack_into``): under concurrency (another thread or task decoding the same group),
+cancellation, ``close()``, and a take reaching several large groups. Without a broker: the
+consumer's buffer is filled by ``_apply`` from a Fetch answer made here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import oncelog.client.aio.consumer as consumer_mod
+from oncelog.client.aio.consumer import Consumer
+from oncelog.protocol import compression
+from oncelog.protocol.records import Record, encode_record_batch
+from tests.unit.test_client_fetch_decode import compressed, response
+
+
+def big_zstd(offsets: tuple[int, ...] = (0, 300), seed: int = 7) -> bytes:
+    """Batches of 300 records of 1000 random bytes, zstd: ~300 KB compressed each (over OFFLOAD_BYTES)."""
+    rng = random.Random(seed)
+    return b"".join(compressed(4, encode_record_batch([Record(None, rng.randbytes(1000)) for _ in range(300)],
+                                                      base_offset=o)) for o in offsets)
+
+
+def new_consumer(data: bytes, start: int = 0) -> Consumer:
+    c = Consumer({"bootstrap.servers": "127.0.0.1:1", "enable.auto.commit": False})
+    c.assign([("t", 0, start)])
+    assert c._apply(c._parts[("t", 0)], response(data))
+    return c
+
+
+class Gate:
+    """``compression.decompress_into`` spied on: counts the calls made off the loop's thread (the
+    worker's), and holds the first of them until ``release`` is set (``started`` is set when it begins)."""
+
+    def __init__(self, monkeypatch: Any, hold: bool = True, delay: float = 0.0) -> None:
+        self.loop_thread = -1
+        self.started, self.release = threading.Event(), threading.Event()
+        self.worker_calls = 0
+        self.loop_calls = 0
+        real = compression.decompress_into
+        lock = threading.Lock()
+        if not hold:
+            self.release.set()
+
+        def spy(c: int, d: Any, o: Any) -> int:
+            first = False
+            if threading.get_ident() == self.loop_thread:
+                self.loop_calls += 1
+            else:
+                with lock:
+                    self.worker_calls += 1
+                    if not self.started.is_set():
+                        self.started.set()
+                        first = True
+                if delay:
+                    time.sleep(delay)
+            if first:
+                self.release.wait(10)
+            return real(c, d, o)
+
+        monkeypatch.setattr(compression, "decompress_into", spy)
+
+    def on_loop(self) -> None:
+        self.loop_thread = threading.get_ident()
+
+    async def wait_started(self) -> None:
+        while not self.started.is_set():
+            await asyncio.sleep(0.001)
+
+
+def test_a_blocking_callers_thread_decoding_the_group_the_worker_decompresses(monkeypatch: Any) -> None:
+    """The blocking facade with two caller threads: one's consume() went to the loop (offload), the
+    other's take_nowait decodes the same group on its own thread meanwhile (it clears the batches'
+    ``packed``). Was: TypeError out of consume() (``packed`` read a second time, then None)."""
+    gate = Gate(monkeypatch)
+    other: list[int] = []
+
+    async def run() -> list[int]:
+        gate.on_loop()
+        c = new_consumer(big_zstd())
+
+        def caller() -> None:
+            gate.started.wait(10)
+            got = c.take_nowait(10)
+            other.extend(m.offset for m in got or [])
+            gate.release.set()
+
+        t = threading.Thread(target=caller)
+        t.start()
+        try:
+            got = await c.consume(70, 0)
+        finally:
+            gate.release.set()
+            t.join()
+        return [m.offset for m in got]
+
+    got = asyncio.run(run())
+    assert other == list(range(10))
+    assert got == list(range(10, 80))
