@@ -104,3 +104,21 @@ def test_a_blocking_callers_thread_decoding_the_group_the_worker_decompresses(mo
     got = asyncio.run(run())
     assert other == list(range(10))
     assert got == list(range(10, 80))
+
+
+def test_close_while_the_worker_decompresses_hands_out_nothing(monkeypatch: Any) -> None:
+    """close() completes (auto-commit would have committed the positions) while consume() waits for
+    its worker: that consume() returns nothing. Was: 70 records handed out after close()."""
+    gate = Gate(monkeypatch)
+
+    async def run() -> tuple[list[int], int]:
+        gate.on_loop()
+        c = new_consumer(big_zstd())
+        t1 = asyncio.ensure_future(c.consume(70, 0))
+        await gate.wait_started()
+        await c.close()
+        gate.release.set()
+        return [m.offset for m in await t1], c._parts[("t", 0)].consumed if ("t", 0) in c._parts else 0
+
+    got, consumed = asyncio.run(run())
+    assert got == [] and consumed == 0

@@ -798,6 +798,8 @@ class Consumer:
                 if got is not None:  # else decoded on the loop, which raises the error
                     unpacked(got)  # the bytes made on the loop thread (page faults in the worker's memory)
                     return_buffer(got[0])
+                if self._closed:  # close() ran meanwhile (and committed): nothing more is handed out
+                    return []
             out, drained = self._take(num_messages)
             if drained:
                 self._wake.set()
