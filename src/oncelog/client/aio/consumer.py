@@ -322,6 +322,9 @@ class Consumer:
         # the partition states' buffers, positions and order are also read by take_nowait() from
         # the blocking facade's caller thread: every change to them holds this lock
         self._lock = threading.RLock()
+        # the worker thread's decompression of a large group that consume() runs (_offload): kept
+        # here, so that a consume() cancelled meanwhile does not throw the work away
+        self._unpacking: asyncio.Future[Any] | None = None
         # _data for a caller on another thread (the blocking facade's wait_take): ``_signals`` counts
         # the _signal() calls, notified under _lock
         self._arrived = threading.Condition(self._lock)
@@ -794,10 +797,7 @@ class Consumer:
             if member is not None and member.error is not None:
                 raise member.error
             if (big := self._big_group(num_messages)) is not None:  # decompressed in a thread: the loop stays free
-                got = await asyncio.get_running_loop().run_in_executor(None, unpack_into, big, borrow_buffer())
-                if got is not None:  # else decoded on the loop, which raises the error
-                    unpacked(got)  # the bytes made on the loop thread (page faults in the worker's memory)
-                    return_buffer(got[0])
+                await self._offload(big)  # if it fails, _take decodes the group on the loop, which raises the error
                 if self._closed:  # close() ran meanwhile (and committed): nothing more is handed out
                     return []
             out, drained = self._take(num_messages)
@@ -824,6 +824,31 @@ class Consumer:
                     await self._data.wait()
             except TimeoutError:
                 return []
+
+    async def _offload(self, batches: list[Batch]) -> None:
+        """Decompress ``batches`` (a group from :meth:`_big_group`) in a worker thread. The job belongs
+        to the consumer, not to this call: if the caller is cancelled meanwhile (a timeout shorter than
+        the decompression), it runs on and its result is applied when it ends (:meth:`_unpacked`), and
+        the next call awaits it instead of starting another. One job at a time: a job already running
+        (another task's, or one for a group a seek dropped) is awaited first."""
+        fut = self._unpacking
+        if fut is None:
+            fut = asyncio.get_running_loop().run_in_executor(None, unpack_into, batches, borrow_buffer())
+            self._unpacking = fut
+            fut.add_done_callback(self._unpacked)  # first: it runs before the awaiting task resumes
+        await asyncio.shield(fut)
+
+    def _unpacked(self, fut: asyncio.Future[Any]) -> None:
+        """The end of an :meth:`_offload` job, on the loop: the batches get their sections (the bytes
+        made on the loop thread: made in the worker, they cost page faults), the buffer goes back."""
+        if self._unpacking is fut:
+            self._unpacking = None
+        if fut.cancelled() or fut.exception() is not None:
+            return  # the exception is raised by the awaiting consume() (if any)
+        got = fut.result()
+        if got is not None:  # else the group is decoded on the loop, which raises the error
+            unpacked(got)
+            return_buffer(got[0])
 
     def _big_group(self, n: int) -> list[Batch] | None:
         """The batches of a decode group that the next ``_take(n)`` would decode while still compressed,
