@@ -854,6 +854,13 @@ class Consumer:
         """The batches of a decode group that the next ``_take(n)`` would decode while still compressed,
         if it is large enough to decompress off the loop (``OFFLOAD_BYTES`` of zstd, a third as many of
         gzip, compressed), else None."""
+        try:  # unlocked fast path (poll(), async for): the next chunk is decoded and holds the n records
+            st = self._parts[self._order[0]]
+            ch = st.buffer[0]
+            if ch.n - ch.i >= n and not st.paused:  # (n is -1 while undecoded)
+                return None
+        except (IndexError, KeyError):
+            pass
         with self._lock:  # the blocking facade's caller thread hands out too
             for key in self._order:  # the chunks in hand-out order, until n records
                 st = self._parts.get(key)
