@@ -104,3 +104,28 @@ def test_a_gzip_group_larger_than_the_scratch_is_decompressed_once(monkeypatch: 
     assert calls == ["decompress_into", "decompress_into"]
     assert b"".join(b.section[0][b.section[1]:b.section[2]] for b in kept) == b"".join(  # type: ignore[index]
         r[HEADER_SIZE:] for r in raws)
+
+
+def forged_isize(claim: int) -> bytes:
+    """A gzip batch of one 20,000-byte random value (~20 KB compressed) whose trailer claims ``claim`` bytes."""
+    raw = encode_record_batch([Record(None, os.urandom(20000))], base_offset=0)
+    body = bytearray(compression.codec_library().gzip.compress(raw[HEADER_SIZE:]))
+    body[-4:] = claim.to_bytes(4, "little")
+    out = bytearray(compressed(COMPRESSION_GZIP, raw)[:HEADER_SIZE]) + body
+    out[8:12] = (len(out) - 12).to_bytes(4, "big")
+    update_crc(out)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("claim", [20_000_000, 1_200_000])
+def test_a_forged_gzip_size_allocates_little(claim: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trailer's ISIZE is the sender's word: a 20 KB batch claiming 20 MB (within deflate's 1032:1) made
+    each decoding thread allocate and zero 30 MB before the batch was rejected. Trusted up to HINT_RATIO
+    times the compressed size now (1.2 MB: within it, grown to at most 1.5 times that)."""
+    sizes: list[int] = []
+    real = compression.decompress_into
+    monkeypatch.setattr(compression, "decompress_into", lambda c, d, o: sizes.append(len(o)) or real(c, d, o))
+    kept = fetched_batches(forged_isize(claim), 0, 0, 0, [], defer=True)[0]
+    assert compression.size_hint(COMPRESSION_GZIP, memoryview(kept[0].packed[0])[kept[0].packed[1]:kept[0].packed[2]]) == claim  # type: ignore[index]
+    assert reader.unpack_into(kept, bytearray(1 << 20)) is None  # damaged: the precise error comes later
+    assert sizes and max(sizes) <= max(1 << 20, claim * 3 // 2) and max(sizes) < 2 << 20, sizes

@@ -343,6 +343,19 @@ def return_buffer(buf: bytearray) -> None:
         _spare.append(buf)
 
 
+HINT_RATIO = 64  # a size hint (gzip's ISIZE, raw snappy's length) trusted up to this times the compressed size
+GROW_MAX = 32 << 20  # nor beyond this: the fallback (decompress_buffer) sizes the buffer from the data
+
+
+def _grow(buf: bytearray, view: memoryview, at: int, need: int) -> tuple[bytearray, memoryview]:
+    """``buf`` replaced by one of at least ``need`` bytes (half as much again, for the next batches, but
+    at most twice ``buf``), its first ``at`` bytes copied; ``view`` (of ``buf``) released."""
+    grown = bytearray(max(need, min(2 * len(buf), need * 3 // 2)))
+    grown[:at] = view[:at]
+    view.release()
+    return grown, memoryview(grown)
+
+
 def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked | None:
     """The first half of :func:`unpack_group`: the packed batches among ``batches`` decompressed one
     after another into ``buf`` (grown if too small): ``(the buffer, those batches, their spans in
@@ -367,11 +380,11 @@ def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked | None:
             src = memoryview(data)[start:end]
             codec = b.header.compression
             hint = compression.size_hint(codec, src)
-            if hint is not None and len(buf) < at + hint <= SCRATCH_KEEP:  # grown first: no second decompression
-                grown = bytearray(max(2 * len(buf), (at + hint) * 3 // 2))
-                grown[:at] = view[:at]
-                view.release()
-                buf, view = grown, memoryview(grown)
+            # grown first (no second decompression) if the size is plausible: the hint is not covered
+            # by anything the sender cannot forge, so it may not allocate more than HINT_RATIO times
+            # the batch's compressed size (a 20 KB batch claiming 20 MB took 30 MB)
+            if hint is not None and len(buf) < at + hint <= GROW_MAX and hint <= HINT_RATIO * len(src):
+                buf, view = _grow(buf, view, at, at + hint)
             n = compression.decompress_into(codec, src, view[at:])
             if n < 0:  # the buffer is too small (or the batch is damaged: decompress_buffer raises)
                 try:
@@ -380,10 +393,7 @@ def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked | None:
                     return None
                 n = len(body)
                 if at + n > len(buf):
-                    grown = bytearray(max(2 * len(buf), (at + n) * 3 // 2))
-                    grown[:at] = view[:at]
-                    view.release()
-                    buf, view = grown, memoryview(grown)
+                    buf, view = _grow(buf, view, at, at + n)
                 view[at:at + n] = body
             spans.append((at, at + n))
             at += n
