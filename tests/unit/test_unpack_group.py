@@ -42,6 +42,13 @@ def raw_snappy(raw: bytes) -> bytes:
     return bytes(out)
 
 
+@pytest.fixture(autouse=True)
+def _restore_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests set the thread's scratch buffer and use the worker threads' pool: both put back after."""
+    monkeypatch.setattr(reader._scratch, "buf", getattr(reader._scratch, "buf", None), raising=False)
+    monkeypatch.setattr(reader, "_spare", [])
+
+
 CODECS = {"gzip": lambda r: compressed(COMPRESSION_GZIP, r), "snappy-xerial": lambda r: compressed(COMPRESSION_SNAPPY, r),
           "snappy-raw": raw_snappy, "lz4": lambda r: compressed(COMPRESSION_LZ4, r),
           "zstd": lambda r: compressed(COMPRESSION_ZSTD, r)}
@@ -129,3 +136,22 @@ def test_a_forged_gzip_size_allocates_little(claim: int, monkeypatch: pytest.Mon
     assert compression.size_hint(COMPRESSION_GZIP, memoryview(kept[0].packed[0])[kept[0].packed[1]:kept[0].packed[2]]) == claim  # type: ignore[index]
     assert reader.unpack_into(kept, bytearray(1 << 20)) is None  # damaged: the precise error comes later
     assert sizes and max(sizes) <= max(1 << 20, claim * 3 // 2) and max(sizes) < 2 << 20, sizes
+
+
+def test_a_large_buffer_is_not_kept_after_its_group() -> None:
+    """A group of large records (~6 MiB decompressed) grows the buffer past SCRATCH_KEEP (4 MiB): it is
+    dropped after the group, in the thread's scratch and in the worker threads' pool, so that a thread
+    that once decoded such a group does not keep it (was: up to 32 MiB a thread, and 2 x 32 MiB pooled)."""
+    raws = [batch(0, 20, 100_000), batch(20, 20, 100_000), batch(40, 20, 100_000)]
+    data = b"".join(compressed(COMPRESSION_ZSTD, r) for r in raws)
+    reader._scratch.buf = bytearray(1 << 20)
+    assert unpack_group(fetched_batches(data, 0, 0, 0, [], defer=True)[0])
+    assert reader._scratch.buf is None
+    got = reader.unpack_into(fetched_batches(data, 0, 0, 0, [], defer=True)[0], reader.borrow_buffer())
+    assert got is not None and len(got[0]) > reader.SCRATCH_KEEP
+    reader.unpacked(got)
+    reader.return_buffer(got[0])
+    assert reader._spare == []
+    small = fetched_batches(compressed(COMPRESSION_ZSTD, batch(0, 5, 300)), 0, 0, 0, [], defer=True)[0]
+    assert unpack_group(small)  # a small group: its buffer (1 MiB) is kept
+    assert reader._scratch.buf is not None and len(reader._scratch.buf) <= reader.SCRATCH_KEEP

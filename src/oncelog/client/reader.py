@@ -302,7 +302,9 @@ def section_of(batch: Batch, partition: int) -> tuple[Any, int, int]:
 
 
 _scratch = threading.local()  # per thread: the reused buffer a group's batches are decompressed into
-SCRATCH_KEEP = 32 << 20  # a larger scratch buffer (a group of huge batches) is not kept
+# a larger buffer (a group of large records: up to GROW_MAX) is dropped after its group, not kept for
+# the next: each thread that decodes keeps at most this much, and the worker threads' pool two more
+SCRATCH_KEEP = 4 << 20
 
 
 def unpack_group(batches: list[Batch]) -> bool:
