@@ -216,3 +216,41 @@ def test_big_group_skips_the_scan_while_the_next_chunk_holds_the_records(monkeyp
         assert big is not None and big[0].header.base_offset == 300
 
     asyncio.run(run())
+
+
+def test_a_take_reaching_several_large_groups_offloads_each(monkeypatch: Any) -> None:
+    """consume(1000) over four large one-batch groups: each is decompressed in the worker, none on the
+    loop (was: the first in the worker, the three others on the loop)."""
+    monkeypatch.setattr(consumer_mod, "GROUP_RECORDS", 300)
+    gate = Gate(monkeypatch, hold=False)
+
+    async def run() -> list[int]:
+        gate.on_loop()
+        c = new_consumer(big_zstd((0, 300, 600, 900)))
+        return [m.offset for m in await c.consume(1000, 0)]
+
+    assert asyncio.run(run()) == list(range(1000))
+    assert gate.worker_calls == 4 and gate.loop_calls == 0
+
+
+def test_a_damaged_batch_in_an_offloaded_group_fails_at_hand_out() -> None:
+    """The worker's job fails: the take goes on to decode on the loop (no second job for the same
+    group in a loop), hands out the records before the damaged batch, then raises CORRUPT_MESSAGE."""
+    from oncelog.client.errors import KafkaError
+    from oncelog.protocol.records import HEADER_SIZE, update_crc
+
+    good = big_zstd((0,))
+    bad = bytearray(big_zstd((300,), seed=8))
+    bad[HEADER_SIZE + 1] ^= 0xFF  # the zstd magic
+    update_crc(bad)
+
+    async def run() -> list[int]:
+        c = new_consumer(good + bytes(bad))
+        got: list[int] = []
+        with pytest.raises(KafkaError, match="CORRUPT_MESSAGE|batch at offset 300"):
+            while msgs := await c.consume(70, 0):
+                got += [m.offset for m in msgs]
+        assert c._parts[("t", 0)].consumed == 300
+        return got
+
+    assert asyncio.run(run()) == list(range(300))

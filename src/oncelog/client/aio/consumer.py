@@ -796,10 +796,13 @@ class Consumer:
         while True:
             if member is not None and member.error is not None:
                 raise member.error
-            if (big := self._big_group(num_messages)) is not None:  # decompressed in a thread: the loop stays free
-                await self._offload(big)  # if it fails, _take decodes the group on the loop, which raises the error
+            # each large group the take reaches decompressed in a thread, one after another: the loop stays free
+            while (big := self._big_group(num_messages)) is not None:
+                ok = await self._offload(big)
                 if self._closed:  # close() ran meanwhile (and committed): nothing more is handed out
                     return []
+                if not ok:  # damage: _take decodes the group on the loop, which raises the precise error
+                    break
             out, drained = self._take(num_messages)
             if drained:
                 self._wake.set()
@@ -825,18 +828,19 @@ class Consumer:
             except TimeoutError:
                 return []
 
-    async def _offload(self, batches: list[Batch]) -> None:
+    async def _offload(self, batches: list[Batch]) -> bool:
         """Decompress ``batches`` (a group from :meth:`_big_group`) in a worker thread. The job belongs
         to the consumer, not to this call: if the caller is cancelled meanwhile (a timeout shorter than
         the decompression), it runs on and its result is applied when it ends (:meth:`_unpacked`), and
         the next call awaits it instead of starting another. One job at a time: a job already running
-        (another task's, or one for a group a seek dropped) is awaited first."""
+        (another task's, or one for a group a seek dropped) is awaited instead (the caller looks
+        again). False if the job's batches do not decompress."""
         fut = self._unpacking
         if fut is None:
             fut = asyncio.get_running_loop().run_in_executor(None, unpack_into, batches, borrow_buffer())
             self._unpacking = fut
             fut.add_done_callback(self._unpacked)  # first: it runs before the awaiting task resumes
-        await asyncio.shield(fut)
+        return await asyncio.shield(fut) is not None
 
     def _unpacked(self, fut: asyncio.Future[Any]) -> None:
         """The end of an :meth:`_offload` job, on the loop: the batches get their sections (the bytes
