@@ -464,7 +464,7 @@ def group_sections(batches: list[Batch], position: int | list[int], pieces: list
     secs = [b.section for b in batches]
     buf = secs[0][0]  # type: ignore[index]
     if type(buf) is bytes and all(sec[0] is buf for sec in secs):  # type: ignore[index]
-        # uncompressed: all in the Fetch blob, decoded in place
+        # one bytes for all: the Fetch blob (uncompressed), or unpack_group's (all compressed), decoded in place
         spans = [(sec[1], sec[2], b.header) for sec, b in zip(secs, batches)]  # type: ignore[index]
     else:  # decompressed bodies in the codec's buffers, or views of the receive buffer (defer):
         # joined into one bytes (the copy into bytes that batch_section would make anyway, made as
