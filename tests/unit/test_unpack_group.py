@@ -33,13 +33,8 @@ def batch(offset: int, n: int, size: int) -> bytes:
 
 def raw_snappy(raw: bytes) -> bytes:
     """``raw``'s records compressed as plain snappy (librdkafka), CRC fixed."""
-    cj = compression.codec_library()
-    xerial = compressed(COMPRESSION_SNAPPY, raw)
-    body = bytes(cj.snappy.compress_raw(raw[HEADER_SIZE:]))
-    out = bytearray(xerial[:HEADER_SIZE]) + body
-    out[8:12] = (len(out) - 12).to_bytes(4, "big")
-    update_crc(out)
-    return bytes(out)
+    body = bytes(compression.codec_library().snappy.compress_raw(raw[HEADER_SIZE:]))
+    return compression.compressed_batch(raw, COMPRESSION_SNAPPY, body)
 
 
 @pytest.fixture(autouse=True)
@@ -118,10 +113,7 @@ def forged_isize(claim: int) -> bytes:
     raw = encode_record_batch([Record(None, os.urandom(20000))], base_offset=0)
     body = bytearray(compression.codec_library().gzip.compress(raw[HEADER_SIZE:]))
     body[-4:] = claim.to_bytes(4, "little")
-    out = bytearray(compressed(COMPRESSION_GZIP, raw)[:HEADER_SIZE]) + body
-    out[8:12] = (len(out) - 12).to_bytes(4, "big")
-    update_crc(out)
-    return bytes(out)
+    return compression.compressed_batch(raw, COMPRESSION_GZIP, bytes(body))
 
 
 @pytest.mark.parametrize("claim", [20_000_000, 1_200_000])

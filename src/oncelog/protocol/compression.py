@@ -35,6 +35,7 @@ from oncelog.protocol.records import (
     UNSUPPORTED_COMPRESSION_TYPE,
     InvalidRecordError,
     parse_batch_header,
+    update_crc,
 )
 
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
@@ -187,6 +188,20 @@ def decompressed_batch(buf: bytes | bytearray | memoryview, start: int = 0, end:
     struct.pack_into(">h", head, ATTRIBUTES_OFFSET, hdr.attributes & ~COMPRESSION_MASK)
     struct.pack_into(">i", head, BATCH_LENGTH_OFFSET, HEADER_SIZE - LOG_OVERHEAD + len(body))
     return bytes(head) + body
+
+
+def compressed_batch(raw: bytes | bytearray | memoryview, codec: int, body: bytes | None = None) -> bytes:
+    """The inverse of :func:`decompressed_batch`: the uncompressed batch ``raw`` with its records
+    section replaced by ``body`` (default: that section compressed by :func:`compress`), the codec bits
+    set to ``codec``, the length and CRC fixed."""
+    if body is None:
+        body = compress(codec, bytes(memoryview(raw)[HEADER_SIZE:]))
+    out = bytearray(memoryview(raw)[:HEADER_SIZE]) + body
+    (attrs,) = struct.unpack_from(">h", out, ATTRIBUTES_OFFSET)
+    struct.pack_into(">h", out, ATTRIBUTES_OFFSET, (attrs & ~COMPRESSION_MASK) | codec)
+    struct.pack_into(">i", out, BATCH_LENGTH_OFFSET, len(out) - LOG_OVERHEAD)
+    update_crc(out)
+    return bytes(out)
 
 
 _LE32 = struct.Struct("<I")
