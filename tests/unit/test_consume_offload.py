@@ -254,3 +254,22 @@ def test_a_damaged_batch_in_an_offloaded_group_fails_at_hand_out() -> None:
         return got
 
     assert asyncio.run(run()) == list(range(300))
+
+
+def test_seek_while_the_worker_decompresses(monkeypatch: Any) -> None:
+    """A seek while the job runs: nothing from the old position is handed out, the position stays at
+    the seek target (the job's result is applied to batches no longer buffered: harmless)."""
+    gate = Gate(monkeypatch)
+
+    async def run() -> tuple[list[int], int]:
+        gate.on_loop()
+        c = new_consumer(big_zstd())
+        t1 = asyncio.ensure_future(c.consume(70, 0))
+        await gate.wait_started()
+        c.seek(("t", 0), 450)
+        gate.release.set()
+        got = await t1
+        return [m.offset for m in got], c._parts[("t", 0)].consumed
+
+    got, consumed = asyncio.run(run())
+    assert got == [] and consumed == 450
