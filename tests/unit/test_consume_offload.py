@@ -233,9 +233,11 @@ def test_a_take_reaching_several_large_groups_offloads_each(monkeypatch: Any) ->
     assert gate.worker_calls == 4 and gate.loop_calls == 0
 
 
-def test_a_damaged_batch_in_an_offloaded_group_fails_at_hand_out() -> None:
+def test_a_damaged_batch_in_an_offloaded_group_fails_at_hand_out(monkeypatch: Any) -> None:
     """The worker's job fails: the take goes on to decode on the loop (no second job for the same
-    group in a loop), hands out the records before the damaged batch, then raises CORRUPT_MESSAGE."""
+    group in a loop), hands out the records before the damaged batch, then raises CORRUPT_MESSAGE.
+    The good batch before it is decompressed once, by the worker (was: again on the loop)."""
+    gate = Gate(monkeypatch, hold=False)
     from oncelog.client.errors import KafkaError
     from oncelog.protocol.records import HEADER_SIZE, update_crc
 
@@ -245,6 +247,7 @@ def test_a_damaged_batch_in_an_offloaded_group_fails_at_hand_out() -> None:
     update_crc(bad)
 
     async def run() -> list[int]:
+        gate.on_loop()
         c = new_consumer(good + bytes(bad))
         got: list[int] = []
         with pytest.raises(KafkaError, match="CORRUPT_MESSAGE|batch at offset 300"):
@@ -254,6 +257,7 @@ def test_a_damaged_batch_in_an_offloaded_group_fails_at_hand_out() -> None:
         return got
 
     assert asyncio.run(run()) == list(range(300))
+    assert gate.worker_calls == 2 and gate.loop_calls == 1  # the damaged batch's attempt on the loop only
 
 
 def test_seek_while_the_worker_decompresses(monkeypatch: Any) -> None:

@@ -310,8 +310,9 @@ SCRATCH_KEEP = 4 << 20
 def unpack_group(batches: list[Batch]) -> bool:
     """Decompress the compressed (``packed``) batches among ``batches`` into one ``bytes``: each gets
     ``section`` = (that bytes, its start, its end), so that their records are decoded in place
-    (:func:`group_sections`) and their values sliced from it. False (none changed) if one of them
-    does not decompress: :func:`batch_section` then raises the precise error.
+    (:func:`group_sections`) and their values sliced from it. False if one of them does not
+    decompress (the batches before it keep their sections, so they are not decompressed again):
+    :func:`batch_section` then raises the precise error.
 
     They are decompressed one after another into a buffer reused by the thread (``decompress_into``:
     no buffer of the codec's per batch, grown as it decompresses, and no join of those buffers), and
@@ -319,12 +320,10 @@ def unpack_group(batches: list[Batch]) -> bool:
     :func:`unpacked` are the two halves (the asyncio consumer runs the first in a worker thread)."""
     buf = getattr(_scratch, "buf", None)
     got = unpack_into(batches, buf if buf is not None else bytearray(1 << 20))
-    if got is None:
-        return False
-    if got[1]:
+    if got[2]:
         unpacked(got)
     _scratch.buf = got[0] if len(got[0]) <= SCRATCH_KEEP else None
-    return True
+    return len(got[2]) == len(got[1])
 
 
 Unpacked = tuple[bytearray, list[Batch], list[tuple[int, int]]]
@@ -358,10 +357,10 @@ def _grow(buf: bytearray, view: memoryview, at: int, need: int) -> tuple[bytearr
     return grown, memoryview(grown)
 
 
-def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked | None:
+def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked:
     """The first half of :func:`unpack_group`: the packed batches among ``batches`` decompressed one
     after another into ``buf`` (grown if too small): ``(the buffer, those batches, their spans in
-    it)``, or None if one does not decompress. Touches no batch: cramjam releases the GIL while it
+    it)``; fewer spans than batches if one does not decompress (the spans of those before it). Touches no batch: cramjam releases the GIL while it
     decompresses, so the asyncio consumer runs this in a worker thread, into a buffer of its own,
     and :func:`unpacked` on the loop (the ``bytes`` made there, in the loop thread's memory: made in
     the worker, they cost page faults and about 10 % more CPU in the paired runs)."""
@@ -392,7 +391,7 @@ def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked | None:
                 try:
                     body = compression.decompress_buffer(codec, src)
                 except InvalidRecordError:
-                    return None
+                    break  # the batches before it are kept: batch_section raises the precise error
                 n = len(body)
                 if at + n > len(buf):
                     buf, view = _grow(buf, view, at, at + n)
@@ -406,7 +405,8 @@ def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked | None:
 
 def unpacked(got: Unpacked) -> None:
     """The second half of :func:`unpack_group`: the decompressed bodies copied once into ``bytes``,
-    each batch's ``section`` set to its part (unless another thread decoded it meanwhile)."""
+    each batch's ``section`` set to its part (unless another thread decoded it meanwhile); a batch
+    without a span (it did not decompress) keeps its ``packed``."""
     buf, todo, spans = got
     out = bytes(memoryview(buf)[:spans[-1][1]]) if spans else b""
     for b, (s, e) in zip(todo, spans):

@@ -840,7 +840,8 @@ class Consumer:
             fut = asyncio.get_running_loop().run_in_executor(None, unpack_into, batches, borrow_buffer())
             self._unpacking = fut
             fut.add_done_callback(self._unpacked)  # first: it runs before the awaiting task resumes
-        return await asyncio.shield(fut) is not None
+        got = await asyncio.shield(fut)
+        return len(got[2]) == len(got[1])
 
     def _unpacked(self, fut: asyncio.Future[Any]) -> None:
         """The end of an :meth:`_offload` job, on the loop: the batches get their sections (the bytes
@@ -850,9 +851,8 @@ class Consumer:
         if fut.cancelled() or fut.exception() is not None:
             return  # the exception is raised by the awaiting consume() (if any)
         got = fut.result()
-        if got is not None:  # else the group is decoded on the loop, which raises the error
-            unpacked(got)
-            return_buffer(got[0])
+        unpacked(got)  # the batches up to a damaged one, if any (the loop decodes on and raises its error)
+        return_buffer(got[0])
 
     def _big_group(self, n: int) -> list[Batch] | None:
         """The batches of a decode group that the next ``_take(n)`` would decode while still compressed,
