@@ -277,3 +277,23 @@ def test_seek_while_the_worker_decompresses(monkeypatch: Any) -> None:
 
     got, consumed = asyncio.run(run())
     assert got == [] and consumed == 450
+
+
+def test_pause_copies_a_batch_out_of_its_groups_decompressed_bytes() -> None:
+    """A paused partition's buffered batches may stay a long time: one whose section is a small part
+    of a decode group's decompressed bytes (reader.unpack_group) gets a copy of its own, so that it
+    does not keep the whole group's bytes alive (was: only views of the receive buffer were copied)."""
+    from oncelog.client import reader
+
+    small = compressed(4, encode_record_batch([Record(None, b"x" * 100) for _ in range(5)], base_offset=600))
+    c = new_consumer(big_zstd() + small)
+    st = c._parts[("t", 0)]
+    batches = [b for ch in st.buffer for b in ch.batches or ()]
+    assert reader.unpack_group(batches)
+    whole = batches[-1].section[0]  # type: ignore[index]
+    assert len(whole) > 500_000
+    c.pause([("t", 0)])
+    buf, s, e = batches[-1].section  # type: ignore[misc]
+    assert buf is not whole and len(buf) == e - s and buf[s:e] == whole[len(whole) - len(buf):]
+    c.resume([("t", 0)])
+    assert [m.offset for m in c.take_nowait(1000) or []] == list(range(605))

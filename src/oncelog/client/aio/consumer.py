@@ -514,13 +514,15 @@ class Consumer:
     def _detach(self, st: _PartitionState) -> None:
         """Copy the undecoded batches of a partition that may stay buffered a long time (paused) out
         of their Fetch answer's receive buffer, which they would otherwise keep alive (up to
-        ``fetch.max.bytes``, for the other partitions' records long handed out)."""
+        ``fetch.max.bytes``, for the other partitions' records long handed out); and out of a
+        ``bytes`` more than twice their size (a decode group's decompressed bodies, the other
+        partitions' included: ``reader.unpack_group``)."""
         with self._lock:
             for ch in st.buffer:
                 for b in ch.batches or ():
                     for name in ("section", "packed"):
                         sec = getattr(b, name)
-                        if sec is not None and type(sec[0]) is memoryview:
+                        if sec is not None and (type(sec[0]) is memoryview or len(sec[0]) > 2 * (sec[2] - sec[1])):
                             setattr(b, name, (bytes(sec[0][sec[1]:sec[2]]), 0, sec[2] - sec[1]))
 
     def resume(self, partitions: Iterable[Any]) -> None:
