@@ -24,9 +24,10 @@ Internal design (for the group consumer that builds on it):
   A group's batches are copied out of the receive buffer, or decompressed (all
   four codecs), only then: the bytes are still in the cache when their values
   are sliced (a group's compressed batches into one buffer reused per thread,
-  :func:`~oncelog.client.reader.unpack_group`; ``consume`` decompresses a group
-  of ``OFFLOAD_BYTES`` of compressed zstd (a third as much gzip) in a worker
-  thread first, so that the loop is not held). The receive buffer lives until its last group is decoded.
+  :func:`~oncelog.client.reader.unpack_group`; ``consume`` decompresses each group
+  it reaches of ``OFFLOAD_BYTES`` of compressed zstd (a third as much gzip) in a
+  worker thread first, so that the loop is not held: one job at a time, the
+  consumer's, which a cancelled ``consume`` leaves running for the next). The receive buffer lives until its last group is decoded.
   A group spans the partitions of one answer, so an answer's chunks are
   published to the buffers together, under one ``_lock`` hold, once all are
   built (a half-built group must never be reachable by a decode).
