@@ -37,14 +37,9 @@ import oncelog.client.aio.consumer as consumer_mod  # noqa: E402
 from oncelog.client.reader import fetched_batches, group_sections, unpack_group  # noqa: E402
 from oncelog.protocol import compression  # noqa: E402
 from oncelog.protocol.records import (  # noqa: E402
-    ATTRIBUTES_OFFSET,
-    BATCH_LENGTH_OFFSET,
-    HEADER_SIZE,
-    LOG_OVERHEAD,
     RECORDS_OFFSET,
     Record,
     encode_record_batch,
-    update_crc,
 )
 
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
@@ -67,15 +62,8 @@ def bench_values(n: int) -> list[bytes]:
 
 
 def compressed_batch(codec: int, values: list[bytes], base_offset: int = 0) -> bytes:
-    raw = encode_record_batch([Record(None, v) for v in values], base_offset=base_offset)
-    body = compression.compress(codec, raw[HEADER_SIZE:])
-    head = bytearray(raw[:HEADER_SIZE])
-    attrs = int.from_bytes(head[ATTRIBUTES_OFFSET:ATTRIBUTES_OFFSET + 2], "big")
-    head[ATTRIBUTES_OFFSET:ATTRIBUTES_OFFSET + 2] = (attrs | codec).to_bytes(2, "big")
-    head[BATCH_LENGTH_OFFSET:BATCH_LENGTH_OFFSET + 4] = (HEADER_SIZE - LOG_OVERHEAD + len(body)).to_bytes(4, "big")
-    out = bytearray(head) + body
-    update_crc(out)
-    return bytes(out)
+    return compression.compressed_batch(encode_record_batch([Record(None, v) for v in values], base_offset=base_offset),
+                                        codec)
 
 
 def ms(fn, reps: int) -> float:

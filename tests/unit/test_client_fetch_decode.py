@@ -24,10 +24,7 @@ from oncelog.client.reader import (
 )
 from oncelog.protocol import compression
 from oncelog.protocol.records import (
-    ATTRIBUTES_OFFSET,
-    BATCH_LENGTH_OFFSET,
     HEADER_SIZE,
-    LOG_OVERHEAD,
     Record,
     encode_control_batch,
     encode_record_batch,
@@ -47,14 +44,7 @@ def marker(offset: int, pid: int, commit: bool) -> bytes:
 
 def compressed(codec: int, raw: bytes) -> bytes:
     """``raw`` (one uncompressed batch) with its records compressed by ``codec``, CRC fixed."""
-    body = compression.compress(codec, raw[HEADER_SIZE:])
-    head = bytearray(raw[:HEADER_SIZE])
-    attrs = int.from_bytes(head[ATTRIBUTES_OFFSET:ATTRIBUTES_OFFSET + 2], "big")
-    head[ATTRIBUTES_OFFSET:ATTRIBUTES_OFFSET + 2] = (attrs | codec).to_bytes(2, "big")
-    head[BATCH_LENGTH_OFFSET:BATCH_LENGTH_OFFSET + 4] = (HEADER_SIZE - LOG_OVERHEAD + len(body)).to_bytes(4, "big")
-    out = bytearray(head) + body
-    update_crc(out)
-    return bytes(out)
+    return compression.compressed_batch(raw, codec)
 
 
 # pid 1 aborts 0..2 (marker 3); pid 2 commits 4..6 (marker 7); an idempotent batch 8..9; pid 1 again 10..12 committed

@@ -302,14 +302,17 @@ def section_of(batch: Batch, partition: int) -> tuple[Any, int, int]:
 
 
 _scratch = threading.local()  # per thread: the reused buffer a group's batches are decompressed into
-SCRATCH_KEEP = 32 << 20  # a larger scratch buffer (a group of huge batches) is not kept
+# a larger buffer (a group of large records: up to GROW_MAX) is dropped after its group, not kept for
+# the next: each thread that decodes keeps at most this much, and the worker threads' pool two more
+SCRATCH_KEEP = 4 << 20
 
 
 def unpack_group(batches: list[Batch]) -> bool:
     """Decompress the compressed (``packed``) batches among ``batches`` into one ``bytes``: each gets
     ``section`` = (that bytes, its start, its end), so that their records are decoded in place
-    (:func:`group_sections`) and their values sliced from it. False (none changed) if one of them
-    does not decompress: :func:`batch_section` then raises the precise error.
+    (:func:`group_sections`) and their values sliced from it. False if one of them does not
+    decompress (the batches before it keep their sections, so they are not decompressed again):
+    :func:`batch_section` then raises the precise error.
 
     They are decompressed one after another into a buffer reused by the thread (``decompress_into``:
     no buffer of the codec's per batch, grown as it decompresses, and no join of those buffers), and
@@ -317,12 +320,10 @@ def unpack_group(batches: list[Batch]) -> bool:
     :func:`unpacked` are the two halves (the asyncio consumer runs the first in a worker thread)."""
     buf = getattr(_scratch, "buf", None)
     got = unpack_into(batches, buf if buf is not None else bytearray(1 << 20))
-    if got is None:
-        return False
-    if got[1]:
+    if got[2]:
         unpacked(got)
     _scratch.buf = got[0] if len(got[0]) <= SCRATCH_KEEP else None
-    return True
+    return len(got[2]) == len(got[1])
 
 
 Unpacked = tuple[bytearray, list[Batch], list[tuple[int, int]]]
@@ -343,42 +344,57 @@ def return_buffer(buf: bytearray) -> None:
         _spare.append(buf)
 
 
-def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked | None:
+HINT_RATIO = 64  # a size hint (gzip's ISIZE, raw snappy's length) trusted up to this times the compressed size
+GROW_MAX = 32 << 20  # nor beyond this: the fallback (decompress_buffer) sizes the buffer from the data
+
+
+def _grow(buf: bytearray, view: memoryview, at: int, need: int) -> tuple[bytearray, memoryview]:
+    """``buf`` replaced by one of at least ``need`` bytes (half as much again, for the next batches, but
+    at most twice ``buf``), its first ``at`` bytes copied; ``view`` (of ``buf``) released."""
+    grown = bytearray(max(need, min(2 * len(buf), need * 3 // 2)))
+    grown[:at] = view[:at]
+    view.release()
+    return grown, memoryview(grown)
+
+
+def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked:
     """The first half of :func:`unpack_group`: the packed batches among ``batches`` decompressed one
     after another into ``buf`` (grown if too small): ``(the buffer, those batches, their spans in
-    it)``, or None if one does not decompress. Touches no batch: cramjam releases the GIL while it
+    it)``; fewer spans than batches if one does not decompress (the spans of those before it). Touches no batch: cramjam releases the GIL while it
     decompresses, so the asyncio consumer runs this in a worker thread, into a buffer of its own,
     and :func:`unpacked` on the loop (the ``bytes`` made there, in the loop thread's memory: made in
     the worker, they cost page faults and about 10 % more CPU in the paired runs)."""
-    todo = [b for b in batches if b.section is None and b.packed is not None]
+    todo: list[Batch] = []
+    packs = []
+    for b in batches:  # packed read once: another thread's unpacked() may clear it meanwhile
+        p = b.packed
+        if p is not None and b.section is None:
+            todo.append(b)
+            packs.append(p)
     spans: list[tuple[int, int]] = []
     if not todo:
         return buf, todo, spans
     view = memoryview(buf)
     at = 0
     try:
-        for b in todo:
-            data, start, end = b.packed  # type: ignore[misc]
+        for b, (data, start, end) in zip(todo, packs):
             src = memoryview(data)[start:end]
             codec = b.header.compression
             hint = compression.size_hint(codec, src)
-            if hint is not None and len(buf) < at + hint <= SCRATCH_KEEP:  # grown first: no second decompression
-                grown = bytearray(max(2 * len(buf), (at + hint) * 3 // 2))
-                grown[:at] = view[:at]
-                view.release()
-                buf, view = grown, memoryview(grown)
+            # grown first (no second decompression) if the size is plausible: the hint is not covered
+            # by anything the sender cannot forge, so it may not allocate more than HINT_RATIO times
+            # the batch's compressed size (a 20 KB batch claiming 20 MB took 30 MB)
+            if hint is not None and len(buf) < at + hint <= GROW_MAX and hint <= HINT_RATIO * len(src):
+                buf, view = _grow(buf, view, at, at + hint)
             n = compression.decompress_into(codec, src, view[at:])
             if n < 0:  # the buffer is too small (or the batch is damaged: decompress_buffer raises)
                 try:
                     body = compression.decompress_buffer(codec, src)
                 except InvalidRecordError:
-                    return None
+                    break  # the batches before it are kept: batch_section raises the precise error
                 n = len(body)
                 if at + n > len(buf):
-                    grown = bytearray(max(2 * len(buf), (at + n) * 3 // 2))
-                    grown[:at] = view[:at]
-                    view.release()
-                    buf, view = grown, memoryview(grown)
+                    buf, view = _grow(buf, view, at, at + n)
                 view[at:at + n] = body
             spans.append((at, at + n))
             at += n
@@ -389,7 +405,8 @@ def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked | None:
 
 def unpacked(got: Unpacked) -> None:
     """The second half of :func:`unpack_group`: the decompressed bodies copied once into ``bytes``,
-    each batch's ``section`` set to its part (unless another thread decoded it meanwhile)."""
+    each batch's ``section`` set to its part (unless another thread decoded it meanwhile); a batch
+    without a span (it did not decompress) keeps its ``packed``."""
     buf, todo, spans = got
     out = bytes(memoryview(buf)[:spans[-1][1]]) if spans else b""
     for b, (s, e) in zip(todo, spans):
@@ -447,7 +464,7 @@ def group_sections(batches: list[Batch], position: int | list[int], pieces: list
     secs = [b.section for b in batches]
     buf = secs[0][0]  # type: ignore[index]
     if type(buf) is bytes and all(sec[0] is buf for sec in secs):  # type: ignore[index]
-        # uncompressed: all in the Fetch blob, decoded in place
+        # one bytes for all: the Fetch blob (uncompressed), or unpack_group's (all compressed), decoded in place
         spans = [(sec[1], sec[2], b.header) for sec, b in zip(secs, batches)]  # type: ignore[index]
     else:  # decompressed bodies in the codec's buffers, or views of the receive buffer (defer):
         # joined into one bytes (the copy into bytes that batch_section would make anyway, made as

@@ -17,6 +17,7 @@ with UNSUPPORTED_COMPRESSION_TYPE, corrupt data with CORRUPT_MESSAGE.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 from oncelog.protocol.records import (
@@ -34,6 +35,7 @@ from oncelog.protocol.records import (
     UNSUPPORTED_COMPRESSION_TYPE,
     InvalidRecordError,
     parse_batch_header,
+    update_crc,
 )
 
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
@@ -61,15 +63,22 @@ def _snappy(cj: Any, data: bytes) -> bytes:
     if not data.startswith(XERIAL_MAGIC):
         return bytes(cj.snappy.decompress_raw(data))
     out = bytearray()
-    pos = XERIAL_HEADER_SIZE
-    while pos < len(data):
-        (n,) = _BE32.unpack_from(data, pos)
-        pos += 4
-        if n < 0 or pos + n > len(data):
-            raise ValueError("truncated xerial snappy block")
-        out += bytes(cj.snappy.decompress_raw(data[pos : pos + n]))
-        pos += n
+    for block in _xerial_blocks(data):
+        out += bytes(cj.snappy.decompress_raw(block))
     return bytes(out)
+
+
+def _xerial_blocks(data: bytes | bytearray | memoryview) -> Iterator[memoryview]:
+    """The snappy blocks of a xerial frame (after its header, each prefixed by its big-endian length);
+    ValueError on a truncated one."""
+    view, pos = memoryview(data), XERIAL_HEADER_SIZE
+    while pos < len(view):
+        (n,) = _BE32.unpack_from(view, pos)
+        pos += 4
+        if n < 0 or pos + n > len(view):
+            raise ValueError("truncated xerial snappy block")
+        yield view[pos:pos + n]
+        pos += n
 
 
 _CODECS = {
@@ -138,8 +147,10 @@ def decompress_into(codec: int, data: bytes | bytearray | memoryview, out: memor
     """The records section of a batch compressed with ``codec`` decompressed into ``out`` (a writable
     view, e.g. the rest of a reused buffer); the number of bytes written, or -1 when ``out`` is too
     small or the data does not decompress (the caller then uses :func:`decompress_buffer`, which
-    raises the precise error). Kafka's lz4 and zstd frames and gzip carry no size this could
-    check first; cramjam refuses an output that is too small (it does not truncate)."""
+    raises the precise error). Only raw snappy's size is checked first (xerial's per block);
+    for the others cramjam refuses an output that is too small (it does not truncate), after
+    decompressing into it as far as it goes. (Kafka's Java producer writes lz4 and zstd frames
+    without a content size; gzip's ISIZE and raw snappy's length serve as :func:`size_hint`.)"""
     try:
         if codec == COMPRESSION_LZ4:
             return codec_library().lz4.decompress_into(data, out)
@@ -152,18 +163,12 @@ def decompress_into(codec: int, data: bytes | bytearray | memoryview, out: memor
             if bytes(data[:len(XERIAL_MAGIC)]) != XERIAL_MAGIC:  # raw: the size is its first varint
                 n = snappy.decompress_raw_len(data)
                 return snappy.decompress_raw_into(data, out) if n <= len(out) else -1
-            view, pos, at = memoryview(data), XERIAL_HEADER_SIZE, 0
-            while pos < len(view):
-                (k,) = _BE32.unpack_from(view, pos)
-                pos += 4
-                if k < 0 or pos + k > len(view):
-                    return -1
-                block = view[pos:pos + k]
+            at = 0
+            for block in _xerial_blocks(data):  # a truncated block: ValueError, -1 below
                 n = snappy.decompress_raw_len(block)
                 if at + n > len(out):
                     return -1
                 at += snappy.decompress_raw_into(block, out[at:])
-                pos += k
             return at
     except Exception:  # cramjam's errors: too small an output, or damage (told apart by decompress_buffer)
         return -1
@@ -183,6 +188,20 @@ def decompressed_batch(buf: bytes | bytearray | memoryview, start: int = 0, end:
     struct.pack_into(">h", head, ATTRIBUTES_OFFSET, hdr.attributes & ~COMPRESSION_MASK)
     struct.pack_into(">i", head, BATCH_LENGTH_OFFSET, HEADER_SIZE - LOG_OVERHEAD + len(body))
     return bytes(head) + body
+
+
+def compressed_batch(raw: bytes | bytearray | memoryview, codec: int, body: bytes | None = None) -> bytes:
+    """The inverse of :func:`decompressed_batch`: the uncompressed batch ``raw`` with its records
+    section replaced by ``body`` (default: that section compressed by :func:`compress`), the codec bits
+    set to ``codec``, the length and CRC fixed."""
+    if body is None:
+        body = compress(codec, bytes(memoryview(raw)[HEADER_SIZE:]))
+    out = bytearray(memoryview(raw)[:HEADER_SIZE]) + body
+    (attrs,) = struct.unpack_from(">h", out, ATTRIBUTES_OFFSET)
+    struct.pack_into(">h", out, ATTRIBUTES_OFFSET, (attrs & ~COMPRESSION_MASK) | codec)
+    struct.pack_into(">i", out, BATCH_LENGTH_OFFSET, len(out) - LOG_OVERHEAD)
+    update_crc(out)
+    return bytes(out)
 
 
 _LE32 = struct.Struct("<I")

@@ -24,9 +24,10 @@ Internal design (for the group consumer that builds on it):
   A group's batches are copied out of the receive buffer, or decompressed (all
   four codecs), only then: the bytes are still in the cache when their values
   are sliced (a group's compressed batches into one buffer reused per thread,
-  :func:`~oncelog.client.reader.unpack_group`; ``consume`` decompresses a group
-  of ``OFFLOAD_BYTES`` of compressed zstd (a third as much gzip) in a worker
-  thread first, so that the loop is not held). The receive buffer lives until its last group is decoded.
+  :func:`~oncelog.client.reader.unpack_group`; ``consume`` decompresses each group
+  it reaches of ``OFFLOAD_BYTES`` of compressed zstd (a third as much gzip) in a
+  worker thread first, so that the loop is not held: one job at a time, the
+  consumer's, which a cancelled ``consume`` leaves running for the next). The receive buffer lives until its last group is decoded.
   A group spans the partitions of one answer, so an answer's chunks are
   published to the buffers together, under one ``_lock`` hold, once all are
   built (a half-built group must never be reachable by a decode).
@@ -322,6 +323,9 @@ class Consumer:
         # the partition states' buffers, positions and order are also read by take_nowait() from
         # the blocking facade's caller thread: every change to them holds this lock
         self._lock = threading.RLock()
+        # the worker thread's decompression of a large group that consume() runs (_offload): kept
+        # here, so that a consume() cancelled meanwhile does not throw the work away
+        self._unpacking: asyncio.Future[Any] | None = None
         # _data for a caller on another thread (the blocking facade's wait_take): ``_signals`` counts
         # the _signal() calls, notified under _lock
         self._arrived = threading.Condition(self._lock)
@@ -511,13 +515,15 @@ class Consumer:
     def _detach(self, st: _PartitionState) -> None:
         """Copy the undecoded batches of a partition that may stay buffered a long time (paused) out
         of their Fetch answer's receive buffer, which they would otherwise keep alive (up to
-        ``fetch.max.bytes``, for the other partitions' records long handed out)."""
+        ``fetch.max.bytes``, for the other partitions' records long handed out); and out of a
+        ``bytes`` more than twice their size (a decode group's decompressed bodies, the other
+        partitions' included: ``reader.unpack_group``)."""
         with self._lock:
             for ch in st.buffer:
                 for b in ch.batches or ():
                     for name in ("section", "packed"):
                         sec = getattr(b, name)
-                        if sec is not None and type(sec[0]) is memoryview:
+                        if sec is not None and (type(sec[0]) is memoryview or len(sec[0]) > 2 * (sec[2] - sec[1])):
                             setattr(b, name, (bytes(sec[0][sec[1]:sec[2]]), 0, sec[2] - sec[1]))
 
     def resume(self, partitions: Iterable[Any]) -> None:
@@ -793,11 +799,13 @@ class Consumer:
         while True:
             if member is not None and member.error is not None:
                 raise member.error
-            if (big := self._big_group(num_messages)) is not None:  # decompressed in a thread: the loop stays free
-                got = await asyncio.get_running_loop().run_in_executor(None, unpack_into, big, borrow_buffer())
-                if got is not None:  # else decoded on the loop, which raises the error
-                    unpacked(got)  # the bytes made on the loop thread (page faults in the worker's memory)
-                    return_buffer(got[0])
+            # each large group the take reaches decompressed in a thread, one after another: the loop stays free
+            while (big := self._big_group(num_messages)) is not None:
+                ok = await self._offload(big)
+                if self._closed:  # close() ran meanwhile (and committed): nothing more is handed out
+                    return []
+                if not ok:  # damage: _take decodes the group on the loop, which raises the precise error
+                    break
             out, drained = self._take(num_messages)
             if drained:
                 self._wake.set()
@@ -823,10 +831,43 @@ class Consumer:
             except TimeoutError:
                 return []
 
+    async def _offload(self, batches: list[Batch]) -> bool:
+        """Decompress ``batches`` (a group from :meth:`_big_group`) in a worker thread. The job belongs
+        to the consumer, not to this call: if the caller is cancelled meanwhile (a timeout shorter than
+        the decompression), it runs on and its result is applied when it ends (:meth:`_unpacked`), and
+        the next call awaits it instead of starting another. One job at a time: a job already running
+        (another task's, or one for a group a seek dropped) is awaited instead (the caller looks
+        again). False if the job's batches do not decompress."""
+        fut = self._unpacking
+        if fut is None:
+            fut = asyncio.get_running_loop().run_in_executor(None, unpack_into, batches, borrow_buffer())
+            self._unpacking = fut
+            fut.add_done_callback(self._unpacked)  # first: it runs before the awaiting task resumes
+        got = await asyncio.shield(fut)
+        return len(got[2]) == len(got[1])
+
+    def _unpacked(self, fut: asyncio.Future[Any]) -> None:
+        """The end of an :meth:`_offload` job, on the loop: the batches get their sections (the bytes
+        made on the loop thread: made in the worker, they cost page faults), the buffer goes back."""
+        if self._unpacking is fut:
+            self._unpacking = None
+        if fut.cancelled() or fut.exception() is not None:
+            return  # the exception is raised by the awaiting consume() (if any)
+        got = fut.result()
+        unpacked(got)  # the batches up to a damaged one, if any (the loop decodes on and raises its error)
+        return_buffer(got[0])
+
     def _big_group(self, n: int) -> list[Batch] | None:
         """The batches of a decode group that the next ``_take(n)`` would decode while still compressed,
         if it is large enough to decompress off the loop (``OFFLOAD_BYTES`` of zstd, a third as many of
         gzip, compressed), else None."""
+        try:  # unlocked fast path (poll(), async for): the next chunk is decoded and holds the n records
+            st = self._parts[self._order[0]]
+            ch = st.buffer[0]
+            if ch.n - ch.i >= n and not st.paused:  # (n is -1 while undecoded)
+                return None
+        except (IndexError, KeyError):
+            pass
         with self._lock:  # the blocking facade's caller thread hands out too
             for key in self._order:  # the chunks in hand-out order, until n records
                 st = self._parts.get(key)
