@@ -107,3 +107,33 @@ def test_a_failed_leader_epoch_checkpoint_of_a_new_topic_answers_kafka_storage_e
     assert broker.log_dir.cause == "leader-epoch checkpoint of t-0: No space left on device"
     assert "t" not in broker.topics
     broker.close()
+
+
+@pytest.mark.parametrize("length", [213, 214, 249])
+def test_deleting_a_topic_with_a_long_name_caps_the_delete_directory_name(tmp_path: Path, length: int) -> None:
+    """``<topic>-0.<32 hex>-delete`` is 42 characters longer than the topic: over 255 for a
+    name of 214..249 characters (legal), so the rename failed (ENAMETOOLONG), the directory
+    went offline and every restart failed. The topic part is cut as Kafka's logDeleteDirName does."""
+    name = "a" * length
+    broker = _broker(tmp_path)
+    broker.create_topic(name, 2)
+    broker.delete_topic(name)
+    assert not broker.log_dir.offline and name not in broker.topics
+    assert sorted(p.name for p in (tmp_path / "data").iterdir() if p.name.startswith("a")) == []
+    broker.close()
+    _broker(tmp_path).close()
+
+
+def test_a_log_directory_left_by_a_failed_long_name_delete_is_removed_at_start(tmp_path: Path) -> None:
+    """Before the cap, the rename failed after the catalog had dropped the topic: its directory
+    stays behind, and the start removes it (the same rename) instead of failing for good."""
+    name = "b" * 249
+    broker = _broker(tmp_path)
+    broker.create_topic(name, 1)
+    broker.catalog.delete_topic(name)  # what the failed delete left: catalog without, directory with
+    broker.close()
+    assert (tmp_path / "data" / f"{name}-0").is_dir()
+    again = _broker(tmp_path)
+    assert not (tmp_path / "data" / f"{name}-0").exists() and name not in again.topics
+    assert not any(p.name.endswith("-delete") for p in (tmp_path / "data").iterdir())
+    again.close()

@@ -105,6 +105,19 @@ CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 LOG_START_FILE = "log-start-offset"
 RECOVERY_POINT_FILE = "recovery-point"
 DELETE_SUFFIX = "-delete"
+_NAME_MAX = 255  # the longest file name (bytes) of Linux file systems
+
+
+def delete_dir_name(name: str) -> str:
+    """``<topic>-<partition>.<id>-delete`` for the log directory ``name``, the topic part cut
+    so the whole fits in 255 bytes (Kafka's ``logDeleteDirName``, KAFKA-4893): a legal topic
+    name has up to 249 characters, and the suffix adds 40 more."""
+    topic, dash, partition = name.rpartition("-")
+    if not dash or not partition.isdigit():
+        topic, partition = name, ""
+    suffix = f"{dash}{partition}.{uuid.uuid4().hex}{DELETE_SUFFIX}"
+    head = topic.encode()[: max(0, _NAME_MAX - len(suffix.encode()))].decode(errors="ignore")
+    return head + suffix
 OFFSET_OUT_OF_RANGE = 1
 # log compaction (see "Compaction" in the module docstring)
 CLEANED_SUFFIX = ".cleaned"
@@ -1237,7 +1250,7 @@ class PartitionLog:
     def remove_directory(directory: Path) -> None:
         """Rename to ``<name>.<id>-delete`` (durably), then remove it; leftovers are
         cleared by :class:`~oncelog.storage.engine.LogManager` on startup."""
-        doomed = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
+        doomed = directory.with_name(delete_dir_name(directory.name))
         os.rename(directory, doomed)
         fsync_dir(directory.parent)
         shutil.rmtree(doomed, ignore_errors=True)
