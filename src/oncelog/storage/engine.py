@@ -72,7 +72,8 @@ class LogManager:
         """Open (or create) one log. An OSError takes the log directory offline, as Kafka's
         ``getOrCreateLog`` does (and loading a log at start up)."""
         directory = self.data_dir / partition_dir_name(topic, partition)
-        with guarded(self.failure_channel, f"creation of the log {directory.name}"):
+        what = "loading" if directory.is_dir() else "creation"
+        with guarded(self.failure_channel, f"{what} of the log {directory.name}"):
             return self._open_log(directory, topic_id, config, now_ms)
 
     def _open_log(self, directory: Path, topic_id: str | None, config: LogConfig, now_ms: int) -> PartitionLog:
