@@ -34,7 +34,16 @@ from oncelog.storage.engine import LogManager
 from oncelog.storage.log import PartitionLog
 from oncelog.storage.log_dir import LogDirFailureChannel, LogDirOfflineError
 from oncelog.storage.txn_index import AbortedTxn
-from tests.unit.test_log_dir_offline import FIND_COORDINATOR, INIT_PRODUCER_ID, OFFSET_COMMIT, OFFSET_FETCH, call, produce
+from tests.unit.test_log_dir_offline import (
+    FIND_COORDINATOR,
+    INIT_PRODUCER_ID,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    call,
+    init_txn,
+    offset_commit,
+    produce,
+)
 
 DELETE_RECORDS = 21
 T0 = 1_700_000_000_000
@@ -427,6 +436,31 @@ def test_a_failed_write_of_the_producer_id_block_takes_the_directory_offline_and
         assert again.producer_ids.generate() == 0  # no id was ever issued
     finally:
         again.close()
+
+
+def test_a_transactional_init_producer_id_whose_block_write_fails_answers_not_coordinator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new transactional id needs a new producer id, and the block's write fails (review of iofail,
+    finding 2): the coordinator answers NOT_COORDINATOR, as the idempotent path does (Kafka's
+    handleInitProducerId answers a failed generateProducerId with an error code). Before: the
+    LogDirOfflineError escaped handle_frame (a traceback, the connection closed)."""
+    broker = _broker(tmp_path)
+    try:
+        async def main() -> None:
+            monkeypatch.setattr("oncelog.broker.producer_ids.atomic_write", _enospc)
+            r = await call(broker, INIT_PRODUCER_ID, 4, init_txn("tx"))
+            assert r.error_code == E.not_coordinator and r.producer_id == -1
+            monkeypatch.undo()
+            assert broker.log_dir.cause == "write of the producer-id block: No space left on device"
+            r = await call(broker, INIT_PRODUCER_ID, 4, init_txn("tx2"))  # offline: still an error code
+            assert r.error_code == E.not_coordinator and r.producer_id == -1
+            assert broker.txn.metadata("tx") is None and broker.txn.metadata("tx2") is None
+
+        asyncio.run(broker.txn.start())
+        asyncio.run(main())
+    finally:
+        broker.close()
 
 
 def test_a_failed_write_of_the_leader_epoch_checkpoint_takes_the_directory_offline(

@@ -47,6 +47,19 @@ def produce(batch: bytes) -> dict[str, Any]:
             "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": batch}]}]}
 
 
+def offset_commit(group: str = "g", topic: str = "t", offset: int = 1) -> dict[str, Any]:
+    """OffsetCommit v8 of one partition (partition 0), outside any generation."""
+    return {"group_id": group, "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
+            "topics": [{"name": topic, "partitions": [{"partition_index": 0, "committed_offset": offset,
+                                                       "committed_leader_epoch": -1, "committed_metadata": ""}]}]}
+
+
+def init_txn(transactional_id: str = "tx") -> dict[str, Any]:
+    """InitProducerId (v4 and later) of a new transactional producer."""
+    return {"transactional_id": transactional_id, "transaction_timeout": 60000, "producer_id": -1,
+            "producer_epoch": -1}
+
+
 def test_every_request_after_a_failed_fsync_gets_kafkas_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
     try:
