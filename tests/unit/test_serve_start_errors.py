@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from oncelog.broker.broker import Broker
-from oncelog.broker.config import BrokerConfig
+from oncelog.broker.config import BrokerConfig, StartupError
 from oncelog.cli import main
 from oncelog.storage import engine
 from oncelog.testing.embedded import free_port
@@ -68,3 +68,40 @@ def test_a_start_whose_recovery_fails_on_the_disk_exits_1_with_one_line(
     assert _serve(data) == 1
     line = _one_line(capsys)
     assert "Input/output error" in line and "RLIMIT_NOFILE" not in line, line
+
+
+def _start_error(data: Path) -> str:
+    """The StartupError of Broker(data) (``oncelog serve`` prints it as one line, exit 1). Not via
+    serve here: on a start that succeeds, serve would wait for a signal."""
+    with pytest.raises(StartupError) as info:
+        Broker(BrokerConfig(data_dir=data))
+    return str(info.value)
+
+
+@pytest.mark.parametrize("content", ["", "abc", "-5"])
+def test_a_corrupt_producer_id_block_fails_the_start(tmp_path: Path, content: str) -> None:
+    """Before, ids restarted at 0 and the ids issued before were handed out again."""
+    data = _data_with_a_topic(tmp_path, 1)
+    (data / "meta" / "producer_id_block").write_text(content)
+    assert _start_error(data).startswith(f"{data / 'meta' / 'producer_id_block'} is corrupt")
+
+
+def test_an_unreadable_producer_id_block_fails_the_start(tmp_path: Path) -> None:
+    data = _data_with_a_topic(tmp_path, 1)
+    block = data / "meta" / "producer_id_block"
+    block.unlink(missing_ok=True)
+    block.mkdir()  # read_text: IsADirectoryError, an OSError that is not ENOENT (as EIO or EACCES would be)
+    assert _start_error(data).startswith(f"cannot read {block}:")
+
+
+def test_a_missing_producer_id_block_starts_the_ids_at_0(tmp_path: Path) -> None:
+    broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
+    try:
+        assert broker.producer_ids.generate() == 0 and broker.producer_ids.generate() == 1
+    finally:
+        broker.close()
+    again = Broker(BrokerConfig(data_dir=tmp_path / "data"))
+    try:
+        assert again.producer_ids.generate() == 1000  # the next block, above every id issued
+    finally:
+        again.close()
