@@ -264,6 +264,34 @@ def test_an_io_error_of_the_cleaners_pass_takes_the_directory_offline(
         broker.close()
 
 
+def test_the_cleaner_starts_no_pass_once_the_directory_is_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka's handleLogDirFailure aborts cleaning of the failed directory's logs. Before: a woken cleaner
+    could pick a partition and have its job write .cleaned segments into the offline directory."""
+    broker = _broker(tmp_path)
+    try:
+        part = _compacted_topic(broker)
+        jobs: list[Any] = []
+        monkeypatch.setattr("oncelog.broker.log_cleaner.run_clean_job", jobs.append)
+        cleaner = LogCleaner(broker, CleanerConfig())
+        chosen = cleaner.choose(broker.clock())
+        assert chosen is not None and chosen[0] is part
+        broker.log_dir.failed("fsync of t-0", OSError(errno.EIO, "Input/output error"))
+        assert cleaner.choose(broker.clock()) is None
+        assert asyncio.run(_one_pass(cleaner)) is False
+        # a pass chosen just before the failure writes nothing either
+        cleaner._executor = DaemonThreadExecutor(1, "test-cleaner")
+        cleaner._pool = False
+        try:
+            assert asyncio.run(cleaner.clean_partition(part, chosen[1], broker.clock())) is None
+        finally:
+            cleaner._executor.shutdown(wait=True)
+        assert jobs == [] and not list(part.log.directory.glob("*.cleaned"))
+    finally:
+        broker.close()
+
+
 def test_a_segment_deleted_under_the_cleaners_job_leaves_the_directory_online(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
