@@ -247,3 +247,47 @@ def test_a_failed_fsync_of_the_aborted_txn_index_takes_the_directory_offline(
     with pytest.raises(LogDirOfflineError):  # not retried: a later fdatasync may return 0 for lost pages
         log.sync_txn_indexes()
     log.abandon()
+
+
+def fetch_body(topic: str = "t", offset: int = 0) -> dict[str, Any]:
+    """Fetch v12 of partition 0, no wait."""
+    return {"cluster_id": None, "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": topic, "partitions": [{
+                "partition": 0, "current_leader_epoch": -1, "fetch_offset": offset, "last_fetched_epoch": -1,
+                "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
+            "forgotten_topics_data": [], "rack_id": ""}
+
+
+def test_a_read_error_in_fetch_takes_the_directory_offline_and_answers_kafka_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka's LocalLog.read runs under maybeHandleIOException. Before: the EIO escaped the Fetch
+    handler (a traceback, the connection closed) and the directory stayed online."""
+    import errno
+    import os
+
+    broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
+    try:
+        broker.create_topic("t", 1)
+
+        async def main() -> None:
+            (p,) = (await call(broker, PRODUCE, 9, produce(encode_record_batch([Record(None, b"v")])))).responses[
+                0].partition_responses
+            assert p.error_code == 0
+
+            def eio(*args: Any, **kwargs: Any) -> Any:
+                raise OSError(errno.EIO, "Input/output error")
+
+            monkeypatch.setattr(os, "pread", eio)
+            f = await call(broker, FETCH, 12, fetch_body())
+            monkeypatch.undo()
+            assert f.responses[0].partitions[0].error_code == E.kafka_storage_error
+            assert f.responses[0].partitions[0].records in (b"", None)
+            assert broker.log_dir.cause == "read of t-0: Input/output error"
+            f = await call(broker, FETCH, 12, fetch_body())  # offline: every later Fetch too
+            assert f.responses[0].partitions[0].error_code == E.kafka_storage_error
+
+        asyncio.run(main())
+    finally:
+        broker.close()
