@@ -363,10 +363,7 @@ def test_a_failed_offsets_store_snapshot_takes_the_directory_offline(
         broker.create_topic("t", 1)
 
         async def main() -> None:
-            c = await call(broker, OFFSET_COMMIT, 8, {
-                "group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
-                "topics": [{"name": "t", "partitions": [{"partition_index": 0, "committed_offset": 1,
-                                                         "committed_leader_epoch": -1, "committed_metadata": ""}]}]})
+            c = await call(broker, OFFSET_COMMIT, 8, offset_commit())
             assert c.topics[0].partitions[0].error_code == 0
             monkeypatch.setattr("oncelog.broker.group.offsets.write_offset_named", _enospc)
             with pytest.raises(LogDirOfflineError):  # before: an OSError, the directory online
@@ -390,16 +387,14 @@ def test_a_failed_transaction_log_snapshot_takes_the_directory_offline(
     broker = _broker(tmp_path)
     try:
         async def main() -> None:
-            r = await call(broker, INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout": 60000,
-                                                         "producer_id": -1, "producer_epoch": -1})
+            r = await call(broker, INIT_PRODUCER_ID, 4, init_txn())
             assert r.error_code == 0
             monkeypatch.setattr("oncelog.broker.txn.keyed_log.write_offset_named", _eio)
             with pytest.raises(LogDirOfflineError):
                 broker.txn_log.maybe_snapshot(force=True)
             monkeypatch.undo()
             assert broker.log_dir.cause == "snapshot of __transaction_state-0: Input/output error"
-            t = await call(broker, INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout": 60000,
-                                                         "producer_id": -1, "producer_epoch": -1})
+            t = await call(broker, INIT_PRODUCER_ID, 4, init_txn())
             assert t.error_code == E.not_coordinator
 
         asyncio.run(broker.txn.start())
@@ -427,10 +422,7 @@ def test_delete_records_whose_checkpoint_fails_answers_kafka_storage_error_and_s
             assert broker.log_dir.cause == "DeleteRecords of t-0: Input/output error"
             (p,) = (await call(broker, 0, 9, produce(_batch()))).responses[0].partition_responses
             assert p.error_code == E.kafka_storage_error  # before: 0, the broker went on
-            c = await call(broker, OFFSET_COMMIT, 8, {
-                "group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
-                "topics": [{"name": "t", "partitions": [{"partition_index": 0, "committed_offset": 1,
-                                                         "committed_leader_epoch": -1, "committed_metadata": ""}]}]})
+            c = await call(broker, OFFSET_COMMIT, 8, offset_commit())
             assert c.topics[0].partitions[0].error_code == E.not_coordinator
 
         asyncio.run(main())

@@ -60,6 +60,16 @@ def init_txn(transactional_id: str = "tx") -> dict[str, Any]:
             "producer_epoch": -1}
 
 
+def fetch_body(topic: str = "t", offset: int = 0) -> dict[str, Any]:
+    """Fetch v12 of partition 0, no wait."""
+    return {"cluster_id": None, "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": topic, "partitions": [{
+                "partition": 0, "current_leader_epoch": -1, "fetch_offset": offset, "last_fetched_epoch": -1,
+                "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
+            "forgotten_topics_data": [], "rack_id": ""}
+
+
 def test_every_request_after_a_failed_fsync_gets_kafkas_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
     try:
@@ -86,26 +96,16 @@ def test_every_request_after_a_failed_fsync_gets_kafkas_error(tmp_path: Path, mo
                 (p,) = (await call(broker, PRODUCE, 9, produce(b))).responses[0].partition_responses
                 assert p.error_code == E.kafka_storage_error
             assert log.log_end_offset == end and broker.partition("t", 0).high_watermark == 0
-            f = await call(broker, FETCH, 12, {
-                "cluster_id": None, "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20,
-                "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-                "topics": [{"topic": "t", "partitions": [{
-                    "partition": 0, "current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1,
-                    "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
-                "forgotten_topics_data": [], "rack_id": ""})
+            f = await call(broker, FETCH, 12, fetch_body())
             assert f.responses[0].partitions[0].error_code == E.kafka_storage_error
-            c = await call(broker, OFFSET_COMMIT, 8, {
-                "group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
-                "topics": [{"name": "t", "partitions": [{"partition_index": 0, "committed_offset": 1,
-                                                         "committed_leader_epoch": -1, "committed_metadata": ""}]}]})
+            c = await call(broker, OFFSET_COMMIT, 8, offset_commit())
             assert c.topics[0].partitions[0].error_code == E.not_coordinator
             o = await call(broker, OFFSET_FETCH, 8, {
                 "groups": [{"group_id": "g", "topics": None}], "require_stable": False})
             assert o.groups[0].error_code == E.not_coordinator
             fc = await call(broker, FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": ["g"]})
             assert fc.coordinators[0].error_code == E.coordinator_not_available
-            t = await call(broker, INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout": 60000,
-                                                         "producer_id": -1, "producer_epoch": -1})
+            t = await call(broker, INIT_PRODUCER_ID, 4, init_txn())
             assert t.error_code == E.not_coordinator
 
         asyncio.run(broker.txn.start())
@@ -127,8 +127,7 @@ def test_a_produce_to_a_topic_deleted_during_its_implicit_add_fails_alone(tmp_pa
         broker.create_topic("other", 1)
 
         async def main() -> None:
-            r = await call(broker, INIT_PRODUCER_ID, 5, {"transactional_id": "tx", "transaction_timeout": 60000,
-                                                         "producer_id": -1, "producer_epoch": -1})
+            r = await call(broker, INIT_PRODUCER_ID, 5, init_txn())
             assert r.error_code == 0, r
             batch = encode_record_batch([Record(None, b"v")], producer_id=r.producer_id,
                                         producer_epoch=r.producer_epoch, base_sequence=0, is_transactional=True)
@@ -247,16 +246,6 @@ def test_a_failed_fsync_of_the_aborted_txn_index_takes_the_directory_offline(
     with pytest.raises(LogDirOfflineError):  # not retried: a later fdatasync may return 0 for lost pages
         log.sync_txn_indexes()
     log.abandon()
-
-
-def fetch_body(topic: str = "t", offset: int = 0) -> dict[str, Any]:
-    """Fetch v12 of partition 0, no wait."""
-    return {"cluster_id": None, "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20,
-            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-            "topics": [{"topic": topic, "partitions": [{
-                "partition": 0, "current_leader_epoch": -1, "fetch_offset": offset, "last_fetched_epoch": -1,
-                "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
-            "forgotten_topics_data": [], "rack_id": ""}
 
 
 def test_a_read_error_in_fetch_takes_the_directory_offline_and_answers_kafka_storage_error(

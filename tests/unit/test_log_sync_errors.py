@@ -133,13 +133,17 @@ def test_the_group_committer_retries_a_round_that_had_no_descriptor(
     log.close()
 
 
-def test_segment_sync_fds_closes_the_log_dup_when_an_index_fails(tmp_path: Path) -> None:
-    """Segment.sync_fds dup's the .log descriptor first: an EMFILE on an index file must not leak it."""
+def _rolled_segment(tmp_path: Path) -> tuple[PartitionLog, segment_mod.Segment, set[str]]:
+    """A log with one rolled segment: (the log, that segment, the descriptors open now)."""
     log = PartitionLog.open(tmp_path / "t-0", LogConfig(), T0)
     log.append(encode_record_batch([Record(b"k", b"v")], base_timestamp=T0), T0)
     log.roll()
-    seg = log.segments[0]
-    before = _open_fds()
+    return log, log.segments[0], _open_fds()
+
+
+def test_segment_sync_fds_closes_the_log_dup_when_an_index_fails(tmp_path: Path) -> None:
+    """Segment.sync_fds dup's the .log descriptor first: an EMFILE on an index file must not leak it."""
+    log, seg, before = _rolled_segment(tmp_path)
 
     def fail() -> list[int]:
         raise OSError(errno.EMFILE, "Too many open files")
@@ -157,11 +161,7 @@ def test_segment_sync_fds_closes_the_log_dup_when_an_index_fails(tmp_path: Path)
 
 
 def test_segment_index_sync_fds_closes_what_it_opened_when_one_fails(tmp_path: Path) -> None:
-    log = PartitionLog.open(tmp_path / "t-0", LogConfig(), T0)
-    log.append(encode_record_batch([Record(b"k", b"v")], base_timestamp=T0), T0)
-    log.roll()
-    seg = log.segments[0]
-    before = _open_fds()
+    log, seg, before = _rolled_segment(tmp_path)
 
     def fail() -> int:
         raise OSError(errno.EMFILE, "Too many open files")
