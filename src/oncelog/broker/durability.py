@@ -433,7 +433,8 @@ class GroupCommitter:
         while self._rounds or self._kick_scheduled or (self._dirty and self.fsync_on_ack and self._waiting):
             if self._rounds:
                 await asyncio.wait(list(self._rounds))
-            await asyncio.sleep(0)
+            # a round postponed for want of a descriptor (_retry_round) starts later: no busy wait
+            await asyncio.sleep(0.005 if self._kick_scheduled and self._backoff else 0)
 
     def close(self) -> None:
         self._sync_threads.close()
