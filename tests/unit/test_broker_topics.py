@@ -89,6 +89,29 @@ def test_a_half_created_log_is_removed_by_the_rollback(tmp_path: Path, monkeypat
     broker.close()
 
 
+def test_a_log_half_created_when_the_disk_failed_is_loaded_at_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EIO on the .index open after the directory and .log exist: offline, and the next start loads
+    that half-created log (the catalog lists the topic) and serves it."""
+    broker = _broker(tmp_path)
+    _fail_index_opens(monkeypatch, "t-0", errno.EIO)
+    with pytest.raises(KafkaError):
+        broker.create_topic("t", 1)
+    monkeypatch.undo()
+    assert broker.log_dir.offline and (tmp_path / "data" / "t-0").is_dir()
+    broker.close()
+    again = _broker(tmp_path)
+    try:
+        async def main() -> None:
+            r = await call(again, 0, 9, produce(encode_record_batch([Record(None, b"v")])))
+            assert r.responses[0].partition_responses[0].error_code == 0
+
+        asyncio.run(main())
+    finally:
+        again.close()
+
+
 def test_create_topic_disk_error_takes_the_log_directory_offline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
