@@ -34,7 +34,16 @@ from oncelog.storage.engine import LogManager
 from oncelog.storage.log import PartitionLog
 from oncelog.storage.log_dir import LogDirFailureChannel, LogDirOfflineError
 from oncelog.storage.txn_index import AbortedTxn
-from tests.unit.test_log_dir_offline import FIND_COORDINATOR, INIT_PRODUCER_ID, OFFSET_COMMIT, OFFSET_FETCH, call, produce
+from tests.unit.test_log_dir_offline import (
+    FIND_COORDINATOR,
+    INIT_PRODUCER_ID,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    call,
+    init_txn,
+    offset_commit,
+    produce,
+)
 
 DELETE_RECORDS = 21
 T0 = 1_700_000_000_000
@@ -255,6 +264,34 @@ def test_an_io_error_of_the_cleaners_pass_takes_the_directory_offline(
         broker.close()
 
 
+def test_the_cleaner_starts_no_pass_once_the_directory_is_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka's handleLogDirFailure aborts cleaning of the failed directory's logs. Before: a woken cleaner
+    could pick a partition and have its job write .cleaned segments into the offline directory."""
+    broker = _broker(tmp_path)
+    try:
+        part = _compacted_topic(broker)
+        jobs: list[Any] = []
+        monkeypatch.setattr("oncelog.broker.log_cleaner.run_clean_job", jobs.append)
+        cleaner = LogCleaner(broker, CleanerConfig())
+        chosen = cleaner.choose(broker.clock())
+        assert chosen is not None and chosen[0] is part
+        broker.log_dir.failed("fsync of t-0", OSError(errno.EIO, "Input/output error"))
+        assert cleaner.choose(broker.clock()) is None
+        assert asyncio.run(_one_pass(cleaner)) is False
+        # a pass chosen just before the failure writes nothing either
+        cleaner._executor = DaemonThreadExecutor(1, "test-cleaner")
+        cleaner._pool = False
+        try:
+            assert asyncio.run(cleaner.clean_partition(part, chosen[1], broker.clock())) is None
+        finally:
+            cleaner._executor.shutdown(wait=True)
+        assert jobs == [] and not list(part.log.directory.glob("*.cleaned"))
+    finally:
+        broker.close()
+
+
 def test_a_segment_deleted_under_the_cleaners_job_leaves_the_directory_online(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -326,10 +363,7 @@ def test_a_failed_offsets_store_snapshot_takes_the_directory_offline(
         broker.create_topic("t", 1)
 
         async def main() -> None:
-            c = await call(broker, OFFSET_COMMIT, 8, {
-                "group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
-                "topics": [{"name": "t", "partitions": [{"partition_index": 0, "committed_offset": 1,
-                                                         "committed_leader_epoch": -1, "committed_metadata": ""}]}]})
+            c = await call(broker, OFFSET_COMMIT, 8, offset_commit())
             assert c.topics[0].partitions[0].error_code == 0
             monkeypatch.setattr("oncelog.broker.group.offsets.write_offset_named", _enospc)
             with pytest.raises(LogDirOfflineError):  # before: an OSError, the directory online
@@ -353,16 +387,14 @@ def test_a_failed_transaction_log_snapshot_takes_the_directory_offline(
     broker = _broker(tmp_path)
     try:
         async def main() -> None:
-            r = await call(broker, INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout": 60000,
-                                                         "producer_id": -1, "producer_epoch": -1})
+            r = await call(broker, INIT_PRODUCER_ID, 4, init_txn())
             assert r.error_code == 0
             monkeypatch.setattr("oncelog.broker.txn.keyed_log.write_offset_named", _eio)
             with pytest.raises(LogDirOfflineError):
                 broker.txn_log.maybe_snapshot(force=True)
             monkeypatch.undo()
             assert broker.log_dir.cause == "snapshot of __transaction_state-0: Input/output error"
-            t = await call(broker, INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout": 60000,
-                                                         "producer_id": -1, "producer_epoch": -1})
+            t = await call(broker, INIT_PRODUCER_ID, 4, init_txn())
             assert t.error_code == E.not_coordinator
 
         asyncio.run(broker.txn.start())
@@ -390,10 +422,7 @@ def test_delete_records_whose_checkpoint_fails_answers_kafka_storage_error_and_s
             assert broker.log_dir.cause == "DeleteRecords of t-0: Input/output error"
             (p,) = (await call(broker, 0, 9, produce(_batch()))).responses[0].partition_responses
             assert p.error_code == E.kafka_storage_error  # before: 0, the broker went on
-            c = await call(broker, OFFSET_COMMIT, 8, {
-                "group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
-                "topics": [{"name": "t", "partitions": [{"partition_index": 0, "committed_offset": 1,
-                                                         "committed_leader_epoch": -1, "committed_metadata": ""}]}]})
+            c = await call(broker, OFFSET_COMMIT, 8, offset_commit())
             assert c.topics[0].partitions[0].error_code == E.not_coordinator
 
         asyncio.run(main())
@@ -427,6 +456,31 @@ def test_a_failed_write_of_the_producer_id_block_takes_the_directory_offline_and
         assert again.producer_ids.generate() == 0  # no id was ever issued
     finally:
         again.close()
+
+
+def test_a_transactional_init_producer_id_whose_block_write_fails_answers_not_coordinator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new transactional id needs a new producer id, and the block's write fails (review of iofail,
+    finding 2): the coordinator answers NOT_COORDINATOR, as the idempotent path does (Kafka's
+    handleInitProducerId answers a failed generateProducerId with an error code). Before: the
+    LogDirOfflineError escaped handle_frame (a traceback, the connection closed)."""
+    broker = _broker(tmp_path)
+    try:
+        async def main() -> None:
+            monkeypatch.setattr("oncelog.broker.producer_ids.atomic_write", _enospc)
+            r = await call(broker, INIT_PRODUCER_ID, 4, init_txn("tx"))
+            assert r.error_code == E.not_coordinator and r.producer_id == -1
+            monkeypatch.undo()
+            assert broker.log_dir.cause == "write of the producer-id block: No space left on device"
+            r = await call(broker, INIT_PRODUCER_ID, 4, init_txn("tx2"))  # offline: still an error code
+            assert r.error_code == E.not_coordinator and r.producer_id == -1
+            assert broker.txn.metadata("tx") is None and broker.txn.metadata("tx2") is None
+
+        asyncio.run(broker.txn.start())
+        asyncio.run(main())
+    finally:
+        broker.close()
 
 
 def test_a_failed_write_of_the_leader_epoch_checkpoint_takes_the_directory_offline(

@@ -47,6 +47,29 @@ def produce(batch: bytes) -> dict[str, Any]:
             "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": batch}]}]}
 
 
+def offset_commit(group: str = "g", topic: str = "t", offset: int = 1) -> dict[str, Any]:
+    """OffsetCommit v8 of one partition (partition 0), outside any generation."""
+    return {"group_id": group, "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
+            "topics": [{"name": topic, "partitions": [{"partition_index": 0, "committed_offset": offset,
+                                                       "committed_leader_epoch": -1, "committed_metadata": ""}]}]}
+
+
+def init_txn(transactional_id: str = "tx") -> dict[str, Any]:
+    """InitProducerId (v4 and later) of a new transactional producer."""
+    return {"transactional_id": transactional_id, "transaction_timeout": 60000, "producer_id": -1,
+            "producer_epoch": -1}
+
+
+def fetch_body(topic: str = "t", offset: int = 0) -> dict[str, Any]:
+    """Fetch v12 of partition 0, no wait."""
+    return {"cluster_id": None, "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20,
+            "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": topic, "partitions": [{
+                "partition": 0, "current_leader_epoch": -1, "fetch_offset": offset, "last_fetched_epoch": -1,
+                "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
+            "forgotten_topics_data": [], "rack_id": ""}
+
+
 def test_every_request_after_a_failed_fsync_gets_kafkas_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
     try:
@@ -73,26 +96,16 @@ def test_every_request_after_a_failed_fsync_gets_kafkas_error(tmp_path: Path, mo
                 (p,) = (await call(broker, PRODUCE, 9, produce(b))).responses[0].partition_responses
                 assert p.error_code == E.kafka_storage_error
             assert log.log_end_offset == end and broker.partition("t", 0).high_watermark == 0
-            f = await call(broker, FETCH, 12, {
-                "cluster_id": None, "replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20,
-                "isolation_level": 0, "session_id": 0, "session_epoch": -1,
-                "topics": [{"topic": "t", "partitions": [{
-                    "partition": 0, "current_leader_epoch": -1, "fetch_offset": 0, "last_fetched_epoch": -1,
-                    "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
-                "forgotten_topics_data": [], "rack_id": ""})
+            f = await call(broker, FETCH, 12, fetch_body())
             assert f.responses[0].partitions[0].error_code == E.kafka_storage_error
-            c = await call(broker, OFFSET_COMMIT, 8, {
-                "group_id": "g", "generation_id_or_member_epoch": -1, "member_id": "", "group_instance_id": None,
-                "topics": [{"name": "t", "partitions": [{"partition_index": 0, "committed_offset": 1,
-                                                         "committed_leader_epoch": -1, "committed_metadata": ""}]}]})
+            c = await call(broker, OFFSET_COMMIT, 8, offset_commit())
             assert c.topics[0].partitions[0].error_code == E.not_coordinator
             o = await call(broker, OFFSET_FETCH, 8, {
                 "groups": [{"group_id": "g", "topics": None}], "require_stable": False})
             assert o.groups[0].error_code == E.not_coordinator
             fc = await call(broker, FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": ["g"]})
             assert fc.coordinators[0].error_code == E.coordinator_not_available
-            t = await call(broker, INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout": 60000,
-                                                         "producer_id": -1, "producer_epoch": -1})
+            t = await call(broker, INIT_PRODUCER_ID, 4, init_txn())
             assert t.error_code == E.not_coordinator
 
         asyncio.run(broker.txn.start())
@@ -114,8 +127,7 @@ def test_a_produce_to_a_topic_deleted_during_its_implicit_add_fails_alone(tmp_pa
         broker.create_topic("other", 1)
 
         async def main() -> None:
-            r = await call(broker, INIT_PRODUCER_ID, 5, {"transactional_id": "tx", "transaction_timeout": 60000,
-                                                         "producer_id": -1, "producer_epoch": -1})
+            r = await call(broker, INIT_PRODUCER_ID, 5, init_txn())
             assert r.error_code == 0, r
             batch = encode_record_batch([Record(None, b"v")], producer_id=r.producer_id,
                                         producer_epoch=r.producer_epoch, base_sequence=0, is_transactional=True)
@@ -234,3 +246,37 @@ def test_a_failed_fsync_of_the_aborted_txn_index_takes_the_directory_offline(
     with pytest.raises(LogDirOfflineError):  # not retried: a later fdatasync may return 0 for lost pages
         log.sync_txn_indexes()
     log.abandon()
+
+
+def test_a_read_error_in_fetch_takes_the_directory_offline_and_answers_kafka_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka's LocalLog.read runs under maybeHandleIOException. Before: the EIO escaped the Fetch
+    handler (a traceback, the connection closed) and the directory stayed online."""
+    import errno
+    import os
+
+    broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
+    try:
+        broker.create_topic("t", 1)
+
+        async def main() -> None:
+            (p,) = (await call(broker, PRODUCE, 9, produce(encode_record_batch([Record(None, b"v")])))).responses[
+                0].partition_responses
+            assert p.error_code == 0
+
+            def eio(*args: Any, **kwargs: Any) -> Any:
+                raise OSError(errno.EIO, "Input/output error")
+
+            monkeypatch.setattr(os, "pread", eio)
+            f = await call(broker, FETCH, 12, fetch_body())
+            monkeypatch.undo()
+            assert f.responses[0].partitions[0].error_code == E.kafka_storage_error
+            assert f.responses[0].partitions[0].records in (b"", None)
+            assert broker.log_dir.cause == "read of t-0: Input/output error"
+            f = await call(broker, FETCH, 12, fetch_body())  # offline: every later Fetch too
+            assert f.responses[0].partitions[0].error_code == E.kafka_storage_error
+
+        asyncio.run(main())
+    finally:
+        broker.close()

@@ -1044,3 +1044,40 @@ def test_failed_write_answers_are_not_kept_for_ids_that_write_no_more():
         assert (await env.coord.end_txn(TID, pid, epoch, True, False)).error == 0
 
     run(body, config)
+
+
+class _NoIds:
+    """ProducerIdManager whose next block cannot be written (the data directory goes offline)."""
+
+    def generate(self) -> int:
+        from oncelog.storage.log_dir import LogDirOfflineError
+
+        raise LogDirOfflineError(28, "the log directory is offline (write of the producer-id block: No space left)")
+
+
+@pytest.mark.parametrize("case", ["new id", "exhausted epoch"])
+def test_init_producer_id_that_cannot_get_a_producer_id_answers_not_coordinator(case: str) -> None:
+    """Kafka's handleInitProducerId answers a failed generateProducerId with an error code (both the
+    new-transactional-id and the epoch-exhausted branch); before, the OSError escaped the coordinator."""
+    async def body(env: Env) -> None:
+        env.coord._ids = _NoIds()
+        if case == "new id":
+            r = await env.coord.init_producer_id("other", 60_000)
+        else:
+            r = await env.coord.init_producer_id(TID, 60_000, 500, MAX_EPOCH - 1)
+        assert r.error == E.not_coordinator and r.producer_id == -1
+        assert env.coord.metadata("other") is None and env.md().producer_id == 500  # nothing changed
+
+    run(body, log=seeded_log())
+
+
+def test_tv2_end_txn_that_cannot_get_the_next_producer_id_answers_not_coordinator() -> None:
+    log = seeded_log(producer_epoch=MAX_EPOCH - 1, state=S.ONGOING, partitions=frozenset({A0}), txn_start_ms=999_999)
+
+    async def body(env: Env) -> None:
+        env.coord._ids = _NoIds()
+        res = await env.coord.end_txn(TID, 500, MAX_EPOCH - 1, True, True)
+        assert res.error == E.not_coordinator
+        assert env.md().state is S.ONGOING and env.markers.calls == []  # nothing written or sent
+
+    run(body, TV2, log)

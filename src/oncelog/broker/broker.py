@@ -24,11 +24,11 @@ from oncelog.broker.partition import Partition
 from oncelog.broker.producer_ids import ProducerIdManager
 from oncelog.broker.txn import FileTxnLog, TransactionCoordinator, TxnConfig
 from oncelog.protocol.errors import ErrorCode, KafkaError
-from oncelog.storage.catalog import TopicCatalog
+from oncelog.storage.catalog import TopicCatalog, TopicExistsError
 from oncelog.storage.config import TOPIC_CONFIGS, ConfigError, LogConfig
 from oncelog.storage.engine import LogManager
 from oncelog.storage.fileutil import DirLock, atomic_write
-from oncelog.storage.log_dir import LogDirFailureChannel, log_level
+from oncelog.storage.log_dir import DescriptorShortageError, LogDirFailureChannel, log_level
 
 log = logging.getLogger(__name__)
 
@@ -234,16 +234,30 @@ class Broker:
         if validate_only:
             return None
         try:
+            self.log_dir.check()  # offline: nothing changes, in memory or on disk
             meta = self.catalog.create_topic(name, num_partitions, configs)
-            self.logs.create_partitions(name, 0, num_partitions, self.clock())
-            # each partition loads its producer state and writes its new leader epoch
-            partitions = [self._new_partition(name, i, uuid.UUID(str(meta.topic_id))) for i in range(num_partitions)]
+            with self.log_dir.sparing_descriptor_errors():
+                self.logs.create_partitions(name, 0, num_partitions, self.clock())
+                # each partition loads its producer state and writes its new leader epoch
+                partitions = [self._new_partition(name, i, uuid.UUID(str(meta.topic_id))) for i in range(num_partitions)]
+        except DescriptorShortageError as exc:
+            # out of file descriptors (no disk error; docs/architecture.md): this topic is undone, the
+            # directory stays online; an error of the undo takes it offline
+            log.error("creating topic %s failed, rolling back: %s", name, exc)
+            try:
+                self.logs.discard(name, 0, num_partitions)
+                self.catalog.delete_topic(name)
+            except OSError as undo:
+                log.log(log_level(undo, logging.ERROR), "rolling back topic %s failed: %s", name, undo)
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {name!r}: {exc}") from None
         except OSError as exc:
-            # the catalog's write or a log's creation failed (EMFILE included): the log directory is
-            # offline (Kafka's getOrCreateLog), nothing more is written to it and the broker stops;
-            # the next start creates the logs the catalog lists
+            # the catalog's write or a log's creation failed: the log directory is offline (Kafka's
+            # getOrCreateLog), nothing more is written to it and the broker stops; the next start
+            # creates the logs the catalog lists
             log.log(log_level(exc, logging.ERROR), "creating topic %s failed: %s", name, exc)
             raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {name!r}: {exc}") from None
+        except TopicExistsError:  # the catalog has it, broker.topics not (never expected): Kafka's answer
+            raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.") from None
         log.info("created topic %s with %d partitions", name, num_partitions)
         return self._attach_topic(name, uuid.UUID(str(meta.topic_id)), num_partitions, configs, partitions)
 
@@ -253,6 +267,10 @@ class Broker:
             raise KafkaError(ErrorCode.unknown_topic_or_partition, f"unknown topic {name!r}")
         if not self.config.delete_topic_enable:
             raise KafkaError(ErrorCode.topic_deletion_disabled, "delete.topic.enable is false")
+        try:
+            self.log_dir.check()  # offline: the topic stays as it is, in memory and in the catalog
+        except OSError as exc:
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot delete topic {name!r}: {exc}") from None
         del self.topics[name]
         self.topics_by_id.pop(topic.topic_id, None)
         self.topology_version += 1
@@ -280,9 +298,18 @@ class Broker:
         if validate_only:
             return
         try:
-            self.logs.create_partitions(name, current, total, self.clock())
-            self.catalog.add_partitions(name, total)
-            added = [self._new_partition(name, i, topic.topic_id) for i in range(current, total)]
+            self.log_dir.check()
+            with self.log_dir.sparing_descriptor_errors():
+                self.logs.create_partitions(name, current, total, self.clock())
+                added = [self._new_partition(name, i, topic.topic_id) for i in range(current, total)]
+            self.catalog.add_partitions(name, total)  # a failure here is the directory's (offline)
+        except DescriptorShortageError as exc:  # out of descriptors: undo the new partitions, stay online
+            log.error("adding partitions to %s failed, rolling back: %s", name, exc)
+            try:
+                self.logs.discard(name, current, total)
+            except OSError as undo:
+                log.log(log_level(undo, logging.ERROR), "rolling back partitions of %s failed: %s", name, undo)
+            raise KafkaError(ErrorCode.kafka_storage_error, f"cannot add partitions to {name!r}: {exc}") from None
         except OSError as exc:  # the log directory is offline (storage/log_dir.py): the broker stops
             log.log(log_level(exc, logging.ERROR), "adding partitions to %s failed: %s", name, exc)
             raise KafkaError(ErrorCode.kafka_storage_error, f"cannot add partitions to {name!r}: {exc}") from None

@@ -29,6 +29,13 @@ every other log (queued for a later round, or in a round running beside it,
 even one whose fdatasyncs returned 0) and every later :meth:`wait_durable`:
 once the directory is offline no high watermark moves and nothing is reported
 durable again. The broker then stops (``server.py``).
+
+One exception: a round whose sync could not get a descriptor (EMFILE, ENFILE)
+before any fdatasync ran (:class:`~oncelog.storage.log_dir.DescriptorShortageError`:
+nothing was written or synced, the directory stays online) is retried after a
+short backoff (10 ms, doubling up to 1 s) with its waiters still waiting; nothing
+is reported durable before a later fdatasync succeeds. oncelog opens descriptors
+lazily, so a burst of connections can exhaust them; it is no disk failure.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any
 
-from oncelog.storage.log_dir import LogDirFailureChannel
+from oncelog.storage.log_dir import DescriptorShortageError, LogDirFailureChannel
 
 if TYPE_CHECKING:
     from oncelog.storage.log import PartitionLog
@@ -205,6 +212,8 @@ class GroupCommitter:
         self._sync_threads = SyncThreads(16)  # the acks rounds (_sync_all); rounds may run side by side
         self.rounds = 0
         self.synced_files = 0
+        self.shortage_retries = 0  # rounds retried for want of a descriptor (DescriptorShortageError)
+        self._backoff = 0.0  # the next retry's delay (s); 0 after a round that got its descriptors
 
     def wait_durable(self, partition: "Partition") -> asyncio.Future[None] | None:
         """Mark ``partition`` dirty; return a future that resolves once durable.
@@ -295,6 +304,9 @@ class GroupCommitter:
         error: BaseException | None = None
         if fut.cancelled():
             error = asyncio.CancelledError()
+        elif isinstance(fut.exception(), DescriptorShortageError) and not self.log_dir.offline:
+            self._retry_round(files, waiters, fut.exception())
+            return
         elif fut.exception() is not None:
             error = fut.exception()
             if isinstance(error, OSError):  # never retried: the log directory goes offline
@@ -307,6 +319,7 @@ class GroupCommitter:
         self.synced_files += len(files)
         self._inflight.difference_update(files)
         if error is None:
+            self._backoff = 0.0
             for p, end in zip(files, ends):
                 p.advance_high_watermark(end)
         for ws in waiters:
@@ -326,6 +339,22 @@ class GroupCommitter:
             # after the waiters just released: what they append at once joins the next round
             self._kick_scheduled = True
             asyncio.get_running_loop().call_soon(self._kick)
+
+    def _retry_round(self, files: list["Partition"], waiters: list[Any], exc: BaseException | None) -> None:
+        """The round could not get a descriptor before any fdatasync (nothing synced, the
+        segments stay marked unsynced): its logs go back to the dirty ones with their waiters
+        (ahead of those queued meanwhile), and a round starts again after a backoff."""
+        self._inflight.difference_update(files)
+        for p, ws in zip(files, waiters):
+            self._dirty[p] = None
+            if ws:
+                self._waiting[p] = list(ws) + self._waiting.get(p, [])
+        self.shortage_retries += 1
+        self._backoff = min(1.0, max(0.01, self._backoff * 2))
+        log.warning("fsync round postponed %.0f ms: %s", self._backoff * 1000, exc)
+        if not self._kick_scheduled:
+            self._kick_scheduled = True  # drain() keeps waiting for the retry
+            asyncio.get_running_loop().call_later(self._backoff, self._kick)
 
     def _fail_waiting(self) -> None:
         """The log directory is offline: fail every waiter of a log not in a running round
@@ -387,6 +416,9 @@ class GroupCommitter:
             for p in dirty:
                 try:
                     await loop.run_in_executor(self._pool, p.log.sync)
+                except DescriptorShortageError as exc:  # nothing synced: the next pass retries
+                    self._dirty[p] = None
+                    log.warning("background flush postponed: %s", exc)
                 except OSError as exc:  # the log directory is offline: the broker stops
                     self.log_dir.failed("fsync", exc)
                     log.debug("background flush failed: %s", exc)
@@ -401,7 +433,8 @@ class GroupCommitter:
         while self._rounds or self._kick_scheduled or (self._dirty and self.fsync_on_ack and self._waiting):
             if self._rounds:
                 await asyncio.wait(list(self._rounds))
-            await asyncio.sleep(0)
+            # a round postponed for want of a descriptor (_retry_round) starts later: no busy wait
+            await asyncio.sleep(0.005 if self._kick_scheduled and self._backoff else 0)
 
     def close(self) -> None:
         self._sync_threads.close()

@@ -122,6 +122,9 @@ class LogCleaner:
         """The filthiest partition worth cleaning now that no other cleaner is working on
         (Kafka's grabFilthiestCompactedLog)."""
         best: tuple[Partition, CleanableRange] | None = None
+        log_dir = getattr(self.broker, "log_dir", None)
+        if log_dir is not None and log_dir.offline:  # Kafka's cleaner drops a failed directory's logs
+            return None
         for p in self.broker.all_partitions():
             plog = p.log
             cfg = plog.config
@@ -235,6 +238,8 @@ class LogCleaner:
         plog = partition.log
         cfg = plog.config
         name = f"{partition.topic}-{partition.index}"
+        if plog.failure_channel.offline:  # it went offline since choose(): nothing more is written there
+            return None
         pinned = plog.pin_segments(rng.first_uncleanable)
         for p in pinned:  # the cleaner process opens the files itself
             p.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from oncelog.broker.config import StartupError
 from oncelog.storage.fileutil import atomic_write
 from oncelog.storage.log_dir import LogDirFailureChannel, guarded
 
@@ -35,11 +36,29 @@ class ProducerIdManager:
         # an OSError of the block's write takes the data directory offline (storage/log_dir.py)
         self.failure_channel = failure_channel
         meta_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            self._next = int(self.path.read_text().strip())
-        except (OSError, ValueError):
-            self._next = 0
+        self._next = self._read_block_end()
         self._block_end = self._next
+
+    def _read_block_end(self) -> int:
+        """The end of the last block written: 0 only if no block was ever written (no file).
+        A file that cannot be read or parsed fails the start (StartupError, one line): starting
+        from 0 would hand out ids issued before."""
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise StartupError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        try:
+            end = int(text.strip())
+        except ValueError:
+            end = -1
+        if end < 0:
+            raise StartupError(
+                f"{self.path} is corrupt ({text.strip()[:40]!r} is no producer id); ids issued before it would"
+                " be handed out again: restore it, or write an id above every id issued"
+            )
+        return end
 
     @property
     def next_id(self) -> int:

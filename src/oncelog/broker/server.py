@@ -60,7 +60,7 @@ from oncelog.broker.security import SaslSession
 from oncelog.broker.security import describe as describe_security
 from oncelog.broker.security import security_warnings
 from oncelog.protocol.framing import FrameDecoder, FrameError, frame
-from oncelog.storage.log_dir import log_level
+from oncelog.storage.log_dir import is_descriptor_shortage, log_level
 
 log = logging.getLogger("oncelog.server")
 
@@ -584,6 +584,9 @@ async def serve(config: BrokerConfig, ready: Any = None) -> None:
     sock = bind_listener(config.host, config.port)
     try:
         broker = Broker(config)
+    except OSError as exc:  # loading the logs (recovery) or meta/ failed: one line, exit 1
+        sock.close()
+        raise StartupError(start_failure(config, exc)) from None
     except BaseException:
         sock.close()
         raise
@@ -612,6 +615,25 @@ async def serve(config: BrokerConfig, ready: Any = None) -> None:
         # close): the channel's listener may not have run yet; log the one line now (it runs once)
         server._log_dir_failed(broker.log_dir.cause or "")
         raise LogDirFailed(server.failure)
+
+
+def start_failure(config: BrokerConfig, exc: OSError) -> str:
+    """The one line for a start that failed on the data directory; for EMFILE/ENFILE it names
+    the limit to raise (each partition's log needs descriptors; the catalog lists them all)."""
+    text = f"cannot load the data directory {config.data_dir}: {exc.strerror or exc}"
+    if is_descriptor_shortage(exc):
+        soft = -1
+        try:
+            import resource
+
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (ImportError, ValueError, OSError):  # pragma: no cover - not POSIX
+            pass
+        text += (
+            f" (open files limit {soft}: raise the hard RLIMIT_NOFILE, e.g. ulimit -n or LimitNOFILE, above"
+            " what the topics' partitions need; every start fails the same way until then)"
+        )
+    return text
 
 
 def raise_open_files_limit() -> tuple[int, int]:

@@ -72,7 +72,8 @@ class LogManager:
         """Open (or create) one log. An OSError takes the log directory offline, as Kafka's
         ``getOrCreateLog`` does (and loading a log at start up)."""
         directory = self.data_dir / partition_dir_name(topic, partition)
-        with guarded(self.failure_channel, f"creation of the log {directory.name}"):
+        what = "loading" if directory.is_dir() else "creation"
+        with guarded(self.failure_channel, f"{what} of the log {directory.name}"):
             return self._open_log(directory, topic_id, config, now_ms)
 
     def _open_log(self, directory: Path, topic_id: str | None, config: LogConfig, now_ms: int) -> PartitionLog:
@@ -110,6 +111,19 @@ class LogManager:
                 self._logs[key] = self._open(topic, p, topic_id, cfg, now_ms)
             out.append(self._logs[key])
         return out
+
+    def discard(self, topic: str, n_from: int, n_to: int) -> None:
+        """Undo the creation of partitions ``n_from .. n_to-1`` of ``topic`` that failed for want
+        of descriptors: close and remove their logs, a half-created one's directory too. An
+        OSError here takes the log directory offline (the undo could not be done)."""
+        for p in range(n_from, n_to):
+            directory = self.data_dir / partition_dir_name(topic, p)
+            with guarded(self.failure_channel, f"deletion of the log {directory.name}"):
+                plog = self._logs.pop((topic, p), None)
+                if plog is not None:
+                    plog.delete()
+                elif directory.is_dir():
+                    _remove_dir(directory)
 
     def delete_topic(self, topic: str) -> int:
         """Close and remove every partition log of ``topic``; returns how many."""

@@ -97,7 +97,13 @@ from oncelog.storage.cleaner import SegmentInfo
 from oncelog.storage.config import LOG_APPEND_TIME, LogConfig
 from oncelog.storage.fileutil import atomic_write, fsync_dir, write_all
 from oncelog.storage.leader_epoch import LeaderEpochCache
-from oncelog.storage.log_dir import LogClosedError, LogDirFailureChannel, LogDirOfflineError
+from oncelog.storage.log_dir import (
+    DescriptorShortageError,
+    LogClosedError,
+    LogDirFailureChannel,
+    LogDirOfflineError,
+    is_descriptor_shortage,
+)
 from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name, walk_batches
 from oncelog.storage.txn_index import TXNINDEX_SUFFIX, AbortedTxn
 
@@ -105,6 +111,19 @@ CLEAN_SHUTDOWN_FILE = ".clean_shutdown"
 LOG_START_FILE = "log-start-offset"
 RECOVERY_POINT_FILE = "recovery-point"
 DELETE_SUFFIX = "-delete"
+_NAME_MAX = 255  # the longest file name (bytes) of Linux file systems
+
+
+def delete_dir_name(name: str) -> str:
+    """``<topic>-<partition>.<id>-delete`` for the log directory ``name``, the topic part cut
+    so the whole fits in 255 bytes (Kafka's ``logDeleteDirName``, KAFKA-4893): a legal topic
+    name has up to 249 characters, and the suffix adds 40 more."""
+    topic, dash, partition = name.rpartition("-")
+    if not dash or not partition.isdigit():
+        topic, partition = name, ""
+    suffix = f"{dash}{partition}.{uuid.uuid4().hex}{DELETE_SUFFIX}"
+    head = topic.encode()[: max(0, _NAME_MAX - len(suffix.encode()))].decode(errors="ignore")
+    return head + suffix
 OFFSET_OUT_OF_RANGE = 1
 # log compaction (see "Compaction" in the module docstring)
 CLEANED_SUFFIX = ".cleaned"
@@ -622,16 +641,19 @@ class PartitionLog:
         An OSError takes the log directory offline (:mod:`oncelog.storage.log_dir`):
         a failed fdatasync is never retried, since a later one may return 0 for
         pages the kernel dropped; once offline, nothing is synced (it raises).
-        That includes a failure to get the index files' descriptors (EMFILE, say)
-        before any fdatasync ran, although a retry would be safe there (nothing was
-        written or synced yet): Kafka takes the directory offline for any
-        IOException of a flush, and the group committer treats every failed
-        round alike.
+        One exception (not Kafka's: its index files are memory-mapped and its segments'
+        channels stay open, so its flush opens nothing): EMFILE/ENFILE while this sync
+        gets the index files' descriptors, before any fdatasync ran, raises
+        :class:`DescriptorShortageError` and leaves the directory online. Nothing was
+        written or synced then, the segments stay marked unsynced, and the caller (the
+        group committer) retries the sync later; nothing is reported durable meanwhile.
         """
         channel = self.failure_channel
         channel.check()
         try:
             return self._sync()
+        except DescriptorShortageError:
+            raise
         except OSError as exc:
             raise channel.failed(f"fsync of {self.directory.name}", exc) from exc
 
@@ -655,13 +677,20 @@ class PartitionLog:
                             in_sync[seg] = None
                             if seg is not active:
                                 own += seg.index_sync_fds()
-                except BaseException:
-                    # no descriptor (EMFILE, say): sync() takes the log directory offline, so nothing
-                    # is synced or reported durable again and the segments need not be marked
-                    # unsynced again; nothing opened for this sync is left open
+                except BaseException as exc:
+                    # no descriptor (EMFILE, say): nothing was synced, so the segments stay unsynced (the
+                    # next sync must fdatasync them before it reports them durable; review F5), nothing
+                    # opened for this sync is left open
                     for fd in own:
                         os.close(fd)
                     in_sync.clear()
+                    for seg in segs:
+                        self._unsynced[seg] = None
+                    self._dir_dirty |= dir_dirty
+                    if is_descriptor_shortage(exc):  # retriable: the directory stays online
+                        raise DescriptorShortageError(
+                            exc.errno, f"fsync of {self.directory.name}: {exc.strerror or exc}"  # type: ignore[union-attr]
+                        ) from exc
                     raise
             ok = False
             try:
@@ -1237,7 +1266,7 @@ class PartitionLog:
     def remove_directory(directory: Path) -> None:
         """Rename to ``<name>.<id>-delete`` (durably), then remove it; leftovers are
         cleared by :class:`~oncelog.storage.engine.LogManager` on startup."""
-        doomed = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}{DELETE_SUFFIX}")
+        doomed = directory.with_name(delete_dir_name(directory.name))
         os.rename(directory, doomed)
         fsync_dir(directory.parent)
         shutil.rmtree(doomed, ignore_errors=True)

@@ -35,6 +35,22 @@ class LogDirOfflineError(OSError):
     KAFKA_STORAGE_ERROR, the coordinators' NOT_COORDINATOR) maps this one too."""
 
 
+DESCRIPTOR_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+
+
+def is_descriptor_shortage(exc: BaseException) -> bool:
+    """EMFILE or ENFILE: the process (or system) is out of file descriptors. No disk error:
+    oncelog opens descriptors lazily, so a burst of connections can exhaust them."""
+    return isinstance(exc, OSError) and exc.errno in DESCRIPTOR_ERRNOS
+
+
+class DescriptorShortageError(OSError):
+    """No descriptor could be had (EMFILE, ENFILE) at a point where nothing was written or
+    synced yet, or where what was written is undone: the step can be retried (a sync) or
+    rolled back (a topic's creation), and the log directory stays online. An OSError, so the
+    request that met it gets the usual storage error code."""
+
+
 class LogClosedError(KafkaError):
     """A write to a log that is closed (its partition was deleted, or the broker is
     stopping), raised before any file is touched. Not an OSError: nothing failed on
@@ -56,6 +72,7 @@ class LogDirFailureChannel:
         self._cause: str | None = None  # what failed first, and how (one line)
         self._errno = errno.EIO
         self._listeners: list[Callable[[str], None]] = []
+        self._local = threading.local()  # .spare: this thread's descriptor errors are spared
 
     @property
     def offline(self) -> bool:
@@ -84,11 +101,27 @@ class LogDirFailureChannel:
         if self._cause is not None:
             raise self.error()
 
-    def failed(self, what: str, exc: OSError) -> LogDirOfflineError:
+    @contextmanager
+    def sparing_descriptor_errors(self) -> Iterator[None]:
+        """In this block (on this thread only) EMFILE/ENFILE does not take the directory offline:
+        :meth:`failed` returns a :class:`DescriptorShortageError` instead. For steps that are
+        undone whole when they fail (the creation of a topic's logs, rolled back)."""
+        prev = getattr(self._local, "spare", False)
+        self._local.spare = True
+        try:
+            yield
+        finally:
+            self._local.spare = prev
+
+    def failed(self, what: str, exc: OSError) -> OSError:
         """``what`` (e.g. "fsync of t-0") failed with ``exc``: take the directory offline
         (the first failure only; later ones change nothing) and return the error to raise."""
         if isinstance(exc, LogDirOfflineError):
             return exc
+        if is_descriptor_shortage(exc) and getattr(self._local, "spare", False):
+            if isinstance(exc, DescriptorShortageError):
+                return exc
+            return DescriptorShortageError(exc.errno, f"{what}: {exc.strerror or exc}")
         with self._lock:
             first = self._cause is None
             if first:

@@ -39,6 +39,7 @@ Version notes:
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from oncelog.broker.context import RequestContext
@@ -46,6 +47,9 @@ from oncelog.broker.partition import Partition
 from oncelog.protocol.build import to_ms
 from oncelog.protocol.errors import ErrorCode, KafkaError
 from oncelog.storage.log import OffsetOutOfRangeError
+from oncelog.storage.log_dir import log_level
+
+log = logging.getLogger(__name__)
 
 API_KEY = 1
 MIN_VERSION = 4
@@ -145,15 +149,33 @@ class _Plan:
             return entry
         try:
             result = part.log.read(offset, max(limit, 0), max_offset=upper, min_one=first)
+            entry["records"] = bytes(result.data)
+            if self.read_committed and result.data:
+                entry["aborted_transactions"] = [
+                    {"producer_id": pid, "first_offset": first}
+                    for pid, first in part.aborted_transactions(offset, result.next_offset)
+                ]
         except OffsetOutOfRangeError:
             entry["error_code"] = ErrorCode.offset_out_of_range
             return entry
-        entry["records"] = bytes(result.data)
-        if self.read_committed and result.data:
-            entry["aborted_transactions"] = [
-                {"producer_id": pid, "first_offset": first}
-                for pid, first in part.aborted_transactions(offset, result.next_offset)
-            ]
+        except OSError as exc:
+            return self._read_failed(entry, part, exc)
+        return entry
+
+    def _read_failed(self, entry: dict[str, Any], part: Partition, exc: OSError) -> dict[str, Any]:
+        """A read of the log failed. Kafka's LocalLog.read runs under maybeHandleIOException: the
+        log directory goes offline and the partition is answered KAFKA_STORAGE_ERROR (the broker
+        then stops). A log closed meanwhile (its topic deleted during the long poll) is no disk
+        error: UNKNOWN_TOPIC_OR_PARTITION, the directory stays online."""
+        entry["records"] = b""  # never null (see _empty)
+        if self.read_committed:
+            entry["aborted_transactions"] = []
+        if part.log.closed and not self.broker.log_dir.offline:
+            entry["error_code"] = ErrorCode.unknown_topic_or_partition
+            return entry
+        error = self.broker.log_dir.failed(f"read of {part.topic}-{part.index}", exc)
+        log.log(log_level(error, logging.ERROR), "fetch from %s-%d failed: %s", part.topic, part.index, exc)
+        entry["error_code"] = ErrorCode.kafka_storage_error
         return entry
 
 

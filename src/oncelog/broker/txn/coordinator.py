@@ -77,6 +77,16 @@ def append_error(exc: BaseException) -> int:
     return int(E.unknown_server_error)
 
 
+class _NoProducerId(Exception):
+    """A new producer id was needed and none could be had: the next id block's write failed,
+    or the data directory is offline (``ProducerIdManager.generate``). The request is answered
+    ``code``, as Kafka's handleInitProducerId answers a failed generateProducerId with an error."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 class MarkerWriter(Protocol):
     async def write_markers(
         self,
@@ -323,7 +333,30 @@ class TransactionCoordinator:
 
     # -- InitProducerId ---------------------------------------------------------
 
+    def _new_producer_id(self) -> int:
+        try:
+            return self._ids.generate()
+        except OSError as exc:  # the block's write failed (the directory went offline), or it is offline
+            log.log(log_level(exc, logging.ERROR), "no new producer id: %s", exc)
+            raise _NoProducerId(append_error(exc)) from None
+
     async def init_producer_id(
+        self,
+        transactional_id: str,
+        timeout_ms: int,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+        enable_2pc: bool = False,
+        keep_prepared_txn: bool = False,
+    ) -> InitProducerIdResult:
+        try:
+            return await self._init_producer_id(
+                transactional_id, timeout_ms, producer_id, producer_epoch, enable_2pc, keep_prepared_txn
+            )
+        except _NoProducerId as exc:  # NOT_COORDINATOR, as for the idempotent InitProducerId
+            return InitProducerIdResult(exc.code)
+
+    async def _init_producer_id(
         self,
         transactional_id: str,
         timeout_ms: int,
@@ -351,7 +384,7 @@ class TransactionCoordinator:
         now = self._clock()
         md = self._txns.get(tid)
         if md is None:
-            md = TxnMetadata(tid, producer_id=self._ids.generate(), timeout_ms=timeout, last_update_ms=now)
+            md = TxnMetadata(tid, producer_id=self._new_producer_id(), timeout_ms=timeout, last_update_ms=now)
         if expected is not None and not (
             md.producer_epoch == NO_PRODUCER_EPOCH
             or expected[0] == md.producer_id
@@ -382,7 +415,7 @@ class TransactionCoordinator:
         if is_epoch_exhausted(md.producer_epoch) and (expected is None or expected[1] == md.producer_epoch):
             transit = prepare(
                 md,
-                producer_id=self._ids.generate(),
+                producer_id=self._new_producer_id(),
                 producer_epoch=0,
                 last_producer_epoch=md.producer_epoch if expected is not None else NO_PRODUCER_EPOCH,
                 **fresh,
@@ -411,7 +444,7 @@ class TransactionCoordinator:
                 return InitProducerIdResult(int(E.invalid_txn_state))
             # the client's epochs ran out: it gets a new producer id at epoch 0; the kept transaction keeps
             # its own id and epoch (its markers use them, see _end_tv2)
-            transit = prepare(md, next_producer_id=self._ids.generate(), next_producer_epoch=0, last_update_ms=now)
+            transit = prepare(md, next_producer_id=self._new_producer_id(), next_producer_epoch=0, last_update_ms=now)
         else:
             transit = prepare(md, next_producer_epoch=epoch + 1, last_update_ms=now)
         err = await self._write(transit)
@@ -564,7 +597,10 @@ class TransactionCoordinator:
         md = self._txns.get(tid)
         if md is None:
             return EndTxnResult(int(E.invalid_producer_id_mapping))
-        decision = self._end_tv2(md, pid, epoch, commit, fence) if tv2 else self._end_tv1(md, pid, epoch, commit, fence)
+        try:
+            decision = self._end_tv2(md, pid, epoch, commit, fence) if tv2 else self._end_tv1(md, pid, epoch, commit, fence)
+        except _NoProducerId as exc:  # TV2's next producer id (epoch exhausted): nothing changed
+            return EndTxnResult(exc.code)
         if isinstance(decision, EndTxnResult):
             return decision
         transit = decision
@@ -646,7 +682,7 @@ class TransactionCoordinator:
                 # the client's id and epoch are on another producer id than the markers'
                 new_epoch = md.producer_epoch + 1
                 base_epoch = md.producer_epoch
-                next_pid = self._ids.generate()
+                next_pid = self._new_producer_id()
             elif base_epoch >= MAX_EPOCH and state is S.PREPARE_ABORT:
                 new_epoch = base_epoch  # already broken: abort without overflowing, as Kafka does
             elif base_epoch >= MAX_EPOCH:
@@ -654,7 +690,7 @@ class TransactionCoordinator:
             else:
                 new_epoch = base_epoch + 1
             if not kept_new_id:
-                next_pid = self._ids.generate() if not fence and is_epoch_exhausted(base_epoch) else NO_PRODUCER_ID
+                next_pid = self._new_producer_id() if not fence and is_epoch_exhausted(base_epoch) else NO_PRODUCER_ID
             now = self._clock()
             return prepare(
                 md,
