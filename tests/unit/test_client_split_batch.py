@@ -199,3 +199,27 @@ def test_span_split_under_the_facade_lock() -> None:
     assert not sp.done and not w.done()
     b2.finish("t", 0, 20, 5, None)
     assert sp.done and w.result(0).offset == 21 and bf[0].result(0).offset == 10
+
+
+def test_first_batch_of_a_producer_on_a_partition_goes_alone() -> None:
+    """The broker has no state for the producer on the partition yet and would accept a batch at any
+    sequence: B sent behind a refused first batch A was written ahead of A's parts (records out of order,
+    and A's parts then refused OUT_OF_ORDER). Now B waits for A's answer; once a batch is acknowledged the
+    partition pipelines again."""
+    core, leader = _small(200)
+    a_futs: list[Future[Any]] = [Future() for _ in range(8)]
+    core.append_many("t", _vals("a", 8), None, 0, 1_700_000_000_000, a_futs)
+    _pass(core)
+    _, b_futs = _produce(core, "b", 2)
+    _pass(core)
+    assert len(leader.pending) == 1  # B is not sent while A, the first, is unanswered
+    _settle(core, leader)
+    assert leader.log == _vals("a", 8) + _values("b", 2)
+    assert [f.result(0).offset for f in a_futs + b_futs] == list(range(10))
+    _produce(core, "c", 2)
+    _pass(core)
+    _produce(core, "d", 2)
+    _pass(core)
+    assert len(leader.pending) == 2  # known now: pipelined
+    _settle(core, leader)
+    assert leader.log == _vals("a", 8) + _values("b", 2) + _values("c", 2) + _values("d", 2)

@@ -235,7 +235,7 @@ class _Batch:
 
 class _Partition:
     __slots__ = ("topic", "partition", "open", "ready", "unacked", "inflight", "acked_seq", "next_seq", "blocked",
-                 "acked_max", "acked_ahead", "retry_at", "needs_bump", "unresolved", "node")
+                 "acked_max", "acked_ahead", "retry_at", "needs_bump", "unresolved", "node", "known")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -262,6 +262,10 @@ class _Partition:
         # resolved (every sequence acknowledged) or the epoch is bumped (see ProducerCore._resolve)
         self.unresolved = -1
         self.node = -1  # the broker its in-flight batches went to
+        # the producer id the partition's leader acknowledged a batch of (-1: none yet). Until then the
+        # broker has no state for the id there and accepts a batch at any sequence (Kafka's rule for a new
+        # producer), so a batch sent behind a refused first one would be written ahead of it: one at a time
+        self.known = -1
 
     def has_data(self) -> bool:
         return bool(self.open or self.ready or self.unacked)
@@ -1203,6 +1207,8 @@ class ProducerCore:
                     continue
             if p.needs_bump or p.inflight >= self.max_in_flight:
                 continue
+            if p.inflight and self.idempotent and p.known != self.producer_id:
+                continue  # the first batch of a producer id on the partition goes alone (see _Partition.known)
             b = None
             for cand in p.unacked:
                 if not cand.in_flight:
@@ -1489,6 +1495,7 @@ class ProducerCore:
                 self._batch_failed(p, b, KafkaError("the response did not mention the partition"), in_doubt=True)
             elif code == 0 or (code == DUPLICATE_SEQUENCE_NUMBER and self.idempotent):
                 if self.idempotent:
+                    p.known = self.producer_id
                     end = (b.seq + b.count) % _SEQ_MOD
                     head = bool(p.unacked) and p.unacked[0] is b
                     if head or b in p.unacked:  # (not a batch dropped at an epoch change: an old sequence)
