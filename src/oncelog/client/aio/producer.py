@@ -44,6 +44,11 @@ Internal design (for the transactions work that builds on it):
   gap) and resent in order. A batch whose fate is unknown (network error,
   timeout) keeps its sequence, so a resend is recognised by the broker as a
   duplicate. That is franz-go's per-partition sequence buffer idea.
+  A batch of several records refused MESSAGE_TOO_LARGE is split instead
+  (:meth:`ProducerCore._split`, Java's splitAndReenqueue): its parts take its
+  place in ``unacked`` and are numbered by the same re-sequencing. Until a
+  batch of the producer id is acknowledged on a partition, the partition has
+  one request in flight (``_Partition.known``).
 * Epoch bump (KIP-360, as Java's idempotent producer): OUT_OF_ORDER_SEQUENCE_NUMBER
   or UNKNOWN_PRODUCER_ID on the first unacked batch (the batch is kept and
   retried; UNKNOWN_PRODUCER_ID with log start offset -1 is retried without a
