@@ -138,3 +138,25 @@ def test_transaction_with_split_batches_commits(broker: EmbeddedBroker, kit: Any
     read = _read_back(kit, broker, "split-txn", 2, {"isolation.level": "read_committed"}, ends)
     assert sum(len(r) for r in read.values()) == 500
     _check(sent, read, control=True)
+
+
+def test_compressed_batch_refused_is_split(broker: EmbeddedBroker, kit: Any) -> None:
+    """A gzip batch of incompressible values (it compresses worse than the producer could know): refused,
+    read back from its compressed bytes, split and delivered, each record once, in order."""
+    import random
+
+    kit.create_topic(broker.bootstrap, "split-gzip", 1, LIMIT)
+    rng = random.Random(7)
+    vals = [b"z-%05d-" % i + rng.randbytes(90) for i in range(200)]
+
+    async def run() -> tuple[list[tuple[int, bytes, Any]], dict[str, int]]:
+        async with aio.Producer({"bootstrap.servers": broker.bootstrap, "compression.type": "gzip",
+                                 "linger.ms": 20}) as p:
+            bf = await p.produce_batch("split-gzip", vals, partition=0)
+            assert await p.flush(15) == 0
+            assert bf.exception() is None
+            return [(0, v, f.result()) for v, f in zip(vals, bf)], dict(p._core.stats)
+
+    sent, stats = asyncio.run(asyncio.wait_for(run(), 30))
+    assert stats["batch_splits"] >= 1
+    _check(sent, _read_back(kit, broker, "split-gzip", 1))

@@ -93,6 +93,7 @@ def test_refused_batch_is_split_and_a_later_batch_in_flight_follows_it_in_order(
     assert [f.result(0).offset for f in a_futs] == list(range(2, 10))
     assert [f.result(0).offset for f in b_futs] == [10, 11]
     assert core.stats["epoch_bumps"] == 0 and core.producer_epoch == 0
+    assert core.stats["batch_splits"] == len(leader.refused)
     # the sequences the broker accepted follow one another: the parts from A's sequence 2, then B
     accepted = [(seq, n) for (_, seq, n) in leader.sent if n and seq >= 2]
     seqs = sorted(set(accepted))

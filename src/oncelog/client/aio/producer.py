@@ -623,7 +623,7 @@ class ProducerCore:
         # the blocking facade's accumulator: called at the start of every sender pass with (now, flushing);
         # hands over the batches its callers' threads filled (adopt()) and returns seconds to its next linger
         self.collect: Callable[[float, bool], float] | None = None
-        self.stats = {"batches_sent": 0, "requests": 0, "retries": 0, "epoch_bumps": 0}
+        self.stats = {"batches_sent": 0, "requests": 0, "retries": 0, "epoch_bumps": 0, "batch_splits": 0}
         self.txn: TransactionManager | None = TransactionManager(self) if self.transactional_id else None
 
     # -- lifecycle ------------------------------------------------------------------
@@ -1609,6 +1609,7 @@ class ProducerCore:
         else:
             p.ready.extendleft(reversed(parts))
         p.retry_at = 0.0  # sent again at once, as new batches (Java counts no attempt for a split)
+        self.stats["batch_splits"] += 1
         return True
 
     def _refused(self, p: _Partition, b: _Batch, err: KafkaError) -> None:
