@@ -422,3 +422,27 @@ class BatchBuilder:
                            max_timestamp=self.max_timestamp, producer_id=producer_id,
                            producer_epoch=producer_epoch, base_sequence=base_sequence,
                            transactional=transactional)
+
+
+def split_builder(builder: BatchBuilder, max_bytes: int) -> list[tuple[BatchBuilder, list[int], list[int]]]:
+    """The records of a closed batch re-encoded into batches of at most ``max_bytes`` (uncompressed; one
+    record alone may be larger), in order: ``(builder, each record's timestamp, each record's key + value
+    bytes)`` per new batch. For the producer's split of a batch the broker refused as MESSAGE_TOO_LARGE
+    (as Java's ProducerBatch.split: the records are read back from the batch and appended anew)."""
+    from oncelog.protocol.compression import decompress
+    from oncelog.protocol.records import iter_records
+
+    section = decompress(builder.codec, builder.close())
+    whole = batch_bytes(section, codec=COMPRESSION_NONE, count=builder.count, base_timestamp=builder.base_timestamp,
+                        max_timestamp=builder.max_timestamp)
+    out: list[tuple[BatchBuilder, list[int], list[int]]] = []
+    cur: BatchBuilder | None = None
+    for _off, ts, rec in iter_records(whole):
+        if cur is None or not cur.append(ts, rec.key, rec.value, rec.headers):
+            cur = BatchBuilder(max_bytes, builder.codec)
+            cur.created = builder.created
+            cur.append(ts, rec.key, rec.value, rec.headers)
+            out.append((cur, [], []))
+        out[-1][1].append(ts)
+        out[-1][2].append((len(rec.key) if rec.key else 0) + (len(rec.value) if rec.value else 0))
+    return out

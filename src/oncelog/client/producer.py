@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+from bisect import bisect_right
 from collections import deque
 from time import time as _time
 from collections.abc import Callable
@@ -58,7 +59,7 @@ class _Done:
     ``cbs``: the futures with an ``on_delivery`` callback, in record order, handed to ``sink`` (the
     producer's queue for :meth:`Producer.poll`) on completion."""
 
-    __slots__ = ("fin", "res", "exc", "event", "cbs", "sink")
+    __slots__ = ("fin", "res", "exc", "event", "cbs", "sink", "parts", "left", "parent")
 
     def __init__(self, sink: "deque[DeliveryFuture] | None" = None) -> None:
         self.fin = False
@@ -67,6 +68,33 @@ class _Done:
         self.event: threading.Event | None = None
         self.cbs: list[DeliveryFuture] | None = None
         self.sink = sink
+        # its batch was split (refused as MESSAGE_TOO_LARGE): (first record index, completion) of each part,
+        # the parts not done yet; done once they all are, a record's outcome is its part's (leaf)
+        self.parts: list[tuple[int, _Done]] | None = None
+        self.left = 0
+        self.parent: _Done | None = None
+
+    def split(self, counts: list[int]) -> "list[_Done]":
+        """One completion per part of ``counts`` consecutive records (called on the loop thread)."""
+        parts, pos = [], 0
+        for c in counts:
+            d = _Done()
+            d.parent = self
+            parts.append((pos, d))
+            pos += c
+        self.left = len(parts)
+        self.parts = parts
+        return [d for _, d in parts]
+
+    def leaf(self, i: int) -> "tuple[_Done, int]":
+        """The completion of record ``i`` and its index there (itself unless split)."""
+        g = self
+        while g.parts is not None:
+            parts = g.parts
+            k = bisect_right(parts, i, key=lambda part: part[0]) - 1
+            first, g = parts[k]
+            i -= first
+        return g, i
 
     def done(self) -> bool:
         return self.fin
@@ -88,6 +116,12 @@ class _Done:
             ev.set()
         if self.cbs is not None and self.sink is not None:
             self.sink.extend(self.cbs)
+        up = self.parent
+        if up is not None:
+            up.left -= 1
+            if not up.left:  # the last part: the split batch's records are all done
+                up.exc = next((d.exc for _, d in up.parts or () if d.exc is not None), None)
+                up.finish()
 
 
 class DeliveryFuture:
@@ -133,16 +167,18 @@ class DeliveryFuture:
             raise TimeoutError("record not delivered yet")
 
     def _metadata(self) -> RecordMetadata | None:
-        res = self._g.res
+        g, i = self._g.leaf(self._i)
+        res = g.res
         if type(res) is BatchResult:
-            return res.metadata(self._i)
+            return res.metadata(i)
         return res  # type: ignore[return-value]
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
         """The record's metadata once acknowledged; raises its error, or TimeoutError after ``timeout`` s."""
         self._wait(timeout)
-        if self._g.exc is not None:
-            raise self._g.exc
+        exc = self._g.leaf(self._i)[0].exc
+        if exc is not None:
+            raise exc
         md = self._metadata()
         assert md is not None
         return md
@@ -150,7 +186,7 @@ class DeliveryFuture:
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The record's error, or None once acknowledged; TimeoutError after ``timeout`` s."""
         self._wait(timeout)
-        return self._g.exc
+        return self._g.leaf(self._i)[0].exc
 
 
 def _complete_many(b: _Batch, futs: list[Any], res: BatchResult) -> None:
@@ -449,7 +485,7 @@ class Producer:
                 fut = self._delivered.popleft()
                 cb = fut._on_delivery
                 if cb is not None:
-                    exc = fut._g.exc
+                    exc = fut._g.leaf(fut._i)[0].exc
                     cb(exc if isinstance(exc, KafkaError) or exc is None else KafkaError(str(exc)),
                        fut._metadata() if exc is None else None)
                 served += 1

@@ -44,6 +44,11 @@ Internal design (for the transactions work that builds on it):
   gap) and resent in order. A batch whose fate is unknown (network error,
   timeout) keeps its sequence, so a resend is recognised by the broker as a
   duplicate. That is franz-go's per-partition sequence buffer idea.
+  A batch of several records refused MESSAGE_TOO_LARGE is split instead
+  (:meth:`ProducerCore._split`, Java's splitAndReenqueue): its parts take its
+  place in ``unacked`` and are numbered by the same re-sequencing. Until a
+  batch of the producer id is acknowledged on a partition, the partition has
+  one request in flight (``_Partition.known``).
 * Epoch bump (KIP-360, as Java's idempotent producer): OUT_OF_ORDER_SEQUENCE_NUMBER
   or UNKNOWN_PRODUCER_ID on the first unacked batch (the batch is kept and
   retried; UNKNOWN_PRODUCER_ID with log start offset -1 is retried without a
@@ -96,6 +101,7 @@ import asyncio
 import struct
 import threading
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -104,7 +110,7 @@ from typing import Any
 from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster
 from oncelog.client.arrow import arrow_bounds, arrow_sections, as_binary, is_arrow
 from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
-from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, batch_bounds, encode_sections
+from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, batch_bounds, encode_sections, split_builder
 from oncelog.client.config import ClientConfig, parse_config
 from oncelog.client.config import ConfigError
 from oncelog.client.errors import (
@@ -135,6 +141,7 @@ INIT_PRODUCER_ID_VERSIONS = (0, 6)
 OUT_OF_ORDER_SEQUENCE_NUMBER, DUPLICATE_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID = 45, 46, 59
 _EPOCH_MAX = 32767  # Short.MAX_VALUE: an idempotent producer at this epoch takes a fresh id to bump
 INVALID_PRODUCER_EPOCH = 47
+MESSAGE_TOO_LARGE = 10  # a batch of several records refused so is split (_split); RECORD_LIST_TOO_LARGE is not (as Java)
 OFFSET_MISMATCH, CONDITIONAL_PRODUCE_REFUSED = 10_001, 10_002  # conditional produce (KIP-27)
 _SEQ_MOD = 0x80000000
 # uncompressed batch size from which the sender compresses a batch in a worker thread, per codec: where
@@ -233,7 +240,7 @@ class _Batch:
 
 class _Partition:
     __slots__ = ("topic", "partition", "open", "ready", "unacked", "inflight", "acked_seq", "next_seq", "blocked",
-                 "acked_max", "acked_ahead", "retry_at", "needs_bump", "unresolved", "node")
+                 "acked_max", "acked_ahead", "retry_at", "needs_bump", "unresolved", "node", "known")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -260,6 +267,10 @@ class _Partition:
         # resolved (every sequence acknowledged) or the epoch is bumped (see ProducerCore._resolve)
         self.unresolved = -1
         self.node = -1  # the broker its in-flight batches went to
+        # the producer id the partition's leader acknowledged a batch of (-1: none yet). Until then the
+        # broker has no state for the id there and accepts a batch at any sequence (Kafka's rule for a new
+        # producer), so a batch sent behind a refused first one would be written ahead of it: one at a time
+        self.known = -1
 
     def has_data(self) -> bool:
         return bool(self.open or self.ready or self.unacked)
@@ -298,7 +309,8 @@ class _Span:
     """``count`` consecutive records of one ``produce_batch`` call inside one batch: one completion for
     all of them (the per-record futures are made only when asked for, by :class:`BatchFutures`)."""
 
-    __slots__ = ("start", "count", "topic", "partition", "offset", "timestamp", "error", "done", "waiters", "lock")
+    __slots__ = ("start", "count", "topic", "partition", "offset", "timestamp", "error", "done", "waiters", "lock",
+                 "parts", "left", "parent")
 
     def __init__(self, start: int, count: int, lock: Any) -> None:
         self.start = start
@@ -311,11 +323,52 @@ class _Span:
         self.done = False
         self.waiters: dict[int, Any] | None = None  # position in the span -> future handed out before completion
         self.lock = lock  # the blocking facade's (futures are asked for from other threads), else None
+        # split (the broker refused its batch as MESSAGE_TOO_LARGE, see :meth:`split`): (first position, span)
+        # of each part, the parts not done yet, and a part's span it belongs to
+        self.parts: list[tuple[int, _Span]] | None = None
+        self.left = 0
+        self.parent: _Span | None = None
 
     def metadata(self, pos: int) -> RecordMetadata:
         """The metadata of the span's record ``pos`` (0..count-1)."""
         return RecordMetadata(self.topic, self.partition, self.offset + pos if self.offset >= 0 else -1,
                               self.timestamp)
+
+    def split(self, counts: list[int]) -> list[_Span]:
+        """Parts of ``counts`` consecutive records each (their sum is ``count``), each completed by the batch
+        it went to; this span is done once they all are, and a record's metadata or error is its part's
+        (:meth:`leaf`). The futures already handed out go to their parts."""
+        lock = self.lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            parts, pos = [], 0
+            for c in counts:
+                sp = _Span(self.start + pos, c, lock)
+                sp.parent = self
+                parts.append((pos, sp))
+                pos += c
+            self.parts, self.left = parts, len(parts)
+            waiters, self.waiters = self.waiters, None
+            for i, fut in (waiters or {}).items():
+                sp, j = self.leaf(i)
+                if sp.waiters is None:
+                    sp.waiters = {}
+                sp.waiters[j] = fut
+        finally:
+            if lock is not None:
+                lock.release()
+        return [sp for _, sp in parts]
+
+    def leaf(self, pos: int) -> tuple[_Span, int]:
+        """The span completing the record at ``pos`` and its position there (itself unless split)."""
+        sp = self
+        while sp.parts is not None:
+            parts = sp.parts
+            k = bisect_right(parts, pos, key=lambda part: part[0]) - 1
+            first, sp = parts[k]
+            pos -= first
+        return sp, pos
 
     def finish(self, topic: str, partition: int, offset: int, timestamp: int, error: BaseException | None) -> None:
         lock = self.lock
@@ -328,6 +381,14 @@ class _Span:
             self.error = error
             self.done = True
             waiters, self.waiters = self.waiters, None
+            up = self.parent
+            while up is not None:  # the split span is done with its last part (its error: the first part's)
+                up.left -= 1
+                if up.left:
+                    break
+                up.error = next((sp.error for _, sp in up.parts or () if sp.error is not None), None)
+                up.done = True
+                up = up.parent
         finally:
             if lock is not None:
                 lock.release()
@@ -445,6 +506,8 @@ class BatchFutures(Sequence[Any]):
             lock.acquire()
         try:
             sp, pos = self._locate(i)
+            if sp.parts is not None:
+                sp, pos = sp.leaf(pos)  # its batch was split: the part holding the record
             fut = self._made.get(i)
             if fut is not None:  # made meanwhile by another thread
                 return fut
@@ -560,7 +623,7 @@ class ProducerCore:
         # the blocking facade's accumulator: called at the start of every sender pass with (now, flushing);
         # hands over the batches its callers' threads filled (adopt()) and returns seconds to its next linger
         self.collect: Callable[[float, bool], float] | None = None
-        self.stats = {"batches_sent": 0, "requests": 0, "retries": 0, "epoch_bumps": 0}
+        self.stats = {"batches_sent": 0, "requests": 0, "retries": 0, "epoch_bumps": 0, "batch_splits": 0}
         self.txn: TransactionManager | None = TransactionManager(self) if self.transactional_id else None
 
     # -- lifecycle ------------------------------------------------------------------
@@ -1149,6 +1212,8 @@ class ProducerCore:
                     continue
             if p.needs_bump or p.inflight >= self.max_in_flight:
                 continue
+            if p.inflight and self.idempotent and p.known != self.producer_id:
+                continue  # the first batch of a producer id on the partition goes alone (see _Partition.known)
             b = None
             for cand in p.unacked:
                 if not cand.in_flight:
@@ -1435,6 +1500,7 @@ class ProducerCore:
                 self._batch_failed(p, b, KafkaError("the response did not mention the partition"), in_doubt=True)
             elif code == 0 or (code == DUPLICATE_SEQUENCE_NUMBER and self.idempotent):
                 if self.idempotent:
+                    p.known = self.producer_id
                     end = (b.seq + b.count) % _SEQ_MOD
                     head = bool(p.unacked) and p.unacked[0] is b
                     if head or b in p.unacked:  # (not a batch dropped at an epoch change: an old sequence)
@@ -1469,6 +1535,82 @@ class ProducerCore:
             else:
                 self._batch_failed(p, b, error_for(code, msg), in_doubt=False, log_start_offset=log_start)
         self._kick()
+
+    def _split(self, p: _Partition, b: _Batch) -> bool:
+        """MESSAGE_TOO_LARGE for a batch of several records (Java's Sender.completeBatch ->
+        RecordAccumulator.splitAndReenqueue): its records go into new batches, in its place at the front of
+        the partition's queue (before every later batch), to be sent as if never tried. The new batches are
+        at most ``batch.size`` and at most half the refused batch's size, so a topic whose
+        ``max.message.bytes`` is below ``batch.size`` is reached in a few refusals (Java splits to
+        ``batch.size`` only); a single record still too large fails alone with MessageTooLargeError.
+
+        Idempotence: the parts take the refused batch's place in ``unacked`` without a sequence; the
+        partition is blocked until every request in flight for it is answered (its later batches are
+        refused OUT_OF_ORDER_SEQUENCE_NUMBER behind the gap and kept), then re-sequenced from ``acked_seq``
+        and resent in order (:meth:`_resequence`). No split while the batch may have been written (in doubt)
+        or a sequence of the partition is unresolved: it fails as before. Returns False when not split."""
+        if b.count < 2 or b.expired or not b.futures or b.builder.body is None:
+            return False
+        if self.idempotent:
+            if b.in_doubt or p.unresolved >= 0 or b not in p.unacked:
+                return False
+        target = min(self.batch_size, max(b.builder.size // 2, HEADER_SIZE + 1))
+        pieces = split_builder(b.builder, target)
+        counts = [nb.count for nb, _, _ in pieces]
+        parts = []
+        for nb, _, _ in pieces:
+            part = _Batch(b.topic, b.partition, nb)
+            part.created = b.created  # delivery.timeout.ms counts from the first record, as before
+            part.spans = b.spans
+            parts.append(part)
+        if b.group is not None:  # the blocking facade's one completion for all the batch's records
+            for part, child, (_, ts, _) in zip(parts, b.group.split(counts), pieces):
+                part.group = child
+                part.futures.append(child)
+                part.timestamps.extend(ts)
+        else:
+            k = 0  # the part the next record goes to, and the records of it placed already
+            used = 0
+            for fut, ts in zip(b.futures, b.timestamps):
+                n = fut.count if type(fut) is _Span else 1
+                if used + n <= counts[k]:
+                    parts[k].futures.append(fut)
+                    parts[k].timestamps.append(ts)
+                    used += n
+                else:  # a produce_batch span across parts: one span per part, the call's futures follow them
+                    cut, left = [], n
+                    while left:
+                        take = min(left, counts[k] - used)
+                        cut.append(take)
+                        left -= take
+                        used += take
+                        if left:
+                            k, used = k + 1, 0
+                    for j, child in enumerate(fut.split(cut)):
+                        part = parts[k - len(cut) + 1 + j]
+                        part.futures.append(child)
+                        part.timestamps.append(ts)
+                if used == counts[k] and k + 1 < len(parts):
+                    k, used = k + 1, 0
+        rest = b.nbytes
+        for part, (_, _, sizes) in zip(parts[:-1], pieces):
+            part.nbytes = min(sum(sizes), rest)
+            rest -= part.nbytes
+        parts[-1].nbytes = rest
+        if b.expected >= 0:
+            first = b.expected
+            for part in parts:
+                part.expected, first = first, first + part.count
+        b.futures = []  # its records are the parts' now
+        if self.idempotent:
+            queue = list(p.unacked)
+            i = queue.index(b)
+            p.unacked = deque(queue[:i] + parts + queue[i + 1:])
+        else:
+            p.ready.extendleft(reversed(parts))
+        p.retry_at = 0.0  # sent again at once, as new batches (Java counts no attempt for a split)
+        self.stats["batch_splits"] += 1
+        return True
 
     def _refused(self, p: _Partition, b: _Batch, err: KafkaError) -> None:
         """A conditional refusal: the broker appended nothing of the batch (a retry of an appended batch is
@@ -1507,6 +1649,8 @@ class ProducerCore:
             self.cluster.invalidate(b.topic)
         p.blocked = True
         p.retry_at = time.monotonic() + self.backoff
+        if err.code == MESSAGE_TOO_LARGE and self._split(p, b):
+            return
         if not self.idempotent:
             if (err.retriable or in_doubt) and b.attempts <= self.retries and not b.expired:
                 p.ready.appendleft(b)  # resent as is (duplicates possible: that is what idempotence prevents)

@@ -1,0 +1,226 @@
+"""A batch refused as MESSAGE_TOO_LARGE is split and its records resent (Java's Sender.completeBatch ->
+RecordAccumulator.splitAndReenqueue), sans-IO.
+
+The leader is the fake of :mod:`tests.unit.test_client_unresolved_sequence` (the broker's own sequence
+rules, a log of the values written) with a ``max.message.bytes``: a batch larger is refused
+MESSAGE_TOO_LARGE before its sequence is looked at, as Kafka's broker does, so a batch sent behind a
+refused one is refused OUT_OF_ORDER_SEQUENCE_NUMBER for the gap. Before the split, every record of a
+refused batch failed.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import types
+from concurrent.futures import Future
+from typing import Any
+
+from oncelog.client.aio.producer import BatchFutures, BatchResult
+from oncelog.client.errors import MessageTooLargeError
+from oncelog.client.producer import DeliveryFuture, _complete_many, _Done
+from oncelog.protocol.codec import decode_request
+from oncelog.protocol.records import decode_records, parse_batch_header
+from tests.unit.test_client_unresolved_sequence import (
+    _acked_first,
+    _Leader,
+    _pass,
+    _produce,
+    _producer,
+    _settle,
+    _values,
+)
+
+MESSAGE_TOO_LARGE = 10
+
+
+class _SmallLeader(_Leader):
+    """Refuses a batch of more than ``limit`` bytes (header included) as MESSAGE_TOO_LARGE."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.refused: list[int] = []  # records of each batch refused for its size
+
+    def _decide(self, body: Any) -> Any:
+        req = decode_request(0, 9, b"".join(bytes(part) for part in body), 0)
+        (td,) = req.topic_data
+        (pd,) = td.partition_data
+        if len(pd.records) > self.limit:
+            self.refused.append(parse_batch_header(pd.records).last_offset_delta + 1)
+            part = types.SimpleNamespace(index=pd.index, error_code=MESSAGE_TOO_LARGE, base_offset=-1,
+                                         log_append_time=None, log_start_offset=0, error_message="too large")
+            return types.SimpleNamespace(responses=[types.SimpleNamespace(name=td.name,
+                                                                          partition_responses=[part])])
+        hdr = parse_batch_header(pd.records)
+        if hdr.producer_id < 0:  # no idempotence: written as it comes (the base fake knows producers only)
+            base = len(self.log)
+            self.log.extend(r.value for r in decode_records(pd.records))
+            part = types.SimpleNamespace(index=pd.index, error_code=0, base_offset=base, log_append_time=None,
+                                         log_start_offset=0, error_message=None)
+            return types.SimpleNamespace(responses=[types.SimpleNamespace(name=td.name,
+                                                                          partition_responses=[part])])
+        return super()._decide(body)
+
+
+def _small(limit: int, **config: Any) -> tuple[Any, _SmallLeader]:
+    core, _ = _producer(**config)
+    leader = _SmallLeader(limit)
+    core.cluster.nodes = {1: types.SimpleNamespace(conn=leader)}
+    return core, leader
+
+
+def _vals(name: str, n: int, size: int = 40) -> list[bytes]:
+    return [(b"%s-%d-" % (name.encode(), i)).ljust(size, b"x") for i in range(n)]
+
+
+def test_refused_batch_is_split_and_a_later_batch_in_flight_follows_it_in_order() -> None:
+    """A (8 records of 40 bytes, ~500 bytes) refused by a 200-byte limit while B is in flight behind it
+    (refused OUT_OF_ORDER for the gap): A's records go out in parts (split again while a part is still too
+    large), renumbered from A's sequence, B after them; every record once, in order, at its future's
+    offset; no epoch bump."""
+    core, leader = _small(200)
+    _acked_first(core, leader)
+    a_futs: list[Future[Any]] = [Future() for _ in range(8)]
+    core.append_many("t", _vals("a", 8), None, 0, 1_700_000_000_000, a_futs)
+    _pass(core)
+    b, b_futs = _produce(core, "b", 2)
+    _pass(core)
+    assert len(leader.pending) == 2  # A and B in flight
+    _settle(core, leader)
+    assert leader.refused[0] == 8 and len(leader.refused) >= 2  # A, then a part still too large
+    assert leader.log == _values("p", 2) + _vals("a", 8) + _values("b", 2)
+    assert [f.result(0).offset for f in a_futs] == list(range(2, 10))
+    assert [f.result(0).offset for f in b_futs] == [10, 11]
+    assert core.stats["epoch_bumps"] == 0 and core.producer_epoch == 0
+    assert core.stats["batch_splits"] == len(leader.refused)
+    # the sequences the broker accepted follow one another: the parts from A's sequence 2, then B
+    accepted = [(seq, n) for (_, seq, n) in leader.sent if n and seq >= 2]
+    seqs = sorted(set(accepted))
+    end = 2
+    for seq, n in seqs:
+        if seq == end:
+            end += n
+    assert end == 12
+    assert core._outstanding == 0 and core.buffered_bytes == 0
+
+
+def test_a_single_record_too_large_fails_alone() -> None:
+    """One 300-byte record among small ones, limit 200: the split leaves it alone in a batch, which fails
+    with MessageTooLargeError; the others are written, in order."""
+    core, leader = _small(200)
+    _acked_first(core, leader)
+    vals = _vals("s", 2) + [b"big".ljust(300, b"y")] + _vals("t", 2)
+    futs: list[Future[Any]] = [Future() for _ in vals]
+    core.append_many("t", vals, None, 0, 1_700_000_000_000, futs)
+    _settle(core, leader)
+    assert isinstance(futs[2].exception(0), MessageTooLargeError)
+    assert leader.log == _values("p", 2) + _vals("s", 2) + _vals("t", 2)
+    assert [f.result(0).offset for i, f in enumerate(futs) if i != 2] == [2, 3, 4, 5]
+    _, c_futs = _produce(core, "c", 2)  # the partition goes on: the gap of the failed record is closed
+    _settle(core, leader)
+    assert [f.result(0).offset for f in c_futs] == [6, 7]
+    assert core.stats["epoch_bumps"] == 0
+
+
+def test_produce_batch_spans_are_split_with_their_futures() -> None:
+    """produce_batch's one completion per batch (a _Span) is split with it: each record's future (also one
+    asked for before the split) gets its own offset."""
+    core, leader = _small(200)
+    _acked_first(core, leader)
+    bf = BatchFutures(8, Future)
+    core.append_many("t", _vals("a", 8), None, 0, 1_700_000_000_000, bf)
+    early = bf[5]  # a future handed out before the answer
+    _settle(core, leader)
+    assert leader.log == _values("p", 2) + _vals("a", 8)
+    assert bf.done() and bf.exception() is None
+    assert early.result(0).offset == 7
+    assert [f.result(0).offset for f in bf] == list(range(2, 10))
+
+
+def test_spread_spans_of_keyed_records_keep_their_record_map() -> None:
+    """A keyed produce_batch spread over partitions (here all on partition 0, in a scattered order): after
+    the split, record i's future still names the offset record i got."""
+    core, leader = _small(200)
+    _acked_first(core, leader)
+    bf = BatchFutures(10, Future)
+    idx = [1, 3, 4, 6, 7, 8, 9]  # the records of this partition, the others elsewhere
+    vals = _vals("k", 7)
+    core.append_many("t", vals, None, 0, 1_700_000_000_000, bf.spread(idx))
+    core.append_many("t", _vals("o", 3), None, 0, 1_700_000_000_000, bf.spread([0, 2, 5]))
+    _settle(core, leader)
+    assert leader.log == _values("p", 2) + vals + _vals("o", 3)
+    for pos, i in enumerate(idx):
+        assert bf[i].result(0).offset == 2 + pos
+    assert [bf[i].result(0).offset for i in (0, 2, 5)] == [9, 10, 11]
+
+
+def test_without_idempotence_the_split_is_resent_first() -> None:
+    """Without idempotence the parts go to the front of the partition's queue too (in order with one request
+    in flight at a time; with more, as in Java, a later batch may be written before them)."""
+    core, leader = _small(200, **{"enable.idempotence": False, "acks": 1,
+                                  "max.in.flight.requests.per.connection": 1})
+    futs: list[Future[Any]] = [Future() for _ in range(8)]
+    core.append_many("t", _vals("a", 8), None, 0, 1_700_000_000_000, futs)
+    _settle(core, leader)
+    assert leader.log == _vals("a", 8)
+    assert [f.result(0).offset for f in futs] == list(range(8))
+
+
+def test_blocking_facade_completion_split() -> None:
+    """The blocking facade's one completion for a batch filled by produce() (_Done, futures by index):
+    split into parts completed separately (one failing), each record's future answers for its part, and
+    the callbacks run once, when the last part is done."""
+    sink: Any = collections.deque()
+    g = _Done(sink)
+    futs = [DeliveryFuture(None, None, g, i) for i in range(5)]
+    cb = DeliveryFuture(None, lambda e, m: None, g, 4)  # a record with an on_delivery callback
+    p1, p2 = g.split([3, 2])
+    q1, q2 = p2.split([1, 1])
+    b = types.SimpleNamespace(group=p1)
+    _complete_many(b, [p1], BatchResult("t", 0, 100, -1, [1, 2, 3]))  # type: ignore[arg-type]
+    assert not g.fin and not sink
+    q2.set_exception(MessageTooLargeError("too large"))
+    assert not g.fin
+    _complete_many(types.SimpleNamespace(group=q1), [q1], BatchResult("t", 0, 200, -1, [4]))  # type: ignore[arg-type]
+    assert g.fin and list(sink) == [cb]
+    assert [f.result(0).offset for f in futs[:4]] == [100, 101, 102, 200]
+    assert isinstance(futs[4].exception(0), MessageTooLargeError)
+    assert futs[1].result(0).timestamp == 2
+
+
+def test_span_split_under_the_facade_lock() -> None:
+    """A span with a lock (the blocking facade's produce_batch): waiters move to the parts."""
+    lock = threading.Lock()
+    bf = BatchFutures(4, Future, lock)
+    sp = bf._span(0, 4)
+    w = bf[3]
+    a, b2 = sp.split([2, 2])
+    a.finish("t", 0, 10, 5, None)
+    assert not sp.done and not w.done()
+    b2.finish("t", 0, 20, 5, None)
+    assert sp.done and w.result(0).offset == 21 and bf[0].result(0).offset == 10
+
+
+def test_first_batch_of_a_producer_on_a_partition_goes_alone() -> None:
+    """The broker has no state for the producer on the partition yet and would accept a batch at any
+    sequence: B sent behind a refused first batch A was written ahead of A's parts (records out of order,
+    and A's parts then refused OUT_OF_ORDER). Now B waits for A's answer; once a batch is acknowledged the
+    partition pipelines again."""
+    core, leader = _small(200)
+    a_futs: list[Future[Any]] = [Future() for _ in range(8)]
+    core.append_many("t", _vals("a", 8), None, 0, 1_700_000_000_000, a_futs)
+    _pass(core)
+    _, b_futs = _produce(core, "b", 2)
+    _pass(core)
+    assert len(leader.pending) == 1  # B is not sent while A, the first, is unanswered
+    _settle(core, leader)
+    assert leader.log == _vals("a", 8) + _values("b", 2)
+    assert [f.result(0).offset for f in a_futs + b_futs] == list(range(10))
+    _produce(core, "c", 2)
+    _pass(core)
+    _produce(core, "d", 2)
+    _pass(core)
+    assert len(leader.pending) == 2  # known now: pipelined
+    _settle(core, leader)
+    assert leader.log == _vals("a", 8) + _values("b", 2) + _values("c", 2) + _values("d", 2)
