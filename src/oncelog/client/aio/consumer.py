@@ -863,10 +863,9 @@ class Consumer:
         the consumer is closed, the group member has an error or a ``max.poll.interval.ms``
         expiry to act on, or an auto-commit is due.
         """
-        member = self._member
-        if (self._closed or (member is not None and (member.error is not None or member._poll_expired))
-                or (self._auto_commit and time.monotonic() >= self._next_auto_commit)):
+        if self._leave_to_consume():
             return None
+        member = self._member
         self._predecode()
         out, drained = self._take(n)
         if not out:
@@ -876,6 +875,14 @@ class Consumer:
         if drained and self._loop is not None and self._wake_needed(drained):
             self._loop.call_soon_threadsafe(self._wake.set)  # the fetcher refills the drained partitions
         return out
+
+    def _leave_to_consume(self) -> bool:
+        """Whether the caller-thread paths (:meth:`take_nowait`, :meth:`take_one_nowait`, :meth:`wait_take`)
+        must leave this call to :meth:`consume`: the consumer is closed, the group member has an error or
+        a ``max.poll.interval.ms`` expiry to act on, or an auto-commit is due."""
+        member = self._member
+        return (self._closed or (member is not None and (member.error is not None or member._poll_expired))
+                or (self._auto_commit and time.monotonic() >= self._next_auto_commit))
 
     def _signal(self) -> None:
         """Records or an error to hand out (on the loop): wakes :meth:`consume` and :meth:`wait_take`."""
@@ -894,10 +901,9 @@ class Consumer:
         came or nothing could be taken: the caller then goes through :meth:`consume`, which raises
         the errors and waits on. The ``max.poll.interval.ms`` clock restarts here, as in
         :meth:`consume`."""
-        member = self._member
-        if (self._closed or (member is not None and (member.error is not None or member._poll_expired))
-                or (self._auto_commit and time.monotonic() >= self._next_auto_commit)):
+        if self._leave_to_consume():
             return None
+        member = self._member
         if member is not None:
             member._last_poll = time.monotonic()
         with self._lock:
@@ -950,10 +956,9 @@ class Consumer:
         Handles the common case, a message of the current partition that does not empty its
         buffer; anything else goes through :meth:`take_nowait`.
         """
-        member = self._member
-        if (self._closed or (member is not None and (member.error is not None or member._poll_expired))
-                or (self._auto_commit and time.monotonic() >= self._next_auto_commit)):
+        if self._leave_to_consume():
             return None
+        member = self._member
         with self._lock:
             order = self._order
             st = self._parts.get(order[0]) if order else None
