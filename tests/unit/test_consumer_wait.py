@@ -6,60 +6,21 @@ Errors, timeouts and the cases ``take_nowait`` leaves to ``consume()`` still go 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from oncelog.client import consumer as blocking
-from oncelog.client.aio.cluster import TopicInfo
 from oncelog.client.aio.consumer import Consumer as AioConsumer
-from oncelog.client.errors import KafkaError
-from oncelog.protocol.records import Record, encode_record_batch
+from oncelog.client.errors import KafkaError, OffsetOutOfRangeError
+from tests.unit.consumer_fakes import answer, consumer, facade
 
 
-class Loop:
-    def call_soon_threadsafe(self, fn: Any, *args: Any) -> None:
-        pass
-
-
-class NoLoopThread:
-    """The facade's loop thread: records what is sent to it instead of running it."""
-
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    def run(self, coro: Any, timeout: float | None = None) -> Any:
-        self.sent.append((coro.__qualname__, coro.cr_frame.f_locals.get("timeout")))
-        coro.close()
-        return ["from the loop"]
-
-
-def aio(parts: int = 2) -> AioConsumer:
-    c = AioConsumer({"bootstrap.servers": "127.0.0.1:1"})
-    c.cluster.topics["t"] = TopicInfo("t", None, leaders={p: 1 for p in range(parts)})
-    c.assign([("t", p, 0) for p in range(parts)])
-    c._loop = Loop()  # type: ignore[assignment]
-    return c
-
-
-def answer(c: AioConsumer, partitions: list[int]) -> None:
-    """What the loop thread's fetcher does with a Fetch answer of 3 records a partition."""
-    gens = {k: (st.generation, st.fetch_pos) for k, st in c._parts.items()}
-    batch = encode_record_batch([Record(None, b"v%d" % i) for i in range(3)], base_offset=0)
-    if c._apply_answer(SimpleNamespace(responses=[SimpleNamespace(topic="t", partitions=[
-            SimpleNamespace(partition_index=p, error_code=0, records=batch, aborted_transactions=[])
-            for p in partitions])]), gens):
-        getattr(c, "_signal", c._data.set)()  # (the old code had no _signal)
-
-
-def facade(c: AioConsumer) -> tuple[blocking.Consumer, NoLoopThread]:
-    f = blocking.Consumer.__new__(blocking.Consumer)
-    lt = NoLoopThread()
-    f._c, f._lt, f._closed, f.config = c, lt, False, c.config  # type: ignore[assignment]
-    return f, lt
+def aio(parts: int = 2, **config: Any) -> AioConsumer:
+    return consumer({p: 1 for p in range(parts)}, records=0, config=config)[0]
 
 
 def later(delay: float, fn: Any, *args: Any) -> threading.Thread:
@@ -99,7 +60,7 @@ def test_nothing_arrives_the_rest_of_the_timeout_goes_to_the_loop(monkeypatch: p
     t0 = time.monotonic()
     assert f.consume(5, 0.5) == ["from the loop"]
     assert time.monotonic() - t0 >= 0.19  # waited FAST_WAIT on the caller's thread first
-    [(name, timeout)] = lt.sent
+    [(name, timeout, _at)] = lt.sent
     assert name == "Consumer.consume" and 0.2 <= timeout <= 0.31
 
 
@@ -116,7 +77,7 @@ def test_an_error_arriving_during_the_wait_is_raised_through_the_loop() -> None:
     assert f.consume(5, 5.0) == ["from the loop"]  # consume() on the loop raises the partition's error
     t.join()
     assert time.monotonic() - t0 < 4.0  # woken by the error, not by the timeout
-    [(name, timeout)] = lt.sent
+    [(name, timeout, _at)] = lt.sent
     assert name == "Consumer.consume" and timeout > 4.0
 
 
@@ -145,4 +106,81 @@ def test_a_zero_timeout_does_not_wait() -> None:
     t0 = time.monotonic()
     assert f.consume(5, 0) == ["from the loop"]
     assert time.monotonic() - t0 < 0.1
-    assert lt.sent == [("Consumer.consume", 0)]
+    assert [s[:2] for s in lt.sent] == [("Consumer.consume", 0)]
+
+
+def _partition_error(c: AioConsumer) -> None:
+    c._parts[("t", 0)].error = OffsetOutOfRangeError("t-0 out of range")  # auto.offset.reset=none
+
+
+def _auth_error(c: AioConsumer) -> None:
+    c.cluster._auth_error = KafkaError("SASL authentication failed")
+
+
+@pytest.mark.parametrize("set_error", [_partition_error, _auth_error])
+def test_an_error_pending_when_the_call_starts_is_raised_at_once(set_error: Any) -> None:
+    c = aio()
+    f, lt = facade(c)
+    set_error(c)
+    t0 = time.monotonic()
+    assert f.consume(5, 5.0) == ["from the loop"]  # consume() on the loop raises it
+    assert lt.sent[0][2] - t0 < 0.5  # before: only after FAST_WAIT (1 s)
+    assert c.cluster._auth_error is not None or c._parts[("t", 0)].error is not None  # left for consume()
+
+
+def test_an_error_is_raised_while_another_partition_keeps_delivering() -> None:
+    """Partition 0 is out of range; partition 1 gets an answer every 50 ms. Before: the caller-thread wait
+    handed out partition 1's records for ever and never reached consume(), which raises partition 0's error."""
+    c = aio()
+    f, lt = facade(c)
+    _partition_error(c)
+    stop = threading.Event()
+
+    def feed() -> None:
+        while not stop.is_set():
+            time.sleep(0.05)
+            answer(c, [1])
+
+    th = threading.Thread(target=feed)
+    th.start()
+    try:
+        end = time.monotonic() + 2.5
+        while time.monotonic() < end and not lt.sent:
+            f.consume(10, 5.0)
+    finally:
+        stop.set()
+        th.join()
+    assert lt.sent, "partition 0's error never reached consume()"
+
+
+def test_records_buffered_before_an_error_are_handed_out_first() -> None:
+    c = aio()
+    f, lt = facade(c)
+    answer(c, [1])
+    _partition_error(c)
+    assert [(m.partition, m.offset) for m in f.consume(10, 5.0)] == [(1, 0), (1, 1), (1, 2)]
+    assert lt.sent == []
+    assert f.consume(10, 5.0) == ["from the loop"]  # then the error, as consume() on the loop would
+
+
+def test_a_paused_partitions_error_does_not_end_the_wait() -> None:
+    c = aio()
+    _partition_error(c)
+    c._parts[("t", 0)].paused = True
+    t0 = time.monotonic()
+    assert c.wait_take(5, 0.2) is None
+    assert time.monotonic() - t0 >= 0.19
+
+
+def test_an_error_set_by_the_position_lookup_ends_the_wait() -> None:
+    """``_resolve`` (auto.offset.reset=none, or a ListOffsets error) sets the error while a caller waits:
+    before, nothing signalled it and the wait ran to its end."""
+    c = aio(**{"auto.offset.reset": "none"})
+    st = c._parts[("t", 0)]
+    st.fetch_pos = None
+    t = later(0.05, lambda: asyncio.run(c._resolve([st])))
+    t0 = time.monotonic()
+    assert c.wait_take(5, 3.0) is None
+    t.join()
+    assert time.monotonic() - t0 < 2.0
+    assert isinstance(st.error, OffsetOutOfRangeError)

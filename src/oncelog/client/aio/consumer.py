@@ -455,12 +455,14 @@ class Consumer:
             if ts is None:
                 st.error = OffsetOutOfRangeError(f"{st.topic}-{st.partition} has no position and "
                                                  "auto.offset.reset=none")
+                self._signal()  # a waiting consume() or wait_take() raises it
                 continue
             gen = st.generation
             try:
                 off = await self._list_offset(st.topic, st.partition, ts)
             except KafkaError as exc:
                 st.error = exc
+                self._signal()
                 continue
             if st.generation == gen:
                 st.fetch_pos = st.consumed = off
@@ -900,7 +902,11 @@ class Consumer:
         None (at once) in the cases :meth:`take_nowait` leaves to :meth:`consume`, and when nothing
         came or nothing could be taken: the caller then goes through :meth:`consume`, which raises
         the errors and waits on. The ``max.poll.interval.ms`` clock restarts here, as in
-        :meth:`consume`."""
+        :meth:`consume`.
+
+        An error :meth:`consume` would raise with nothing to hand out (a partition's, not paused, with
+        no records left; a pending TLS/SASL failure) returns None at once, and ends a wait: the error is
+        raised where :meth:`consume` raises it, after the records buffered before it."""
         if self._leave_to_consume():
             return None
         member = self._member
@@ -909,9 +915,16 @@ class Consumer:
         with self._lock:
             seq = self._signals
             if not any(st.buffer and not st.paused for st in self._parts.values()):
-                if not self._arrived.wait_for(lambda: self._signals != seq, timeout):
+                if self._error_pending() or not self._arrived.wait_for(
+                        lambda: self._signals != seq or self._error_pending(), timeout):
                     return None
         return self.take_nowait(n)
+
+    def _error_pending(self) -> bool:
+        """Whether :meth:`consume`, with nothing to hand out, would raise: a TLS/SASL failure (looked at,
+        not taken) or a partition's error (not paused, its records all handed out)."""
+        return (self.cluster._auth_error is not None or self._group_cluster._auth_error is not None
+                or any(st.error is not None and not st.buffer and not st.paused for st in list(self._parts.values())))
 
     def _held(self) -> dict[int | None, int]:
         """Per leader, how many of its partitions have records to hand out (not paused).
