@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -41,7 +40,9 @@ class LoopThread:
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
+        except BaseException:
+            # the timeout, and any exception in this thread meanwhile (Ctrl-C's KeyboardInterrupt): the
+            # coroutine must not go on without its caller (a consume() would take records for nobody)
             fut.cancel()
             raise
 
