@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from oncelog.client import consumer as blocking
+from oncelog.client._loop import LoopThread
 from oncelog.client.aio.consumer import Consumer as AioConsumer
-from oncelog.client.errors import KafkaError, OffsetOutOfRangeError
+from oncelog.client.errors import ClientClosedError, KafkaError, OffsetOutOfRangeError
 from tests.unit.consumer_fakes import answer, consumer, facade
 
 
@@ -184,3 +185,67 @@ def test_an_error_set_by_the_position_lookup_ends_the_wait() -> None:
     t.join()
     assert time.monotonic() - t0 < 2.0
     assert isinstance(st.error, OffsetOutOfRangeError)
+
+
+def test_close_while_consume_waits_on_the_loop_raises_client_closed() -> None:
+    """Past FAST_WAIT the blocking caller waits in consume() on the loop: close() (``_shutdown``) wakes it and
+    it must fail with ClientClosedError at once (before: it waited on, and got the loop's CancelledError)."""
+    c = aio()
+
+    async def main() -> tuple[BaseException | None, float]:
+        task = asyncio.ensure_future(c.consume(5, 3.0))
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        await c._shutdown()
+        try:
+            await asyncio.wait_for(task, 5.0)
+        except BaseException as exc:  # noqa: BLE001 - returned for the assertion
+            return exc, time.monotonic() - t0
+        return None, time.monotonic() - t0
+
+    exc, took = asyncio.run(main())
+    assert isinstance(exc, ClientClosedError) and took < 1.0
+
+
+def test_close_while_a_caller_waits_on_its_thread_raises_client_closed() -> None:
+    c = aio()
+    f, lt = facade(c)
+
+    lt.run = lambda coro, timeout=None: asyncio.run(coro)  # type: ignore[method-assign]  # consume() runs
+    t = later(0.1, lambda: asyncio.run(c._shutdown()))
+    t0 = time.monotonic()
+    with pytest.raises(ClientClosedError):
+        f.consume(5, 5.0)
+    t.join()
+    assert time.monotonic() - t0 < 0.9  # woken by _shutdown, not by FAST_WAIT
+
+
+def test_a_call_cancelled_by_close_raises_client_closed() -> None:
+    """A blocking call on the loop when close() stops the loop thread (or sent just after): ClientClosedError,
+    not the loop's CancelledError."""
+    c = aio()
+    f, _lt = facade(c)
+    lt = f._lt = LoopThread("test-consumer")  # type: ignore[assignment]
+    started = threading.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    outcome: list[BaseException] = []
+
+    def caller() -> None:
+        try:
+            f._run(forever())
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            outcome.append(exc)
+
+    th = threading.Thread(target=caller)
+    th.start()
+    assert started.wait(2.0)
+    f._closed = True  # close(): then the loop thread stops
+    lt.stop()
+    th.join(5.0)
+    assert len(outcome) == 1 and isinstance(outcome[0], ClientClosedError)
+    with pytest.raises(ClientClosedError):
+        f.consume(5, 0)  # sent after the stop: no hang

@@ -6,6 +6,7 @@ waits, Ctrl-C's KeyboardInterrupt included, cancels the coroutine on the loop. L
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import signal
 import threading
 import time
@@ -71,3 +72,39 @@ def test_a_timeout_still_cancels_and_results_still_come_back() -> None:
         assert cancelled.wait(2.0)
     finally:
         lt.stop()
+
+
+def test_a_call_sent_while_the_loop_thread_stops_fails_instead_of_hanging() -> None:
+    """A blocking call woken by close() (the consumer's caller-thread wait) may send its coroutine after the
+    loop stopped and before it was closed: before, nothing ever ran it and the caller waited for ever."""
+    lt = LoopThread("test-loop")
+    window = threading.Event()
+    close = lt.loop.close
+
+    def slow_close() -> None:  # holds open the gap between run_forever()'s return and close()
+        window.wait(10)
+        close()
+
+    lt.loop.close = slow_close  # type: ignore[method-assign]
+    stopper = threading.Thread(target=lt.stop)
+    stopper.start()
+    while lt.loop.is_running():
+        time.sleep(0.01)
+    outcome: list[BaseException | object] = []
+
+    async def call() -> int:
+        return 1
+
+    def caller() -> None:
+        try:
+            outcome.append(lt.run(call()))
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            outcome.append(exc)
+
+    th = threading.Thread(target=caller, daemon=True)
+    th.start()
+    th.join(2.0)
+    window.set()
+    stopper.join()
+    assert outcome, "the call hung"
+    assert isinstance(outcome[0], concurrent.futures.CancelledError)  # as a call cancelled by stop()

@@ -19,6 +19,7 @@ from oncelog.client._loop import LoopThread
 from oncelog.client.aio.consumer import Consumer as AioConsumer
 from oncelog.client.aio.consumer import Message, TopicPartition
 from oncelog.client.aio.transactions import ConsumerGroupMetadata
+from oncelog.client.errors import ClientClosedError
 
 __all__ = ["Consumer", "Message", "TopicPartition"]
 
@@ -56,7 +57,12 @@ class Consumer:
         self.close()
 
     def _run(self, coro: Any, timeout: float | None = None) -> Any:
-        return self._lt.run(coro, timeout)
+        try:
+            return self._lt.run(coro, timeout)
+        except concurrent.futures.CancelledError:
+            if self._closed:  # cancelled by close() (the loop thread stopped): e.g. a caller's consume()
+                raise ClientClosedError("consumer is closed") from None
+            raise
 
     def assign(self, partitions: Iterable[Any]) -> None:
         """Consume exactly these partitions (``TopicPartition`` or ``(topic, partition[, offset])``)."""

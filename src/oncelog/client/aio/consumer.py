@@ -793,6 +793,8 @@ class Consumer:
                 raise member.error
         self._maybe_auto_commit()
         while True:
+            if self._closed:  # woken by close() (_shutdown)
+                raise ClientClosedError("consumer is closed")
             if member is not None and member.error is not None:
                 raise member.error
             if (big := self._big_group(num_messages)) is not None:  # decompressed in a thread: the loop stays free
