@@ -86,3 +86,24 @@ def test_without_the_hold_each_drained_partition_is_fetched() -> None:  # the as
     assert len(c.take_nowait(3) or []) == 3
     assert wakes(loop) == 1
     assert fetched(c) == [(1, [0])]
+
+
+def test_pausing_the_held_partitions_wakes_the_fetcher() -> None:
+    """Partition 0 drained while 1 and 2 hold its leader's Fetch back; pausing 1 and 2 releases the hold, and
+    must wake the fetcher (before: partition 0 was fetched only when the fetcher's 1 s timer fired)."""
+    c, loop = consumer({0: 1, 1: 1, 2: 1}, hold=1)
+    assert len(c.take_nowait(3) or []) == 3
+    assert wakes(loop) == 0
+    c._wake.clear()
+    c.pause([("t", 1), ("t", 2)])
+    assert c._wake.is_set()
+    assert fetched(c) == [(1, [0])]
+
+
+def test_revoking_the_held_partitions_wakes_the_fetcher() -> None:
+    c, loop = consumer({0: 1, 1: 1, 2: 1}, hold=1)
+    assert len(c.take_nowait(3) or []) == 3
+    c._wake.clear()
+    c.incremental_unassign([("t", 1), ("t", 2)])
+    assert c._wake.is_set()
+    assert fetched(c) == [(1, [0])]

@@ -509,6 +509,7 @@ class Consumer:
             if st is not None:
                 st.paused = True
                 self._detach(st)
+        self._wake.set()  # a paused partition's records no longer hold its leader's Fetch back (_held)
 
     def _detach(self, st: _PartitionState) -> None:
         """Copy the undecoded batches of a partition that may stay buffered a long time (paused) out
