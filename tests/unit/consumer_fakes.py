@@ -4,6 +4,7 @@ blocking facade over a loop thread that records what is sent to it."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
@@ -76,3 +77,28 @@ def facade(c: Consumer) -> tuple[blocking.Consumer, NoLoopThread]:
     lt = NoLoopThread()
     f._c, f._lt, f._closed, f.config = c, lt, False, c.config  # type: ignore[assignment]
     return f, lt
+
+
+def fetched(c: Consumer) -> list[tuple[int, list[int]]]:
+    """One pass of the fetcher: the Fetches it sends, as (node, partitions); each is done at once with no
+    answer (so a later pass may fetch the same partitions again)."""
+    sent: list[tuple[int, list[int]]] = []
+
+    async def fetch(node: int, states: list[Any]) -> None:
+        sent.append((node, sorted(st.partition for st in states)))
+        for st in states:
+            st.in_flight = False
+        c._node_busy.discard(node)
+
+    async def one_pass() -> None:
+        c._fetch = fetch  # type: ignore[method-assign]
+        c._wake = asyncio.Event()  # (asyncio.Event binds to the first loop it is used in)
+        task = asyncio.ensure_future(c._run())
+        await asyncio.sleep(0.05)
+        c._closed = True
+        c._wake.set()
+        await task
+
+    asyncio.run(one_pass())
+    c._closed = False
+    return sent

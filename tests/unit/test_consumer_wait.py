@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -249,3 +250,51 @@ def test_a_call_cancelled_by_close_raises_client_closed() -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], ClientClosedError)
     with pytest.raises(ClientClosedError):
         f.consume(5, 0)  # sent after the stop: no hang
+
+
+def _member(**state: Any) -> SimpleNamespace:
+    return SimpleNamespace(**{"error": None, "_poll_expired": False, "_last_poll": 0.0, **state})
+
+
+@pytest.mark.parametrize("case", ["closed", "member error", "poll expired", "auto-commit due"])
+def test_what_only_consume_handles_goes_to_the_loop_at_once(case: str) -> None:
+    """A fatal group error, a ``max.poll.interval.ms`` expiry to rejoin from, an auto-commit due, a closed
+    consumer: straight to consume() on the loop, without the caller-thread wait."""
+    c = aio()
+    f, lt = facade(c)
+    if case == "closed":
+        c._closed = True
+    elif case == "member error":
+        c._member = _member(error=KafkaError("fenced"))  # type: ignore[assignment]
+    elif case == "poll expired":
+        c._member = _member(_poll_expired=True)  # type: ignore[assignment]
+    else:
+        c._auto_commit, c._next_auto_commit = True, time.monotonic() - 1
+    t0 = time.monotonic()
+    assert c.wait_take(5, 2.0) is None
+    assert f.consume(5, 2.0) == ["from the loop"]
+    assert time.monotonic() - t0 < 0.5
+    assert [s[0] for s in lt.sent] == ["Consumer.consume"]
+
+
+def test_the_wait_restarts_the_poll_interval_clock() -> None:
+    """As consume() does (poll_happened): the member's ``max.poll.interval.ms`` timer must not expire
+    while the caller waits in wait_take."""
+    c = aio()
+    c._member = member = _member(_last_poll=time.monotonic() - 100)  # type: ignore[assignment]
+    seen: list[float] = []
+    t = later(0.1, lambda: (seen.append(member._last_poll), answer(c, [0])))
+    t0 = time.monotonic()
+    assert len(c.wait_take(5, 2.0) or []) == 3
+    t.join()
+    assert seen[0] >= t0
+
+
+def test_several_answers_are_taken_in_order() -> None:
+    c = aio(1)
+    f, lt = facade(c)
+    for first in (0, 3, 6):
+        t = later(0.02, answer, c, [0])
+        assert [m.offset for m in f.consume(10, 5.0)] == [first, first + 1, first + 2]
+        t.join()
+    assert lt.sent == [] and c._parts[("t", 0)].consumed == 9
