@@ -24,7 +24,8 @@ from oncelog.client.errors import ClientClosedError
 __all__ = ["Consumer", "Message", "TopicPartition"]
 
 # seconds a blocking poll()/consume() with nothing buffered waits on its own thread for the next Fetch
-# answer before it waits through the loop thread (AioConsumer.consume, which also raises the errors)
+# answer before it waits through the loop thread (AioConsumer.consume). A pending error goes to consume()
+# (which raises it) at once, and one arriving ends the wait (AioConsumer.wait_take)
 FAST_WAIT = 1.0
 FETCH_HOLD: int | None = 1
 
@@ -189,7 +190,8 @@ class Consumer:
     def _wait_take(self, n: int, timeout: float | None) -> tuple[list[Message] | None, float | None]:
         """Nothing buffered: wait on this thread for the next Fetch answer (up to ``timeout``, at most
         ``FAST_WAIT`` s) and take from it; and what is left of ``timeout`` for :meth:`AioConsumer.consume`
-        on the loop, which raises errors and does the longer waits."""
+        on the loop, which does the longer waits and raises the errors (an error pending or arriving
+        ends the wait at once)."""
         if not FAST_WAIT or (timeout is not None and timeout <= 0):
             return None, timeout
         wait = FAST_WAIT if timeout is None else min(timeout, FAST_WAIT)
