@@ -148,3 +148,70 @@ def test_group_requests_do_not_wait_behind_a_held_fetch(broker: EmbeddedBroker, 
             assert c.committed([TopicPartition("idle", 0)])[0].offset == 1
             took.append(time.monotonic() - t0)
         assert max(took) < 3.0, took  # behind the held Fetch: up to 10 s each
+
+
+def test_out_of_range_is_raised_while_another_partition_delivers(broker: EmbeddedBroker, kit: Any) -> None:
+    """The blocking consumer, partition 0 out of range with auto.offset.reset=none, partition 1 getting a
+    record every 50 ms: the error comes at the first call that finds nothing to hand out. Before, the
+    caller-thread wait handed out partition 1's records and never raised it."""
+    import threading
+    import time
+
+    from oncelog.client import Producer
+
+    kit.create_topic(broker.bootstrap, "oor-flow", 2)
+    stop = threading.Event()
+    with Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0}) as p:
+        p.produce("oor-flow", b"x", partition=0)
+        p.flush(10)
+
+        def feed() -> None:
+            while not stop.is_set():
+                p.produce("oor-flow", b"y", partition=1)
+                p.flush(10)
+                time.sleep(0.05)
+
+        th = threading.Thread(target=feed)
+        th.start()
+        try:
+            with Consumer({"bootstrap.servers": broker.bootstrap, "auto.offset.reset": "none"}) as c:
+                c.assign([TopicPartition("oor-flow", 0, 1000), TopicPartition("oor-flow", 1, 0)])
+                n, raised, t0 = 0, False, time.monotonic()
+                while time.monotonic() - t0 < 4 and not raised:
+                    try:
+                        n += len(c.consume(100, 5.0))
+                    except OffsetOutOfRangeError:
+                        raised = True
+        finally:
+            stop.set()
+            th.join()
+    assert raised, f"{n} records of partition 1 in 4 s, partition 0's OffsetOutOfRangeError never raised"
+
+
+def test_close_from_another_thread_ends_a_long_wait_with_client_closed(broker: EmbeddedBroker, kit: Any) -> None:
+    """Past the first second the blocking consume() waits on the loop: close() must end it with
+    ClientClosedError (before: the loop thread's CancelledError)."""
+    import threading
+    import time
+
+    from oncelog.client.errors import ClientClosedError
+
+    kit.create_topic(broker.bootstrap, "close-wait", 1)
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "auto.offset.reset": "earliest"})
+    c.assign([("close-wait", 0)])
+    out: list[Any] = []
+
+    def caller() -> None:
+        try:
+            out.append(c.consume(10, 20.0))
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            out.append(exc)
+
+    th = threading.Thread(target=caller)
+    th.start()
+    time.sleep(1.5)  # past the caller-thread wait (FAST_WAIT, 1 s)
+    t0 = time.monotonic()
+    c.close()
+    th.join(10)
+    assert len(out) == 1 and isinstance(out[0], ClientClosedError), out
+    assert time.monotonic() - t0 < 5

@@ -6,6 +6,7 @@ Errors, timeouts and the cases ``take_nowait`` leaves to ``consume()`` still go 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from types import SimpleNamespace
@@ -14,52 +15,14 @@ from typing import Any
 import pytest
 
 from oncelog.client import consumer as blocking
-from oncelog.client.aio.cluster import TopicInfo
+from oncelog.client._loop import LoopThread
 from oncelog.client.aio.consumer import Consumer as AioConsumer
-from oncelog.client.errors import KafkaError
-from oncelog.protocol.records import Record, encode_record_batch
+from oncelog.client.errors import ClientClosedError, KafkaError, OffsetOutOfRangeError
+from tests.unit.consumer_fakes import answer, consumer, facade
 
 
-class Loop:
-    def call_soon_threadsafe(self, fn: Any, *args: Any) -> None:
-        pass
-
-
-class NoLoopThread:
-    """The facade's loop thread: records what is sent to it instead of running it."""
-
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-
-    def run(self, coro: Any, timeout: float | None = None) -> Any:
-        self.sent.append((coro.__qualname__, coro.cr_frame.f_locals.get("timeout")))
-        coro.close()
-        return ["from the loop"]
-
-
-def aio(parts: int = 2) -> AioConsumer:
-    c = AioConsumer({"bootstrap.servers": "127.0.0.1:1"})
-    c.cluster.topics["t"] = TopicInfo("t", None, leaders={p: 1 for p in range(parts)})
-    c.assign([("t", p, 0) for p in range(parts)])
-    c._loop = Loop()  # type: ignore[assignment]
-    return c
-
-
-def answer(c: AioConsumer, partitions: list[int]) -> None:
-    """What the loop thread's fetcher does with a Fetch answer of 3 records a partition."""
-    gens = {k: (st.generation, st.fetch_pos) for k, st in c._parts.items()}
-    batch = encode_record_batch([Record(None, b"v%d" % i) for i in range(3)], base_offset=0)
-    if c._apply_answer(SimpleNamespace(responses=[SimpleNamespace(topic="t", partitions=[
-            SimpleNamespace(partition_index=p, error_code=0, records=batch, aborted_transactions=[])
-            for p in partitions])]), gens):
-        getattr(c, "_signal", c._data.set)()  # (the old code had no _signal)
-
-
-def facade(c: AioConsumer) -> tuple[blocking.Consumer, NoLoopThread]:
-    f = blocking.Consumer.__new__(blocking.Consumer)
-    lt = NoLoopThread()
-    f._c, f._lt, f._closed, f.config = c, lt, False, c.config  # type: ignore[assignment]
-    return f, lt
+def aio(parts: int = 2, **config: Any) -> AioConsumer:
+    return consumer({p: 1 for p in range(parts)}, records=0, config=config)[0]
 
 
 def later(delay: float, fn: Any, *args: Any) -> threading.Thread:
@@ -99,7 +62,7 @@ def test_nothing_arrives_the_rest_of_the_timeout_goes_to_the_loop(monkeypatch: p
     t0 = time.monotonic()
     assert f.consume(5, 0.5) == ["from the loop"]
     assert time.monotonic() - t0 >= 0.19  # waited FAST_WAIT on the caller's thread first
-    [(name, timeout)] = lt.sent
+    [(name, timeout, _at)] = lt.sent
     assert name == "Consumer.consume" and 0.2 <= timeout <= 0.31
 
 
@@ -116,7 +79,7 @@ def test_an_error_arriving_during_the_wait_is_raised_through_the_loop() -> None:
     assert f.consume(5, 5.0) == ["from the loop"]  # consume() on the loop raises the partition's error
     t.join()
     assert time.monotonic() - t0 < 4.0  # woken by the error, not by the timeout
-    [(name, timeout)] = lt.sent
+    [(name, timeout, _at)] = lt.sent
     assert name == "Consumer.consume" and timeout > 4.0
 
 
@@ -145,4 +108,193 @@ def test_a_zero_timeout_does_not_wait() -> None:
     t0 = time.monotonic()
     assert f.consume(5, 0) == ["from the loop"]
     assert time.monotonic() - t0 < 0.1
-    assert lt.sent == [("Consumer.consume", 0)]
+    assert [s[:2] for s in lt.sent] == [("Consumer.consume", 0)]
+
+
+def _partition_error(c: AioConsumer) -> None:
+    c._parts[("t", 0)].error = OffsetOutOfRangeError("t-0 out of range")  # auto.offset.reset=none
+
+
+def _auth_error(c: AioConsumer) -> None:
+    c.cluster._auth_error = KafkaError("SASL authentication failed")
+
+
+@pytest.mark.parametrize("set_error", [_partition_error, _auth_error])
+def test_an_error_pending_when_the_call_starts_is_raised_at_once(set_error: Any) -> None:
+    c = aio()
+    f, lt = facade(c)
+    set_error(c)
+    t0 = time.monotonic()
+    assert f.consume(5, 5.0) == ["from the loop"]  # consume() on the loop raises it
+    assert lt.sent[0][2] - t0 < 0.5  # before: only after FAST_WAIT (1 s)
+    assert c.cluster._auth_error is not None or c._parts[("t", 0)].error is not None  # left for consume()
+
+
+def test_an_error_is_raised_while_another_partition_keeps_delivering() -> None:
+    """Partition 0 is out of range; partition 1 gets an answer every 50 ms. Before: the caller-thread wait
+    handed out partition 1's records for ever and never reached consume(), which raises partition 0's error."""
+    c = aio()
+    f, lt = facade(c)
+    _partition_error(c)
+    stop = threading.Event()
+
+    def feed() -> None:
+        while not stop.is_set():
+            time.sleep(0.05)
+            answer(c, [1])
+
+    th = threading.Thread(target=feed)
+    th.start()
+    try:
+        end = time.monotonic() + 2.5
+        while time.monotonic() < end and not lt.sent:
+            f.consume(10, 5.0)
+    finally:
+        stop.set()
+        th.join()
+    assert lt.sent, "partition 0's error never reached consume()"
+
+
+def test_records_buffered_before_an_error_are_handed_out_first() -> None:
+    c = aio()
+    f, lt = facade(c)
+    answer(c, [1])
+    _partition_error(c)
+    assert [(m.partition, m.offset) for m in f.consume(10, 5.0)] == [(1, 0), (1, 1), (1, 2)]
+    assert lt.sent == []
+    assert f.consume(10, 5.0) == ["from the loop"]  # then the error, as consume() on the loop would
+
+
+def test_a_paused_partitions_error_does_not_end_the_wait() -> None:
+    c = aio()
+    _partition_error(c)
+    c._parts[("t", 0)].paused = True
+    t0 = time.monotonic()
+    assert c.wait_take(5, 0.2) is None
+    assert time.monotonic() - t0 >= 0.19
+
+
+def test_an_error_set_by_the_position_lookup_ends_the_wait() -> None:
+    """``_resolve`` (auto.offset.reset=none, or a ListOffsets error) sets the error while a caller waits:
+    before, nothing signalled it and the wait ran to its end."""
+    c = aio(**{"auto.offset.reset": "none"})
+    st = c._parts[("t", 0)]
+    st.fetch_pos = None
+    t = later(0.05, lambda: asyncio.run(c._resolve([st])))
+    t0 = time.monotonic()
+    assert c.wait_take(5, 3.0) is None
+    t.join()
+    assert time.monotonic() - t0 < 2.0
+    assert isinstance(st.error, OffsetOutOfRangeError)
+
+
+def test_close_while_consume_waits_on_the_loop_raises_client_closed() -> None:
+    """Past FAST_WAIT the blocking caller waits in consume() on the loop: close() (``_shutdown``) wakes it and
+    it must fail with ClientClosedError at once (before: it waited on, and got the loop's CancelledError)."""
+    c = aio()
+
+    async def main() -> tuple[BaseException | None, float]:
+        task = asyncio.ensure_future(c.consume(5, 3.0))
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        await c._shutdown()
+        try:
+            await asyncio.wait_for(task, 5.0)
+        except BaseException as exc:  # noqa: BLE001 - returned for the assertion
+            return exc, time.monotonic() - t0
+        return None, time.monotonic() - t0
+
+    exc, took = asyncio.run(main())
+    assert isinstance(exc, ClientClosedError) and took < 1.0
+
+
+def test_close_while_a_caller_waits_on_its_thread_raises_client_closed() -> None:
+    c = aio()
+    f, lt = facade(c)
+
+    lt.run = lambda coro, timeout=None: asyncio.run(coro)  # type: ignore[method-assign]  # consume() runs
+    t = later(0.1, lambda: asyncio.run(c._shutdown()))
+    t0 = time.monotonic()
+    with pytest.raises(ClientClosedError):
+        f.consume(5, 5.0)
+    t.join()
+    assert time.monotonic() - t0 < 0.9  # woken by _shutdown, not by FAST_WAIT
+
+
+def test_a_call_cancelled_by_close_raises_client_closed() -> None:
+    """A blocking call on the loop when close() stops the loop thread (or sent just after): ClientClosedError,
+    not the loop's CancelledError."""
+    c = aio()
+    f, _lt = facade(c)
+    lt = f._lt = LoopThread("test-consumer")  # type: ignore[assignment]
+    started = threading.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    outcome: list[BaseException] = []
+
+    def caller() -> None:
+        try:
+            f._run(forever())
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            outcome.append(exc)
+
+    th = threading.Thread(target=caller)
+    th.start()
+    assert started.wait(2.0)
+    f._closed = True  # close(): then the loop thread stops
+    lt.stop()
+    th.join(5.0)
+    assert len(outcome) == 1 and isinstance(outcome[0], ClientClosedError)
+    with pytest.raises(ClientClosedError):
+        f.consume(5, 0)  # sent after the stop: no hang
+
+
+def _member(**state: Any) -> SimpleNamespace:
+    return SimpleNamespace(**{"error": None, "_poll_expired": False, "_last_poll": 0.0, **state})
+
+
+@pytest.mark.parametrize("case", ["closed", "member error", "poll expired", "auto-commit due"])
+def test_what_only_consume_handles_goes_to_the_loop_at_once(case: str) -> None:
+    """A fatal group error, a ``max.poll.interval.ms`` expiry to rejoin from, an auto-commit due, a closed
+    consumer: straight to consume() on the loop, without the caller-thread wait."""
+    c = aio()
+    f, lt = facade(c)
+    if case == "closed":
+        c._closed = True
+    elif case == "member error":
+        c._member = _member(error=KafkaError("fenced"))  # type: ignore[assignment]
+    elif case == "poll expired":
+        c._member = _member(_poll_expired=True)  # type: ignore[assignment]
+    else:
+        c._auto_commit, c._next_auto_commit = True, time.monotonic() - 1
+    t0 = time.monotonic()
+    assert c.wait_take(5, 2.0) is None
+    assert f.consume(5, 2.0) == ["from the loop"]
+    assert time.monotonic() - t0 < 0.5
+    assert [s[0] for s in lt.sent] == ["Consumer.consume"]
+
+
+def test_the_wait_restarts_the_poll_interval_clock() -> None:
+    """As consume() does (poll_happened): the member's ``max.poll.interval.ms`` timer must not expire
+    while the caller waits in wait_take."""
+    c = aio()
+    c._member = member = _member(_last_poll=time.monotonic() - 100)  # type: ignore[assignment]
+    seen: list[float] = []
+    t = later(0.1, lambda: (seen.append(member._last_poll), answer(c, [0])))
+    t0 = time.monotonic()
+    assert len(c.wait_take(5, 2.0) or []) == 3
+    t.join()
+    assert seen[0] >= t0
+
+
+def test_several_answers_are_taken_in_order() -> None:
+    c = aio(1)
+    f, lt = facade(c)
+    for first in (0, 3, 6):
+        t = later(0.02, answer, c, [0])
+        assert [m.offset for m in f.consume(10, 5.0)] == [first, first + 1, first + 2]
+        t.join()
+    assert lt.sent == [] and c._parts[("t", 0)].consumed == 9

@@ -6,36 +6,7 @@ unknown, still wakes it at once (otherwise its next Fetch would wait for another
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
-from oncelog.client.aio.cluster import TopicInfo
-from oncelog.client.aio.consumer import Consumer
-from oncelog.protocol.records import Record, encode_record_batch
-
-
-class Loop:
-    """Counts what take_nowait() hands to the loop thread."""
-
-    def __init__(self) -> None:
-        self.calls: list[Any] = []
-
-    def call_soon_threadsafe(self, fn: Any, *args: Any) -> None:
-        self.calls.append(fn)
-
-
-def consumer(leaders: dict[int, int]) -> tuple[Consumer, Loop]:
-    c = Consumer({"bootstrap.servers": "127.0.0.1:1"})
-    c.cluster.topics["t"] = TopicInfo("t", None, leaders=dict(leaders))
-    c.assign([("t", p, 0) for p in leaders])
-    loop = Loop()
-    c._loop = loop  # type: ignore[assignment]
-    gens = {k: (st.generation, st.fetch_pos) for k, st in c._parts.items()}
-    batch = encode_record_batch([Record(None, b"v%d" % i) for i in range(3)], base_offset=0)
-    c._apply_answer(SimpleNamespace(responses=[SimpleNamespace(topic="t", partitions=[
-        SimpleNamespace(partition_index=p, error_code=0, records=batch, aborted_transactions=[])
-        for p in leaders])]), gens)
-    return c, loop
+from tests.unit.consumer_fakes import consumer
 
 
 def test_no_wake_while_a_fetch_is_in_flight_to_the_leader() -> None:

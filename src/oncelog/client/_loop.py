@@ -1,7 +1,8 @@
 """A background asyncio loop thread for the blocking clients.
 
 ``LoopThread()`` starts a daemon thread running its own event loop;
-``run(coro, timeout)`` runs a coroutine there and blocks for its result;
+``run(coro, timeout)`` runs a coroutine there and blocks for its result (cancelled, and
+``concurrent.futures.CancelledError`` raised, when ``stop()`` ends the loop first);
 ``call(fn, *args)`` schedules a plain call on the loop from any thread;
 ``stop()`` ends the loop and joins the thread.
 """
@@ -20,6 +21,10 @@ T = TypeVar("T")
 class LoopThread:
     def __init__(self, name: str = "oncelog-client") -> None:
         self.loop = asyncio.new_event_loop()
+        # run() sends nothing once stop() began: a coroutine sent after run_forever() returned would
+        # never run (its caller waiting for ever); one sent before is cancelled by _main
+        self._sending = threading.Lock()
+        self._stopping = False
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -38,10 +43,16 @@ class LoopThread:
         self.loop.close()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        with self._sending:
+            if self._stopping:  # as a coroutine sent just before stop(): cancelled
+                coro.close()
+                raise concurrent.futures.CancelledError()
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result(timeout)
-        except concurrent.futures.TimeoutError:
+        except BaseException:
+            # the timeout, and any exception in this thread meanwhile (Ctrl-C's KeyboardInterrupt): the
+            # coroutine must not go on without its caller (a consume() would take records for nobody)
             fut.cancel()
             raise
 
@@ -49,7 +60,9 @@ class LoopThread:
         self.loop.call_soon_threadsafe(fn, *args)
 
     def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        with self._sending:
+            if self._stopping or self.loop.is_closed():
+                return
+            self._stopping = True
+            self.loop.call_soon_threadsafe(self.loop.stop)  # after the coroutines already sent
         self._thread.join(10)

@@ -19,11 +19,13 @@ from oncelog.client._loop import LoopThread
 from oncelog.client.aio.consumer import Consumer as AioConsumer
 from oncelog.client.aio.consumer import Message, TopicPartition
 from oncelog.client.aio.transactions import ConsumerGroupMetadata
+from oncelog.client.errors import ClientClosedError
 
 __all__ = ["Consumer", "Message", "TopicPartition"]
 
 # seconds a blocking poll()/consume() with nothing buffered waits on its own thread for the next Fetch
-# answer before it waits through the loop thread (AioConsumer.consume, which also raises the errors)
+# answer before it waits through the loop thread (AioConsumer.consume). A pending error goes to consume()
+# (which raises it) at once, and one arriving ends the wait (AioConsumer.wait_take)
 FAST_WAIT = 1.0
 FETCH_HOLD: int | None = 1
 
@@ -56,7 +58,12 @@ class Consumer:
         self.close()
 
     def _run(self, coro: Any, timeout: float | None = None) -> Any:
-        return self._lt.run(coro, timeout)
+        try:
+            return self._lt.run(coro, timeout)
+        except concurrent.futures.CancelledError:
+            if self._closed:  # cancelled by close() (the loop thread stopped): e.g. a caller's consume()
+                raise ClientClosedError("consumer is closed") from None
+            raise
 
     def assign(self, partitions: Iterable[Any]) -> None:
         """Consume exactly these partitions (``TopicPartition`` or ``(topic, partition[, offset])``)."""
@@ -183,7 +190,8 @@ class Consumer:
     def _wait_take(self, n: int, timeout: float | None) -> tuple[list[Message] | None, float | None]:
         """Nothing buffered: wait on this thread for the next Fetch answer (up to ``timeout``, at most
         ``FAST_WAIT`` s) and take from it; and what is left of ``timeout`` for :meth:`AioConsumer.consume`
-        on the loop, which raises errors and does the longer waits."""
+        on the loop, which does the longer waits and raises the errors (an error pending or arriving
+        ends the wait at once)."""
         if not FAST_WAIT or (timeout is not None and timeout <= 0):
             return None, timeout
         wait = FAST_WAIT if timeout is None else min(timeout, FAST_WAIT)

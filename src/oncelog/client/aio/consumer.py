@@ -459,12 +459,14 @@ class Consumer:
             if ts is None:
                 st.error = OffsetOutOfRangeError(f"{st.topic}-{st.partition} has no position and "
                                                  "auto.offset.reset=none")
+                self._signal()  # a waiting consume() or wait_take() raises it
                 continue
             gen = st.generation
             try:
                 off = await self._list_offset(st.topic, st.partition, ts)
             except KafkaError as exc:
                 st.error = exc
+                self._signal()
                 continue
             if st.generation == gen:
                 st.fetch_pos = st.consumed = off
@@ -511,6 +513,7 @@ class Consumer:
             if st is not None:
                 st.paused = True
                 self._detach(st)
+        self._wake.set()  # a paused partition's records no longer hold its leader's Fetch back (_held)
 
     def _detach(self, st: _PartitionState) -> None:
         """Copy the undecoded batches of a partition that may stay buffered a long time (paused) out
@@ -797,6 +800,8 @@ class Consumer:
                 raise member.error
         self._maybe_auto_commit()
         while True:
+            if self._closed:  # woken by close() (_shutdown)
+                raise ClientClosedError("consumer is closed")
             if member is not None and member.error is not None:
                 raise member.error
             # each large group the take reaches decompressed in a thread, one after another: the loop stays free
@@ -904,10 +909,9 @@ class Consumer:
         the consumer is closed, the group member has an error or a ``max.poll.interval.ms``
         expiry to act on, or an auto-commit is due.
         """
-        member = self._member
-        if (self._closed or (member is not None and (member.error is not None or member._poll_expired))
-                or (self._auto_commit and time.monotonic() >= self._next_auto_commit)):
+        if self._leave_to_consume():
             return None
+        member = self._member
         self._predecode()
         out, drained = self._take(n)
         if not out:
@@ -917,6 +921,14 @@ class Consumer:
         if drained and self._loop is not None and self._wake_needed(drained):
             self._loop.call_soon_threadsafe(self._wake.set)  # the fetcher refills the drained partitions
         return out
+
+    def _leave_to_consume(self) -> bool:
+        """Whether the caller-thread paths (:meth:`take_nowait`, :meth:`take_one_nowait`, :meth:`wait_take`)
+        must leave this call to :meth:`consume`: the consumer is closed, the group member has an error or
+        a ``max.poll.interval.ms`` expiry to act on, or an auto-commit is due."""
+        member = self._member
+        return (self._closed or (member is not None and (member.error is not None or member._poll_expired))
+                or (self._auto_commit and time.monotonic() >= self._next_auto_commit))
 
     def _signal(self) -> None:
         """Records or an error to hand out (on the loop): wakes :meth:`consume` and :meth:`wait_take`."""
@@ -934,19 +946,29 @@ class Consumer:
         None (at once) in the cases :meth:`take_nowait` leaves to :meth:`consume`, and when nothing
         came or nothing could be taken: the caller then goes through :meth:`consume`, which raises
         the errors and waits on. The ``max.poll.interval.ms`` clock restarts here, as in
-        :meth:`consume`."""
-        member = self._member
-        if (self._closed or (member is not None and (member.error is not None or member._poll_expired))
-                or (self._auto_commit and time.monotonic() >= self._next_auto_commit)):
+        :meth:`consume`.
+
+        An error :meth:`consume` would raise with nothing to hand out (a partition's, not paused, with
+        no records left; a pending TLS/SASL failure) returns None at once, and ends a wait: the error is
+        raised where :meth:`consume` raises it, after the records buffered before it."""
+        if self._leave_to_consume():
             return None
+        member = self._member
         if member is not None:
             member._last_poll = time.monotonic()
         with self._lock:
             seq = self._signals
             if not any(st.buffer and not st.paused for st in self._parts.values()):
-                if not self._arrived.wait_for(lambda: self._signals != seq, timeout):
+                if self._error_pending() or not self._arrived.wait_for(
+                        lambda: self._signals != seq or self._error_pending(), timeout):
                     return None
         return self.take_nowait(n)
+
+    def _error_pending(self) -> bool:
+        """Whether :meth:`consume`, with nothing to hand out, would raise: a TLS/SASL failure (looked at,
+        not taken) or a partition's error (not paused, its records all handed out)."""
+        return (self.cluster._auth_error is not None or self._group_cluster._auth_error is not None
+                or any(st.error is not None and not st.buffer and not st.paused for st in list(self._parts.values())))
 
     def _held(self) -> dict[int | None, int]:
         """Per leader, how many of its partitions have records to hand out (not paused).
@@ -991,10 +1013,9 @@ class Consumer:
         Handles the common case, a message of the current partition that does not empty its
         buffer; anything else goes through :meth:`take_nowait`.
         """
-        member = self._member
-        if (self._closed or (member is not None and (member.error is not None or member._poll_expired))
-                or (self._auto_commit and time.monotonic() >= self._next_auto_commit)):
+        if self._leave_to_consume():
             return None
+        member = self._member
         with self._lock:
             order = self._order
             st = self._parts.get(order[0]) if order else None
