@@ -10,8 +10,11 @@ Internal design (for the transactions work that builds on it):
   future)`` runs on the loop. It partitions (murmur2 / sticky, see
   :mod:`oncelog.client.partitioner`) and appends the encoded record to the
   partition's open :class:`~oncelog.client.batch.BatchBuilder`. Records for
-  a topic without metadata wait in ``_waiting`` until
-  :meth:`Cluster.wait_topic` answers (or ``max.block.ms`` passes).
+  a topic without metadata wait in ``_waiting`` (one FIFO per topic) until
+  :meth:`Cluster.wait_topic` answers (or ``max.block.ms`` passes); a
+  ``produce_batch`` call for that topic meanwhile waits in the same FIFO (a
+  ``_WaitingBatch``), and one pass places them all in call order, so a
+  partition's log follows the order of produce() and produce_batch() calls.
 * One sender task (:meth:`ProducerCore._run`) closes batches that are full,
   older than ``linger.ms`` or flushed, and sends, per leader, one Produce
   request holding at most one batch per partition, with at most
