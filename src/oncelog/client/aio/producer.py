@@ -10,8 +10,11 @@ Internal design (for the transactions work that builds on it):
   future)`` runs on the loop. It partitions (murmur2 / sticky, see
   :mod:`oncelog.client.partitioner`) and appends the encoded record to the
   partition's open :class:`~oncelog.client.batch.BatchBuilder`. Records for
-  a topic without metadata wait in ``_waiting`` until
-  :meth:`Cluster.wait_topic` answers (or ``max.block.ms`` passes).
+  a topic without metadata wait in ``_waiting`` (one FIFO per topic) until
+  :meth:`Cluster.wait_topic` answers (or ``max.block.ms`` passes); a
+  ``produce_batch`` call for that topic meanwhile waits in the same FIFO (a
+  ``_WaitingBatch``), and one pass places them all in call order, so a
+  partition's log follows the order of produce() and produce_batch() calls.
 * One sender task (:meth:`ProducerCore._run`) closes batches that are full,
   older than ``linger.ms`` or flushed, and sends, per leader, one Produce
   request holding at most one batch per partition, with at most
@@ -107,7 +110,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster
+from oncelog.client.aio.cluster import REFRESH_ERRORS, Cluster, TopicInfo
 from oncelog.client.arrow import arrow_bounds, arrow_sections, as_binary, is_arrow
 from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
 from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder, batch_bounds, encode_sections, split_builder
@@ -594,7 +597,9 @@ class ProducerCore:
         self.producer_epoch = -1
         self.partitions: dict[tuple[str, int], _Partition] = {}
         self.sticky = StickyPartitioner()
-        self._waiting: dict[str, list[tuple[Any, ...]]] = {}
+        # per topic without metadata yet: its produce() records (tuples of _place's arguments) and
+        # produce_batch() calls (_WaitingBatch), in call order, placed in that order once it arrives
+        self._waiting: dict[str, list[Any]] = {}
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._node_inflight: dict[int, int] = {}
@@ -709,7 +714,7 @@ class ProducerCore:
             self._no_requests.set()
         for recs in self._waiting.values():
             for r in recs:
-                self._fail_record(r[6], r[1], r[2], err)
+                self._fail_waiting(r, err)
         self._waiting.clear()
         await self.cluster.close()
 
@@ -889,7 +894,13 @@ class ProducerCore:
         self.buffered_bytes += b.nbytes
         p.ready.append(b)
 
-    def _wait_for_topic(self, topic: str, record: tuple[Any, ...]) -> None:
+    def wait_in_line(self, topic: str, call: "_WaitingBatch") -> None:
+        """Queue a produce_batch() call behind everything already waiting for ``topic``'s metadata
+        (the caller checked that the topic has none, or that records wait for it): it is placed in call
+        order once the metadata arrives, or fails with the same error as the records ahead of it."""
+        self._wait_for_topic(topic, call)
+
+    def _wait_for_topic(self, topic: str, record: Any) -> None:
         waiting = self._waiting.get(topic)
         if waiting is not None:
             waiting.append(record)
@@ -898,20 +909,33 @@ class ProducerCore:
         self._spawn(self._fetch_topic(topic))
 
     async def _fetch_topic(self, topic: str) -> None:
+        info: TopicInfo | None = None
         try:
-            await self.cluster.wait_topic(topic, self.max_block)
+            info = await self.cluster.wait_topic(topic, self.max_block)
             error: KafkaError | None = None
         except KafkaError as exc:
             error = exc
         except Exception as exc:  # pragma: no cover - defensive
             error = KafkaError(str(exc))
         records = self._waiting.pop(topic, [])
-        for r in records:  # in produce order (append queues behind them while the topic is waited for)
+        # in call order: produce() and produce_batch() queue behind them while the topic is waited for,
+        # and all are placed here, synchronously, so a later call cannot come between them
+        for r in records:
             if error is not None:
-                self._fail_record(r[6], r[1], r[2], error)
+                self._fail_waiting(r, error)
+            elif type(r) is _WaitingBatch:
+                r.run(info)
             else:
                 self._place(*r)
         self._kick()
+
+    def _fail_waiting(self, r: Any, exc: KafkaError) -> None:
+        """Fail a record or a produce_batch() call that waits for its topic's metadata."""
+        if type(r) is _WaitingBatch:
+            if not r.done.done():
+                r.done.set_exception(exc)  # produce_batch() raises it, as when its own wait failed
+        else:
+            self._fail_record(r[6], r[1], r[2], exc)
 
     def _close_open(self, p: _Partition) -> None:
         b = p.open
@@ -1053,7 +1077,7 @@ class ProducerCore:
                 p.unacked.clear()
             for recs in self._waiting.values():  # records waiting for their topic's metadata
                 for r in recs:
-                    self._fail_record(r[6], r[1], r[2], exc)
+                    self._fail_waiting(r, exc)
                 recs.clear()
             return
         finally:
@@ -1087,7 +1111,7 @@ class ProducerCore:
                 p.blocked = False
         for recs in self._waiting.values():
             for r in recs:
-                self._fail_record(r[6], r[1], r[2], err)
+                self._fail_waiting(r, err)
             recs.clear()
 
     def _resequence(self, p: _Partition) -> None:
@@ -1751,6 +1775,29 @@ def _as_list(values: Any) -> Any:
     return [_to_bytes(v, "value") for v in values.to_pylist()] if is_arrow(values) else values
 
 
+class _WaitingBatch:
+    """A produce_batch() call queued in ``ProducerCore._waiting`` behind the records (and calls) made
+    before it for a topic without metadata: ``run(info)`` places its records when the metadata comes
+    (in the same synchronous pass as those ahead of it) and completes ``done`` (the call's awaited
+    future) with the outcome."""
+
+    __slots__ = ("place", "done")
+
+    def __init__(self, place: Callable[[TopicInfo], None], done: asyncio.Future[None]) -> None:
+        self.place = place
+        self.done = done
+
+    def run(self, info: Any) -> None:
+        if self.done.done():
+            return  # the call was cancelled while it waited: none of its records is placed
+        try:
+            self.place(info)
+        except Exception as exc:  # partition out of range, ...: produce_batch() raises it
+            self.done.set_exception(exc)
+        else:
+            self.done.set_result(None)
+
+
 async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | None], keys: Any,
                              partition: int | None, timestamp: int | None, futs: BatchFutures,
                              expected_offset: int | None = None) -> None:
@@ -1762,7 +1809,24 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
         raise ValueError("keys and values differ in length")
     if ks is not None and is_arrow(vals) != is_arrow(ks):
         vals, ks = _as_list(vals), _as_list(ks)  # Arrow mixed with a list
-    info = await core.cluster.wait_topic(topic, core.max_block)
+
+    def place(info: TopicInfo) -> None:
+        _place_batch(core, topic, info, vals, ks, partition, timestamp, futs, expected_offset)
+
+    known = core.cluster.topics.get(topic)
+    if known is None or not known.leaders or topic in core._waiting:
+        # the topic's first use (or records still wait for it): in line behind the produce() records and
+        # produce_batch() calls made before this one, so each partition's log follows the call order
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        core.wait_in_line(topic, _WaitingBatch(place, done))
+        await done
+        return
+    place(await core.cluster.wait_topic(topic, core.max_block))  # at once unless the metadata is stale
+
+
+def _place_batch(core: ProducerCore, topic: str, info: TopicInfo, vals: Any, ks: Any, partition: int | None,
+                 timestamp: int | None, futs: BatchFutures, expected_offset: int | None) -> None:
+    """Place a produce_batch() call's records, the topic's metadata known (on the loop, synchronously)."""
     ts = _now_ms() if timestamp is None else timestamp
     n = info.partitions
     if partition is not None and not 0 <= partition < n:
