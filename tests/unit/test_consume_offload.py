@@ -7,15 +7,17 @@ consumer's buffer is filled by ``_apply`` from a Fetch answer made here.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import oncelog.client.aio.consumer as consumer_mod
-from oncelog.client.aio.consumer import Consumer
+from oncelog.client.aio.consumer import Consumer, Message
 from oncelog.protocol import compression
 from oncelog.protocol.records import Record, encode_record_batch
 from tests.unit.test_client_fetch_decode import compressed, response
@@ -75,6 +77,21 @@ class Gate:
             await asyncio.sleep(0.001)
 
 
+async def gated_consume(gate: Gate, c: Consumer, action: Callable[[Consumer], Any], n: int = 70) -> list[Message]:
+    """``c.consume(n, 0)`` (a large group: offloaded) with the worker held by ``gate``: ``action(c)``
+    (awaited if it returns an awaitable) once the worker started, then the worker released; the
+    call's result (or its exception). Call it on the loop ``gate.on_loop()`` was called on."""
+    t1 = asyncio.ensure_future(c.consume(n, 0))
+    await gate.wait_started()
+    try:
+        done = action(c)
+        if inspect.isawaitable(done):
+            await done
+    finally:
+        gate.release.set()
+    return await t1
+
+
 def test_a_blocking_callers_thread_decoding_the_group_the_worker_decompresses(monkeypatch: Any) -> None:
     """The blocking facade with two caller threads: one's consume() went to the loop (offload), the
     other's take_nowait decodes the same group on its own thread meanwhile (it clears the batches'
@@ -122,6 +139,26 @@ def test_close_while_the_worker_decompresses_hands_out_nothing(monkeypatch: Any)
 
     got, consumed = asyncio.run(run())
     assert got == [] and consumed == 0
+
+
+def test_pause_while_the_worker_decompresses_keeps_the_paused_batches_small(monkeypatch: Any) -> None:
+    """pause() while the worker decompresses: pause() copies the batches out of the Fetch answer, but
+    they have no section yet; the job's end then gave them sections into the whole group's
+    decompressed bytes, which the paused partition kept alive until resume(). Was: a 545-byte
+    batch holding ~600 KB."""
+    gate = Gate(monkeypatch)
+    small = compressed(4, encode_record_batch([Record(None, b"x" * 100) for _ in range(5)], base_offset=600))
+
+    async def run() -> list[Any]:
+        gate.on_loop()
+        c = new_consumer(big_zstd() + small)
+        batches = [b for ch in c._parts[("t", 0)].buffer for b in ch.batches or ()]
+        assert await gated_consume(gate, c, lambda c: c.pause([("t", 0)]), n=1) == []
+        return batches
+
+    for b in asyncio.run(run()):
+        data, s, e = b.section if b.section is not None else b.packed
+        assert len(data) == e - s, f"paused batch of {e - s} bytes holds {len(data)} bytes"
 
 
 def test_a_caller_timeout_shorter_than_the_decompression_still_makes_progress(monkeypatch: Any) -> None:
@@ -268,11 +305,7 @@ def test_seek_while_the_worker_decompresses(monkeypatch: Any) -> None:
     async def run() -> tuple[list[int], int]:
         gate.on_loop()
         c = new_consumer(big_zstd())
-        t1 = asyncio.ensure_future(c.consume(70, 0))
-        await gate.wait_started()
-        c.seek(("t", 0), 450)
-        gate.release.set()
-        got = await t1
+        got = await gated_consume(gate, c, lambda c: c.seek(("t", 0), 450))
         return [m.offset for m in got], c._parts[("t", 0)].consumed
 
     got, consumed = asyncio.run(run())

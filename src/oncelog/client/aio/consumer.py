@@ -861,6 +861,11 @@ class Consumer:
         got = fut.result()
         unpacked(got)  # the batches up to a damaged one, if any (the loop decodes on and raises its error)
         return_buffer(got[0])
+        # a partition paused while the worker ran: its batches copied out by pause() are skipped by
+        # unpacked() (packed replaced); any other that got a section into the group's bytes is copied out
+        for st in list(self._parts.values()):
+            if st.paused and st.buffer:
+                self._detach(st)
 
     def _big_group(self, n: int) -> list[Batch] | None:
         """The batches of a decode group that the next ``_take(n)`` would decode while still compressed,
