@@ -671,3 +671,75 @@ def test_blocking_produce_many_in_bulk_per_partition(sbroker: EmbeddedBroker, ki
     doc = verify(bs, inp, out, group)
     assert doc["_counts"] == CLEAN, doc["examples"]
     assert doc["output_records"] == n and doc["aborted_seen"] == len(aborted)
+
+
+def test_ctrl_c_during_blocking_end_then_end_again_commits_once(broker: EmbeddedBroker, kit: Any,
+                                                                 monkeypatch: Any) -> None:
+    """Ctrl-C while a blocking ``TransactSession.end()`` waits for EndTxn: the commit runs on, and ``end()``
+    called again (as Java's commitTransaction may be after an interrupt) returns its outcome. Before, the
+    commit was cancelled half-way (state COMMITTING) and the second end() raised IllegalStateError (the session
+    was over); with the coroutine left running but no re-check of the transaction after the lock, the second
+    end() re-ran the finished transaction and raised ``cannot abort in state READY``."""
+    import signal
+    import threading
+
+    from oncelog.client import TransactSession as BlockingSession
+    from oncelog.client.aio import transactions as txn_mod
+    from oncelog.client.aio.transactions import TxnState
+
+    bs = broker.bootstrap
+    kit.create_topic(bs, "rin", 1)
+    kit.create_topic(bs, "rout", 1)
+    from confluent_kafka import Consumer as CkConsumer
+    from confluent_kafka import Producer as CkProducer
+    p = CkProducer({"bootstrap.servers": bs})
+    for i in range(10):
+        p.produce("rin", value=b"v%d" % i, partition=0)
+    assert p.flush(30) == 0
+
+    s = BlockingSession({"bootstrap.servers": bs, "group.id": "rg", "auto.offset.reset": "earliest",
+                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 500}, ["rin"])
+    try:
+        s.wait_assigned(30)
+        got: list[Any] = []
+        t0 = time.monotonic()
+        while not got and time.monotonic() < t0 + 20:
+            got = s.poll(1.0)
+        assert got
+        for m in got:
+            s.produce("rout", m.value, partition=0)
+
+        real_end = txn_mod.TransactionManager._end
+        slow = {"on": True}
+
+        async def slow_end(self: Any, commit: bool, deadline: float) -> None:
+            if slow["on"]:
+                await asyncio.sleep(1.0)  # EndTxn on the wire
+            await real_end(self, commit, deadline)
+
+        monkeypatch.setattr(txn_mod.TransactionManager, "_end", slow_end)
+        main = threading.main_thread().ident
+        timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            s.end(True)
+        timer.join()
+        assert s.end(True) is True  # waits for the first end() on the loop, and reports its commit
+        slow["on"] = False
+        assert s._s._producer._core.txn.state is TxnState.READY
+        assert s.counters["committed"] == 1
+    finally:
+        s.close()
+    c = CkConsumer({"bootstrap.servers": bs, "group.id": "rcheck", "auto.offset.reset": "earliest",
+                    "isolation.level": "read_committed"})
+    try:
+        c.assign([__import__("confluent_kafka").TopicPartition("rout", 0)])
+        seen: list[bytes] = []
+        t0 = time.monotonic()
+        while len(seen) < len(got) and time.monotonic() < t0 + 20:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                seen.append(m.value())
+        assert seen == [m.value for m in got]
+    finally:
+        c.close()

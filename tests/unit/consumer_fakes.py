@@ -64,9 +64,11 @@ class NoLoopThread:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, Any, float]] = []
+        self.cancel_on_interrupt: list[bool] = []  # per call sent: does Ctrl-C cancel it on the loop
 
-    def run(self, coro: Any, timeout: float | None = None) -> Any:
+    def run(self, coro: Any, timeout: float | None = None, *, cancel_on_interrupt: bool = False) -> Any:
         import time
+        self.cancel_on_interrupt.append(cancel_on_interrupt)
         self.sent.append((coro.__qualname__, coro.cr_frame.f_locals.get("timeout"), time.monotonic()))
         coro.close()
         return ["from the loop"]

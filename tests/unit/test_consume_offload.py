@@ -7,15 +7,18 @@ consumer's buffer is filled by ``_apply`` from a Fetch answer made here.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import oncelog.client.aio.consumer as consumer_mod
-from oncelog.client.aio.consumer import Consumer
+from oncelog.client.aio.consumer import Consumer, Message
+from oncelog.client.errors import ClientClosedError
 from oncelog.protocol import compression
 from oncelog.protocol.records import Record, encode_record_batch
 from tests.unit.test_client_fetch_decode import compressed, response
@@ -75,6 +78,21 @@ class Gate:
             await asyncio.sleep(0.001)
 
 
+async def gated_consume(gate: Gate, c: Consumer, action: Callable[[Consumer], Any], n: int = 70) -> list[Message]:
+    """``c.consume(n, 0)`` (a large group: offloaded) with the worker held by ``gate``: ``action(c)``
+    (awaited if it returns an awaitable) once the worker started, then the worker released; the
+    call's result (or its exception). Call it on the loop ``gate.on_loop()`` was called on."""
+    t1 = asyncio.ensure_future(c.consume(n, 0))
+    await gate.wait_started()
+    try:
+        done = action(c)
+        if inspect.isawaitable(done):
+            await done
+    finally:
+        gate.release.set()
+    return await t1
+
+
 def test_a_blocking_callers_thread_decoding_the_group_the_worker_decompresses(monkeypatch: Any) -> None:
     """The blocking facade with two caller threads: one's consume() went to the loop (offload), the
     other's take_nowait decodes the same group on its own thread meanwhile (it clears the batches'
@@ -108,20 +126,121 @@ def test_a_blocking_callers_thread_decoding_the_group_the_worker_decompresses(mo
 
 def test_close_while_the_worker_decompresses_hands_out_nothing(monkeypatch: Any) -> None:
     """close() completes (auto-commit would have committed the positions) while consume() waits for
-    its worker: that consume() returns nothing. Was: 70 records handed out after close()."""
+    its worker: that consume() hands out nothing and raises ClientClosedError, as a consume() waiting
+    for data does. Was: 70 records handed out after close(); then [] (one outcome per path)."""
     gate = Gate(monkeypatch)
 
-    async def run() -> tuple[list[int], int]:
+    async def run() -> int:
         gate.on_loop()
         c = new_consumer(big_zstd())
-        t1 = asyncio.ensure_future(c.consume(70, 0))
-        await gate.wait_started()
-        await c.close()
-        gate.release.set()
-        return [m.offset for m in await t1], c._parts[("t", 0)].consumed if ("t", 0) in c._parts else 0
+        with pytest.raises(ClientClosedError):
+            await gated_consume(gate, c, Consumer.close)
+        return c._parts[("t", 0)].consumed if ("t", 0) in c._parts else 0
 
-    got, consumed = asyncio.run(run())
-    assert got == [] and consumed == 0
+    assert asyncio.run(run()) == 0
+
+
+def test_close_with_autocommit_during_the_offload_hands_out_nothing_after_its_commit(monkeypatch: Any) -> None:
+    """The worker ends while close() is still in progress (its final auto-commit on the wire): the
+    consume() must not hand out records past the positions close() committed (they would be delivered
+    again after a restart). Was: 70 records handed out (only a completed close() was checked)."""
+    gate = Gate(monkeypatch)
+    committed: list[dict[Any, int]] = []
+
+    async def run() -> None:
+        gate.on_loop()
+        c = Consumer({"bootstrap.servers": "127.0.0.1:1", "enable.auto.commit": True, "group.id": "g"})
+        c.assign([("t", 0, 0)])
+        assert c._apply(c._parts[("t", 0)], response(big_zstd()))
+
+        async def slow_commit(offsets: Any) -> None:
+            committed.append(dict(offsets))
+            gate.release.set()  # the worker ends while the final commit is on the wire
+            await asyncio.sleep(0.2)
+
+        c._commit = slow_commit  # type: ignore[method-assign]
+        c._next_auto_commit = float("inf")
+        with pytest.raises(ClientClosedError):
+            await gated_consume(gate, c, Consumer.close)
+
+    asyncio.run(run())
+    assert committed == [{("t", 0): 0}]
+
+
+def test_close_during_a_wait_with_autocommit_hands_out_nothing_after_its_commit() -> None:
+    """The plain wait path: a Fetch answer lands (and wakes the waiting consume()) while close()'s final
+    auto-commit is on the wire. Was: its records handed out after offset 0 was committed."""
+    committed: list[dict[Any, int]] = []
+
+    async def run() -> None:
+        c = Consumer({"bootstrap.servers": "127.0.0.1:1", "enable.auto.commit": True, "group.id": "g"})
+        c.assign([("t", 0, 0)])
+        c._next_auto_commit = float("inf")
+
+        async def slow_commit(offsets: Any) -> None:
+            committed.append(dict(offsets))
+            c._apply(c._parts[("t", 0)], response(encode_record_batch(
+                [Record(None, b"v%d" % i) for i in range(5)], base_offset=0)))
+            c._signal()
+            await asyncio.sleep(0.2)
+
+        c._commit = slow_commit  # type: ignore[method-assign]
+        t = asyncio.ensure_future(c.consume(10, None))
+        await asyncio.sleep(0.05)
+        await c.close()
+        with pytest.raises(ClientClosedError):
+            await t
+        # the caller-thread paths of the blocking facade hand out nothing either
+        assert c.take_nowait(10) is None and c.take_one_nowait() is None
+
+    asyncio.run(run())
+    assert committed == [{("t", 0): 0}]
+
+
+def test_async_for_ends_quietly_when_close_ends_a_wait_or_an_offload(monkeypatch: Any) -> None:
+    """``async for`` over the consumer, close() from another task: the iteration ends (no exception),
+    whether its poll() waited for data or for the worker; iterating a closed consumer raises
+    ClientClosedError, as consume() does (Java: poll() after close() throws). Was: the wait path
+    raised ClientClosedError and the offload path ended quietly."""
+    gate = Gate(monkeypatch)
+
+    async def iterate(c: Consumer) -> list[int]:
+        return [m.offset async for m in c]
+
+    async def run() -> None:
+        gate.on_loop()
+        idle = Consumer({"bootstrap.servers": "127.0.0.1:1", "enable.auto.commit": False})
+        idle.assign([("t", 0, 0)])
+        for c, started in ((idle, lambda: asyncio.sleep(0.05)), (new_consumer(big_zstd()), gate.wait_started)):
+            t = asyncio.ensure_future(iterate(c))
+            await started()
+            await c.close()
+            gate.release.set()
+            assert await asyncio.wait_for(t, 5) == []
+            with pytest.raises(ClientClosedError):
+                await iterate(c)
+
+    asyncio.run(run())
+
+
+def test_pause_while_the_worker_decompresses_keeps_the_paused_batches_small(monkeypatch: Any) -> None:
+    """pause() while the worker decompresses: pause() copies the batches out of the Fetch answer, but
+    they have no section yet; the job's end then gave them sections into the whole group's
+    decompressed bytes, which the paused partition kept alive until resume(). Was: a 545-byte
+    batch holding ~600 KB."""
+    gate = Gate(monkeypatch)
+    small = compressed(4, encode_record_batch([Record(None, b"x" * 100) for _ in range(5)], base_offset=600))
+
+    async def run() -> list[Any]:
+        gate.on_loop()
+        c = new_consumer(big_zstd() + small)
+        batches = [b for ch in c._parts[("t", 0)].buffer for b in ch.batches or ()]
+        assert await gated_consume(gate, c, lambda c: c.pause([("t", 0)]), n=1) == []
+        return batches
+
+    for b in asyncio.run(run()):
+        data, s, e = b.section if b.section is not None else b.packed
+        assert len(data) == e - s, f"paused batch of {e - s} bytes holds {len(data)} bytes"
 
 
 def test_a_caller_timeout_shorter_than_the_decompression_still_makes_progress(monkeypatch: Any) -> None:
@@ -268,11 +387,7 @@ def test_seek_while_the_worker_decompresses(monkeypatch: Any) -> None:
     async def run() -> tuple[list[int], int]:
         gate.on_loop()
         c = new_consumer(big_zstd())
-        t1 = asyncio.ensure_future(c.consume(70, 0))
-        await gate.wait_started()
-        c.seek(("t", 0), 450)
-        gate.release.set()
-        got = await t1
+        got = await gated_consume(gate, c, lambda c: c.seek(("t", 0), 450))
         return [m.offset for m in got], c._parts[("t", 0)].consumed
 
     got, consumed = asyncio.run(run())

@@ -2,7 +2,12 @@
 
 ``LoopThread()`` starts a daemon thread running its own event loop;
 ``run(coro, timeout)`` runs a coroutine there and blocks for its result (cancelled, and
-``concurrent.futures.CancelledError`` raised, when ``stop()`` ends the loop first);
+``ClientClosedError`` raised, when ``stop()`` ends the loop first). A timeout cancels the coroutine. Any
+other exception in the caller while it waits (Ctrl-C's KeyboardInterrupt) reaches the caller, and the
+coroutine runs on to completion on the loop (a state-changing call such as a transaction's commit is not
+left half-way; calling it again resumes it), unless ``cancel_on_interrupt=True``: then it is cancelled
+too (for pure waits such as a consumer's ``consume()``/``poll()``, which would otherwise take records
+for nobody);
 ``call(fn, *args)`` schedules a plain call on the loop from any thread;
 ``stop()`` ends the loop and joins the thread.
 """
@@ -14,6 +19,8 @@ import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
+
+from oncelog.client.errors import ClientClosedError
 
 T = TypeVar("T")
 
@@ -42,18 +49,27 @@ class LoopThread:
             self.loop.run_until_complete(asyncio.wait(tasks, timeout=1.0))
         self.loop.close()
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, *,
+            cancel_on_interrupt: bool = False) -> T:
         with self._sending:
             if self._stopping:  # as a coroutine sent just before stop(): cancelled
                 coro.close()
-                raise concurrent.futures.CancelledError()
+                raise ClientClosedError("client is closed")
             fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return fut.result(timeout)
-        except BaseException:
-            # the timeout, and any exception in this thread meanwhile (Ctrl-C's KeyboardInterrupt): the
-            # coroutine must not go on without its caller (a consume() would take records for nobody)
+        except concurrent.futures.CancelledError:
+            if self._stopping or self.loop.is_closed():  # cancelled by stop() (close() on another thread)
+                raise ClientClosedError("client is closed") from None
+            raise
+        except concurrent.futures.TimeoutError:
             fut.cancel()
+            raise
+        except BaseException:
+            # an exception in this thread meanwhile (Ctrl-C's KeyboardInterrupt): a wait must not go on
+            # without its caller (a consume() would take records for nobody); any other call runs on
+            if cancel_on_interrupt:
+                fut.cancel()
             raise
 
     def call(self, fn: Callable[..., Any], *args: Any) -> None:

@@ -19,7 +19,6 @@ from oncelog.client._loop import LoopThread
 from oncelog.client.aio.consumer import Consumer as AioConsumer
 from oncelog.client.aio.consumer import Message, TopicPartition
 from oncelog.client.aio.transactions import ConsumerGroupMetadata
-from oncelog.client.errors import ClientClosedError
 
 __all__ = ["Consumer", "Message", "TopicPartition"]
 
@@ -57,13 +56,10 @@ class Consumer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self, coro: Any, timeout: float | None = None) -> Any:
-        try:
-            return self._lt.run(coro, timeout)
-        except concurrent.futures.CancelledError:
-            if self._closed:  # cancelled by close() (the loop thread stopped): e.g. a caller's consume()
-                raise ClientClosedError("consumer is closed") from None
-            raise
+    def _run(self, coro: Any, timeout: float | None = None, wait: bool = False) -> Any:
+        # close() on another thread stops the loop: LoopThread.run raises ClientClosedError. Ctrl-C cancels
+        # only a wait (``wait``: consume/poll, which would take records for nobody); any other call runs on
+        return self._lt.run(coro, timeout, cancel_on_interrupt=wait)
 
     def assign(self, partitions: Iterable[Any]) -> None:
         """Consume exactly these partitions (``TopicPartition`` or ``(topic, partition[, offset])``)."""
@@ -175,7 +171,7 @@ class Consumer:
         got, timeout = self._wait_take(1, timeout)
         if got:
             return got[0]
-        return self._run(self._c.poll(timeout))
+        return self._run(self._c.poll(timeout), wait=True)
 
     def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
         """Up to ``num_messages`` messages, waiting up to ``timeout`` s for the first."""
@@ -185,7 +181,7 @@ class Consumer:
         got, timeout = self._wait_take(num_messages, timeout)
         if got:
             return got
-        return self._run(self._c.consume(num_messages, timeout))
+        return self._run(self._c.consume(num_messages, timeout), wait=True)
 
     def _wait_take(self, n: int, timeout: float | None) -> tuple[list[Message] | None, float | None]:
         """Nothing buffered: wait on this thread for the next Fetch answer (up to ``timeout``, at most

@@ -293,6 +293,8 @@ class Producer:
                 # that its records take the fast path below rather than queue for the loop thread
                 try:
                     info = self._lt.run(core.cluster.wait_topic(topic, core.max_block), core.max_block + 5)
+                except ClientClosedError:  # closed meanwhile by another thread (the loop thread stopped)
+                    raise
                 except KafkaError as exc:
                     fut = DeliveryFuture(self, on_delivery)
                     fut.set_exception(exc)

@@ -326,7 +326,7 @@ def unpack_group(batches: list[Batch]) -> bool:
     return len(got[2]) == len(got[1])
 
 
-Unpacked = tuple[bytearray, list[Batch], list[tuple[int, int]]]
+Unpacked = tuple[bytearray, list[Batch], list[tuple[int, int]], list[Any]]
 _spare: list[bytearray] = []  # buffers for unpack_into in worker threads, shared by the consumers
 
 
@@ -360,7 +360,7 @@ def _grow(buf: bytearray, view: memoryview, at: int, need: int) -> tuple[bytearr
 def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked:
     """The first half of :func:`unpack_group`: the packed batches among ``batches`` decompressed one
     after another into ``buf`` (grown if too small): ``(the buffer, those batches, their spans in
-    it)``; fewer spans than batches if one does not decompress (the spans of those before it). Touches no batch: cramjam releases the GIL while it
+    it, the ``packed`` each was read from)``; fewer spans than batches if one does not decompress (the spans of those before it). Touches no batch: cramjam releases the GIL while it
     decompresses, so the asyncio consumer runs this in a worker thread, into a buffer of its own,
     and :func:`unpacked` on the loop (the ``bytes`` made there, in the loop thread's memory: made in
     the worker, they cost page faults and about 10 % more CPU in the paired runs)."""
@@ -373,7 +373,7 @@ def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked:
             packs.append(p)
     spans: list[tuple[int, int]] = []
     if not todo:
-        return buf, todo, spans
+        return buf, todo, spans, packs
     view = memoryview(buf)
     at = 0
     try:
@@ -400,17 +400,19 @@ def unpack_into(batches: list[Batch], buf: bytearray) -> Unpacked:
             at += n
     finally:
         view.release()
-    return buf, todo, spans
+    return buf, todo, spans, packs
 
 
 def unpacked(got: Unpacked) -> None:
     """The second half of :func:`unpack_group`: the decompressed bodies copied once into ``bytes``,
-    each batch's ``section`` set to its part (unless another thread decoded it meanwhile); a batch
-    without a span (it did not decompress) keeps its ``packed``."""
-    buf, todo, spans = got
+    each batch's ``section`` set to its part (unless another thread decoded it meanwhile, or its
+    ``packed`` is no longer the one decompressed: a paused partition's batch copied out of its Fetch
+    answer meanwhile, which must not then point into the whole group's bytes); a batch without a span
+    (it did not decompress) keeps its ``packed``."""
+    buf, todo, spans, packs = got
     out = bytes(memoryview(buf)[:spans[-1][1]]) if spans else b""
-    for b, (s, e) in zip(todo, spans):
-        if b.section is None:
+    for b, (s, e), p in zip(todo, spans, packs):
+        if b.section is None and b.packed is p:
             b.section = (out, s, e)
             b.packed = None  # after section: section_of reads packed first
 

@@ -85,11 +85,11 @@ class TransactSession:
 
     def wait_assigned(self, timeout: float | None = None) -> list[tuple[str, int]]:
         """Wait until the group has given this member partitions; returns them."""
-        return self._lt.run(self._s.wait_assigned(timeout))
+        return self._lt.run(self._s.wait_assigned(timeout), cancel_on_interrupt=True)
 
     def poll(self, timeout: float | None = 1.0, max_records: int = 500) -> list[Message]:
         """Records of the owned partitions (up to ``max_records``); starts a transaction when there are some."""
-        return self._lt.run(self._s.poll(timeout, max_records))
+        return self._lt.run(self._s.poll(timeout, max_records), cancel_on_interrupt=True)
 
     def produce(self, topic: str, value: Any = None, key: Any = None, partition: int | None = None,
                 headers: Any = None, timestamp: int | None = None) -> None:

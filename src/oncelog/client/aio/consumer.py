@@ -789,8 +789,11 @@ class Consumer:
         return msgs[0] if msgs else None
 
     async def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
-        """Up to ``num_messages`` messages; waits up to ``timeout`` s (None: until there is one)."""
-        if self._closed:
+        """Up to ``num_messages`` messages; waits up to ``timeout`` s (None: until there is one).
+
+        Raises ``ClientClosedError`` once ``close()`` began (as Java's poll() after close), and in a call
+        that ``close()`` ends: nothing is handed out after the positions close() commits."""
+        if self._closed or self._closing:
             raise ClientClosedError("consumer is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
         member = self._member
@@ -800,15 +803,15 @@ class Consumer:
                 raise member.error
         self._maybe_auto_commit()
         while True:
-            if self._closed:  # woken by close() (_shutdown)
+            if self._closed or self._closing:  # woken by close() (_shutdown), or by data while it commits
                 raise ClientClosedError("consumer is closed")
             if member is not None and member.error is not None:
                 raise member.error
             # each large group the take reaches decompressed in a thread, one after another: the loop stays free
             while (big := self._big_group(num_messages)) is not None:
                 ok = await self._offload(big)
-                if self._closed:  # close() ran meanwhile (and committed): nothing more is handed out
-                    return []
+                if self._closed or self._closing:  # close() ran meanwhile (and committed): as the wait
+                    raise ClientClosedError("consumer is closed")
                 if not ok:  # damage: _take decodes the group on the loop, which raises the precise error
                     break
             out, drained = self._take(num_messages)
@@ -861,6 +864,11 @@ class Consumer:
         got = fut.result()
         unpacked(got)  # the batches up to a damaged one, if any (the loop decodes on and raises its error)
         return_buffer(got[0])
+        # a partition paused while the worker ran: its batches copied out by pause() are skipped by
+        # unpacked() (packed replaced); any other that got a section into the group's bytes is copied out
+        for st in list(self._parts.values()):
+            if st.paused and st.buffer:
+                self._detach(st)
 
     def _big_group(self, n: int) -> list[Batch] | None:
         """The batches of a decode group that the next ``_take(n)`` would decode while still compressed,
@@ -927,7 +935,7 @@ class Consumer:
         must leave this call to :meth:`consume`: the consumer is closed, the group member has an error or
         a ``max.poll.interval.ms`` expiry to act on, or an auto-commit is due."""
         member = self._member
-        return (self._closed or (member is not None and (member.error is not None or member._poll_expired))
+        return (self._closed or self._closing or (member is not None and (member.error is not None or member._poll_expired))
                 or (self._auto_commit and time.monotonic() >= self._next_auto_commit))
 
     def _signal(self) -> None:
@@ -1019,7 +1027,7 @@ class Consumer:
         with self._lock:
             order = self._order
             st = self._parts.get(order[0]) if order else None
-            if st is not None and st.buffer and not st.paused:
+            if st is not None and st.buffer and not st.paused and not self._closing:
                 ch = st.buffer[0]
                 i = ch.i
                 if i + 1 < ch.n:  # decoded, and the chunk (so the buffer) keeps records: nothing to wake
@@ -1059,6 +1067,8 @@ class Consumer:
         out: list[Message] = []
         drained: list[_PartitionState] = []
         with self._lock:
+            if self._closing or self._closed:  # close() set _closing under the lock before its commit
+                return out, drained
             order = self._order
             for _ in range(len(order)):
                 key = order[0]
@@ -1110,8 +1120,15 @@ class Consumer:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[Message]:
-        while not self._closed:
-            msg = await self.poll(None)
+        # close() (from another task) ends the iteration quietly, whether poll() waited or decompressed;
+        # iterating a consumer closed before raises ClientClosedError (as Java's poll() after close)
+        if self._closed or self._closing:
+            raise ClientClosedError("consumer is closed")
+        while True:
+            try:
+                msg = await self.poll(None)
+            except ClientClosedError:
+                return
             if msg is not None:
                 yield msg
 
@@ -1119,7 +1136,8 @@ class Consumer:
         """Commit (with ``enable.auto.commit``), leave the group (revoking the partitions), disconnect."""
         if self._closed:
             return
-        self._closing = True
+        with self._lock:  # a take on a caller's thread ends before, or hands out nothing (_take)
+            self._closing = True
         try:
             if self._auto_commit:
                 try:

@@ -134,6 +134,7 @@ class TransactSession:
                                    on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._lock = asyncio.Lock()  # held across end(); the revoke callbacks wait for it
         self._in_txn = False
+        self._last_end = True  # the last end()'s outcome (committed)
         self._abort_cause: str | None = None
         self._offsets: dict[tuple[str, int], int] = {}
         self._txn_in = self._txn_out = 0
@@ -318,6 +319,13 @@ class TransactSession:
         if not self._in_txn:
             return True
         await self._lock.acquire()
+        if not self._in_txn:
+            # another end() held the lock and ended it (a blocking end() interrupted by Ctrl-C runs on
+            # and the caller calls end() again, as Java's commitTransaction may be): its outcome, not a
+            # second EndTxn for a transaction that is over
+            self._lock.release()
+            self._check()
+            return self._last_end
         release_later = False
         try:
             cause = None if commit else "requested"
@@ -369,6 +377,7 @@ class TransactSession:
                 finally:
                     _forget_failures(self._futs)
             self._in_txn = False
+            self._last_end = committed
             self._futs = []
             ms = (time.monotonic() - self._txn_started) * 1000
             if committed:
