@@ -23,6 +23,7 @@ from oncelog.protocol.codec import decode_request
 from oncelog.protocol.records import decode_records, parse_batch_header
 from tests.unit.test_client_unresolved_sequence import (
     _acked_first,
+    _age,
     _Leader,
     _pass,
     _produce,
@@ -224,3 +225,108 @@ def test_first_batch_of_a_producer_on_a_partition_goes_alone() -> None:
     assert len(leader.pending) == 2  # known now: pipelined
     _settle(core, leader)
     assert leader.log == _vals("a", 8) + _values("b", 2) + _values("c", 2) + _values("d", 2)
+
+
+def _a_split_behind_b(core: Any, leader: _SmallLeader) -> tuple[list[Future[Any]], Any, list[Future[Any]]]:
+    """A (8 records, too large, sequences 2..9) and B (2 records, 10..11) in flight; A's refusal is answered:
+    A is split, B still in flight."""
+    _acked_first(core, leader)
+    a_futs: list[Future[Any]] = [Future() for _ in range(8)]
+    core.append_many("t", _vals("a", 8), None, 0, 1_700_000_000_000, a_futs)
+    _pass(core)
+    b, b_futs = _produce(core, "b", 2)
+    _pass(core)
+    assert len(leader.pending) == 2
+    leader.deliver(written=True, answered=True)
+    assert core.stats["batch_splits"] == 1
+    return a_futs, b, b_futs
+
+
+def test_parts_take_the_refused_batch_sequences_at_split_time() -> None:
+    """Numbered at the split (Java's assignProducerStateToBatches): the parts hold A's sequences 2..9 in
+    order. Before, they held -1 until re-sequenced, and a later batch becoming unresolved meanwhile (B
+    expired in flight, its answer lost) sent them with base sequence -1 (refused, records lost)."""
+    core, leader = _small(200)
+    a_futs, b, b_futs = _a_split_behind_b(core, leader)
+    p = core.partitions[("t", 0)]
+    parts = [x for x in p.unacked if x is not b]
+    seq = 2
+    for x in parts:
+        assert x.seq == seq
+        seq += x.count
+    assert seq == 10 and b.seq == 10
+    _age(core, b)
+    _pass(core)  # B fails in flight at delivery.timeout.ms
+    leader.deliver(written=True, answered=False)  # B reaches the broker (refused for the gap), answer lost
+    assert p.unresolved == 12
+    _settle(core, leader)
+    assert all(s >= 0 for (_, s, _) in leader.sent), leader.sent
+    assert leader.log == _values("p", 2) + _vals("a", 8)
+    assert [f.result(0).offset for f in a_futs] == list(range(2, 10))
+    assert all(f.exception(0) is not None for f in b_futs)
+
+
+def test_split_part_expiring_before_its_first_send_costs_no_epoch_bump() -> None:
+    """Parts never sent that reach delivery.timeout.ms were not written: they fail without marking a
+    sequence unresolved, B (sent behind them, refused for the gap) is renumbered and written, no bump.
+    Before, each part was marked unresolved (with a garbage end) and the epoch was bumped."""
+    core, leader = _small(200)
+    a_futs, b, b_futs = _a_split_behind_b(core, leader)
+    p = core.partitions[("t", 0)]
+    for x in p.unacked:
+        if x is not b:
+            _age(core, x)
+    _pass(core)
+    assert p.unresolved == -1
+    assert all(f.exception(0) is not None for f in a_futs)
+    _settle(core, leader)
+    assert leader.log == _values("p", 2) + _values("b", 2)
+    assert [f.result(0).offset for f in b_futs] == [2, 3]
+    assert core.stats["epoch_bumps"] == 0 and core.producer_epoch == 0
+
+
+def test_txn_v1_abort_with_unsent_split_parts_bumps_the_epoch() -> None:
+    """Transactions v1: A (sequences 2..9) split, the user aborts while its parts wait unsent. The parts hold
+    A's sequences, so the abort bumps the epoch and the next transaction's first batch goes out at sequence 0
+    of the new epoch, written. Before, the parts (sequence -1) were failed as unsequenced: no bump, and the
+    next transaction's batch went out at sequence 10 where the broker expected 2 (OUT_OF_ORDER)."""
+    import asyncio
+
+    from oncelog.client.aio.transactions import S  # type: ignore[attr-defined]
+
+    async def run() -> None:
+        core, leader = _small(200, **{"transactional.id": "tx", "enable.idempotence": True})
+        txn = core.txn
+        txn.tv2 = False
+        txn.state = S.IN_TRANSACTION
+        txn.partitions.add(("t", 0))
+        _acked_first(core, leader)
+        txn.started = True
+        a_futs: list[Future[Any]] = [Future() for _ in range(8)]
+        core.append_many("t", _vals("a", 8), None, 0, 1_700_000_000_000, a_futs)
+        _pass(core)
+        leader.deliver(written=True, answered=True)  # A refused -> split; nothing in flight
+        assert core.stats["batch_splits"] == 1
+        calls = []
+
+        async def fake_call(what: str, *args: Any, **kw: Any) -> Any:
+            calls.append(what)
+            return types.SimpleNamespace(error_code=0, producer_id=7, producer_epoch=1)
+        txn._call = fake_call
+        abort = asyncio.ensure_future(txn.abort_transaction(5))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        _pass(core)  # the sweep
+        await asyncio.wait_for(abort, 5)
+        assert all(f.exception(0) is not None for f in a_futs)
+        assert core.producer_epoch == 1, calls
+        txn.begin_transaction()
+        txn.tv2 = False
+        txn.partitions.add(("t", 0))
+        c, c_futs = _produce(core, "c", 2)
+        _pass(core)
+        assert c.seq == 0
+        leader.deliver(written=True, answered=True)
+        assert leader.sent[-1] == (1, 0, 2)
+        assert [f.result(0).offset for f in c_futs] == [2, 3]
+    asyncio.run(run())
