@@ -285,6 +285,46 @@ def test_split_part_expiring_before_its_first_send_costs_no_epoch_bump() -> None
     assert core.stats["epoch_bumps"] == 0 and core.producer_epoch == 0
 
 
+def test_parts_are_not_written_after_a_later_batch_the_broker_took_as_a_new_producer() -> None:
+    """The broker forgot the producer (producer.id.expiration.ms) after its first ack: A (too large) and B are
+    in flight, B is accepted at any sequence. A's parts would be written after B: they fail with the refusal
+    instead (as before splits existed), and the partition sends one request at a time again. Before, the
+    log was p, b, a (every A future succeeding)."""
+    core, leader = _small(200)
+    _acked_first(core, leader)
+    leader.entry = None  # the producer's state expired on the broker
+    a_futs: list[Future[Any]] = [Future() for _ in range(8)]
+    core.append_many("t", _vals("a", 8), None, 0, 1_700_000_000_000, a_futs)
+    _pass(core)
+    _, b_futs = _produce(core, "b", 2)
+    _pass(core)
+    assert len(leader.pending) == 2
+    _settle(core, leader)
+    assert leader.log == _values("p", 2) + _values("b", 2)
+    assert all(isinstance(f.exception(0), MessageTooLargeError) for f in a_futs)
+    assert [f.result(0).offset for f in b_futs] == [2, 3]
+    assert core.partitions[("t", 0)].known == -1
+    _, c_futs = _produce(core, "c", 2)
+    _settle(core, leader)
+    assert leader.log == _values("p", 2) + _values("b", 2) + _values("c", 2)
+    assert [f.result(0).offset for f in c_futs] == [4, 5]
+
+
+def test_unknown_producer_id_resets_the_known_partition() -> None:
+    """UNKNOWN_PRODUCER_ID: the broker has no state for the producer there, so the partition's next first
+    batch goes alone again (_Partition.known)."""
+    from oncelog.client.errors import error_for
+    core, leader = _small(200)
+    _acked_first(core, leader)
+    p = core.partitions[("t", 0)]
+    assert p.known == core.producer_id
+    b, _ = _produce(core, "b", 2)
+    _pass(core)
+    b.in_flight = False
+    core._batch_failed(p, b, error_for(59, None), in_doubt=False, log_start_offset=0)
+    assert p.known == -1
+
+
 def test_txn_v1_abort_with_unsent_split_parts_bumps_the_epoch() -> None:
     """Transactions v1: A (sequences 2..9) split, the user aborts while its parts wait unsent. The parts hold
     A's sequences, so the abort bumps the epoch and the next transaction's first batch goes out at sequence 0

@@ -1210,6 +1210,8 @@ class ProducerCore:
                     if p.retry_at > now:
                         next_due = min(next_due, p.retry_at - now)
                         continue
+                    if self.idempotent and any(x.part and x.attempts == 0 for x in p.unacked):
+                        self._drop_overtaken_parts(p)
                     if p.unresolved >= 0:
                         p.blocked = False  # the sent batches are resent with their own sequences (no renumbering)
                     else:
@@ -1696,6 +1698,8 @@ class ProducerCore:
             return
         head = bool(p.unacked) and p.unacked[0] is b
         code = err.code
+        if code == UNKNOWN_PRODUCER_ID:
+            p.known = -1  # the broker lost the producer's state there: the next first batch goes alone again
         expired = b.expired  # failed at delivery.timeout.ms while in flight: given up now, never resent
         if expired and not head:
             # an earlier batch is still unacknowledged: the partition's later answers settle this one's fate
