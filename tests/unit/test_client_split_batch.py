@@ -370,3 +370,23 @@ def test_txn_v1_abort_with_unsent_split_parts_bumps_the_epoch() -> None:
         assert leader.sent[-1] == (1, 0, 2)
         assert [f.result(0).offset for f in c_futs] == [2, 3]
     asyncio.run(run())
+
+
+def test_split_parts_are_near_equal() -> None:
+    """20 records of uneven size refused: two parts of near-equal size (10 and 10 records), not a greedy
+    packing to half the batch that left three, the last one tiny (11/7/2 records, one more request)."""
+    core, leader = _small(1000)
+    _acked_first(core, leader)
+    vals = [(b"u-%d-" % i).ljust(30 + (i * 37) % 50, b"z") for i in range(20)]
+    futs: list[Future[Any]] = [Future() for _ in vals]
+    core.append_many("t", vals, None, 0, 1_700_000_000_000, futs)
+    _pass(core)
+    leader.deliver(written=True, answered=True)  # refused: split
+    p = core.partitions[("t", 0)]
+    assert [x.count for x in p.unacked] == [10, 10]
+    sizes = [x.builder.size for x in p.unacked]
+    assert max(sizes) - min(sizes) < 80  # (at most one record's size apart)
+    _settle(core, leader)
+    assert leader.log == _values("p", 2) + vals
+    assert leader.refused == [20] and core.stats["batch_splits"] == 1
+    assert [f.result(0).offset for f in futs] == list(range(2, 22))

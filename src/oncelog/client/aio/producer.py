@@ -1551,9 +1551,9 @@ class ProducerCore:
         """MESSAGE_TOO_LARGE for a batch of several records (Java's Sender.completeBatch ->
         RecordAccumulator.splitAndReenqueue): its records go into new batches, in its place at the front of
         the partition's queue (before every later batch), to be sent as if never tried. The new batches are
-        at most ``batch.size`` and at most half the refused batch's size, so a topic whose
-        ``max.message.bytes`` is below ``batch.size`` is reached in a few refusals (Java splits to
-        ``batch.size`` only); a single record still too large fails alone with MessageTooLargeError.
+        at most ``batch.size``, at least two, of near-equal size (about half the refused batch or less), so a
+        topic whose ``max.message.bytes`` is below ``batch.size`` is reached in a few refusals (Java splits
+        to ``batch.size`` only); a single record still too large fails alone with MessageTooLargeError.
 
         Idempotence: the parts take the refused batch's place in ``unacked`` and its sequences, in order
         (their counts add up to its count, so no other batch is renumbered: Java's
@@ -1568,8 +1568,8 @@ class ProducerCore:
         if self.idempotent:
             if b.in_doubt or b not in p.unacked:
                 return False
-        target = min(self.batch_size, max(b.builder.size // 2, HEADER_SIZE + 1))
-        pieces = split_builder(b.builder, target)
+        # at least two parts of near-equal size, each at most batch.size
+        pieces = split_builder(b.builder, self.batch_size, min_parts=2)
         counts = [nb.count for nb, _, _ in pieces]
         parts = []
         seq = b.seq
