@@ -95,14 +95,10 @@ def test_refused_batch_is_split_and_a_later_batch_in_flight_follows_it_in_order(
     assert [f.result(0).offset for f in b_futs] == [10, 11]
     assert core.stats["epoch_bumps"] == 0 and core.producer_epoch == 0
     assert core.stats["batch_splits"] == len(leader.refused)
-    # the sequences the broker accepted follow one another: the parts from A's sequence 2, then B
-    accepted = [(seq, n) for (_, seq, n) in leader.sent if n and seq >= 2]
-    seqs = sorted(set(accepted))
-    end = 2
-    for seq, n in seqs:
-        if seq == end:
-            end += n
-    assert end == 12
+    # (epoch, sequence, records) the broker decided, after the size check: p, B refused for the gap, A's
+    # parts of 2 records from A's sequence 2 (A split in 4 + 4, each split again), then B
+    assert leader.refused == [8, 4, 4]
+    assert leader.sent == [(0, 0, 2), (0, 10, 2), (0, 2, 2), (0, 4, 2), (0, 6, 2), (0, 8, 2), (0, 10, 2)]
     assert core._outstanding == 0 and core.buffered_bytes == 0
 
 
@@ -390,3 +386,35 @@ def test_split_parts_are_near_equal() -> None:
     assert leader.log == _values("p", 2) + vals
     assert leader.refused == [20] and core.stats["batch_splits"] == 1
     assert [f.result(0).offset for f in futs] == list(range(2, 22))
+
+
+def test_blocking_facade_batch_is_split_by_the_producer_with_its_timestamps() -> None:
+    """A batch filled by the blocking facade's produce() (one shared _Done, ``group``) refused as too large:
+    ``_split`` splits the completion with it; each record's future gets its own offset and its own
+    CreateTime (the parts' timestamps are the records'), and the callbacks go to the sink once."""
+    from oncelog.client.aio.producer import _Batch
+    from oncelog.client.batch import BatchBuilder
+
+    core, leader = _small(200)
+    core.complete_many = _complete_many  # as the blocking facade sets it
+    _acked_first(core, leader)
+    sink: Any = collections.deque()
+    b = _Batch("t", 0, BatchBuilder(1 << 20))
+    b.group = _Done(sink)
+    b.futures.append(b.group)
+    vals = _vals("g", 8)
+    futs = []
+    for i, v in enumerate(vals):
+        ts = 1_700_000_000_000 + 1000 * (8 - i)  # not monotonic: each record its own
+        b.builder.append(ts, None, v, None)
+        b.timestamps.append(ts)
+        b.nbytes += len(v)
+        futs.append(DeliveryFuture(None, (lambda e, m: None) if i in (0, 7) else None, b.group, i))
+    b.builder.close()
+    core.adopt(b)
+    _settle(core, leader)
+    assert leader.refused[0] == 8 and core.stats["batch_splits"] >= 1
+    assert leader.log == _values("p", 2) + vals
+    assert [f.result(0).offset for f in futs] == list(range(2, 10))
+    assert [f.result(0).timestamp for f in futs] == [1_700_000_000_000 + 1000 * (8 - i) for i in range(8)]
+    assert b.group.fin and b.group.exc is None and len(sink) == 2
