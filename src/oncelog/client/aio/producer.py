@@ -311,6 +311,18 @@ class BatchResult:
                               self.log_append_time if self.log_append_time >= 0 else self.timestamps[i])
 
 
+def split_leaf(node: Any, pos: int) -> tuple[Any, int]:
+    """The completion of record ``pos`` of a completion split with its batch (``parts``: (first position,
+    part) pairs, None unless split; :class:`_Span` and the blocking facade's ``_Done``), and the record's
+    position there: the node itself unless split."""
+    while node.parts is not None:
+        parts = node.parts
+        k = bisect_right(parts, pos, key=lambda part: part[0]) - 1
+        first, node = parts[k]
+        pos -= first
+    return node, pos
+
+
 class _Span:
     """``count`` consecutive records of one ``produce_batch`` call inside one batch: one completion for
     all of them (the per-record futures are made only when asked for, by :class:`BatchFutures`)."""
@@ -368,13 +380,7 @@ class _Span:
 
     def leaf(self, pos: int) -> tuple[_Span, int]:
         """The span completing the record at ``pos`` and its position there (itself unless split)."""
-        sp = self
-        while sp.parts is not None:
-            parts = sp.parts
-            k = bisect_right(parts, pos, key=lambda part: part[0]) - 1
-            first, sp = parts[k]
-            pos -= first
-        return sp, pos
+        return split_leaf(self, pos)
 
     def finish(self, topic: str, partition: int, offset: int, timestamp: int, error: BaseException | None) -> None:
         lock = self.lock
