@@ -418,3 +418,23 @@ def test_blocking_facade_batch_is_split_by_the_producer_with_its_timestamps() ->
     assert [f.result(0).offset for f in futs] == list(range(2, 10))
     assert [f.result(0).timestamp for f in futs] == [1_700_000_000_000 + 1000 * (8 - i) for i in range(8)]
     assert b.group.fin and b.group.exc is None and len(sink) == 2
+
+
+def test_batch_behind_one_refused_for_good_is_renumbered_without_a_bump() -> None:
+    """A (one record too large, refused for good) and B in flight: B is refused OUT_OF_ORDER for A's gap,
+    then (not the next sequence: Java's isNextSequence) renumbered and written under the same epoch. Before,
+    B's refusal at the head bumped the epoch."""
+    core, leader = _small(200)
+    _acked_first(core, leader)
+    big: list[Future[Any]] = [Future()]
+    core.append_many("t", [b"big".ljust(300, b"y")], None, 0, 1_700_000_000_000, big)
+    _pass(core)
+    _, b_futs = _produce(core, "b", 2)
+    _pass(core)
+    assert len(leader.pending) == 2
+    _settle(core, leader)
+    assert isinstance(big[0].exception(0), MessageTooLargeError)
+    assert leader.log == _values("p", 2) + _values("b", 2)
+    assert [f.result(0).offset for f in b_futs] == [2, 3]
+    assert leader.sent == [(0, 0, 2), (0, 3, 2), (0, 2, 2)]
+    assert core.stats["epoch_bumps"] == 0 and core.producer_epoch == 0

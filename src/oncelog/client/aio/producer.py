@@ -1717,9 +1717,10 @@ class ProducerCore:
         if not head and (code in (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID) or err.retriable or in_doubt):
             return  # an earlier batch failed first; this one is resent after it
         if code == OUT_OF_ORDER_SEQUENCE_NUMBER and b.seq != p.acked_seq and p.unresolved < 0 \
-                and b.attempts <= self.retries and not expired:
+                and self.txn is None and b.attempts <= self.retries and not expired:
             # not the next sequence: the batches before it were dropped unwritten (an unsent split part that
-            # expired) after it was sent; re-sequenced and resent, no bump (Java's canRetry, isNextSequence)
+            # expired, a batch refused for good) after it was sent; re-sequenced and resent, no bump (Java's
+            # canRetry, isNextSequence). (In a transaction it fails: the transaction is abortable already.)
             return
         if self.txn is not None:
             # in a transaction the epoch is not bumped here: the batch fails, which makes the
