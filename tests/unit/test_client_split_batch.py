@@ -438,3 +438,37 @@ def test_batch_behind_one_refused_for_good_is_renumbered_without_a_bump() -> Non
     assert [f.result(0).offset for f in b_futs] == [2, 3]
     assert leader.sent == [(0, 0, 2), (0, 3, 2), (0, 2, 2)]
     assert core.stats["epoch_bumps"] == 0 and core.producer_epoch == 0
+
+
+def test_split_builder_keeps_keys_headers_timestamps_and_codec() -> None:
+    """Every codec: the parts hold the records in order with their keys (null too), values (null too),
+    headers (a null header value too) and their own CreateTime, compressed with the batch's codec; two parts
+    of near-equal size, together the records once."""
+    from oncelog.client.batch import BatchBuilder, batch_bytes, split_builder
+    from oncelog.protocol.compression import decompress
+    from oncelog.protocol.records import COMPRESSION_NONE, iter_records
+
+    def records(b: Any) -> list[tuple[int, Any, Any, list[Any]]]:
+        section = decompress(b.codec, b.close())
+        whole = batch_bytes(section, codec=COMPRESSION_NONE, count=b.count, base_timestamp=b.base_timestamp,
+                            max_timestamp=b.max_timestamp)
+        return [(ts, r.key, r.value, [(k, None if v is None else bytes(v)) for k, v in r.headers])
+                for _, ts, r in iter_records(whole)]
+
+    want = []
+    for i in range(20):
+        key = None if i % 3 == 0 else b"k%d" % i
+        value = None if i == 5 else (b"v%d-" % i).ljust(30 + (i * 37) % 50, b"z")
+        headers = [("h", b"x%d" % i), ("n", None)] if i % 2 == 0 else []  # (the parts' first records too)
+        want.append((1_700_000_000_000 + 1000 * ((i * 7) % 20), key, value, headers))
+    for codec in range(5):
+        b = BatchBuilder(1 << 20, codec)
+        for ts, k, v, h in want:
+            b.append(ts, k, v, h or None)
+        pieces = split_builder(b, 16384, min_parts=2)
+        assert len(pieces) == 2 and all(nb.codec == codec for nb, _, _ in pieces)
+        got = [rec for nb, _, _ in pieces for rec in records(nb)]
+        got = [(ts, None if k is None else bytes(k), None if v is None else bytes(v), h) for ts, k, v, h in got]
+        assert got == want, codec
+        assert [ts for _, tss, _ in pieces for ts in tss] == [w[0] for w in want]
+        assert abs(pieces[0][0].count - pieces[1][0].count) <= 2
