@@ -160,3 +160,31 @@ def test_compressed_batch_refused_is_split(broker: EmbeddedBroker, kit: Any) -> 
     sent, stats = asyncio.run(asyncio.wait_for(run(), 30))
     assert stats["batch_splits"] >= 1
     _check(sent, _read_back(kit, broker, "split-gzip", 1))
+
+
+def test_conditional_batch_refused_is_split_with_its_expected_offsets(broker: EmbeddedBroker, kit: Any) -> None:
+    """A conditional produce_batch (expected_offset) refused as too large: its parts carry the expected
+    offsets of their first records, so they are written at exactly those offsets; a second conditional
+    batch too large with a wrong expected offset fails every record with OffsetMismatch (a part refused
+    takes the parts continuing it down) and writes nothing."""
+    from oncelog.client import OffsetMismatch
+
+    kit.create_topic(broker.bootstrap, "split-cond", 1, LIMIT)
+
+    async def run() -> tuple[list[tuple[int, bytes, Any]], list[BaseException | None], dict[str, int]]:
+        async with aio.Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5}) as p:
+            vals = [_value("c", i) for i in range(60)]
+            bf = await p.produce_batch("split-cond", vals, partition=0, expected_offset=0)
+            assert await p.flush(15) == 0
+            assert bf.exception() is None
+            sent = [(0, v, f.result()) for v, f in zip(vals, bf)]
+            wrong = await p.produce_batch("split-cond", [_value("w", i) for i in range(60)], partition=0,
+                                          expected_offset=5)
+            await p.flush(15)
+            return sent, [f.exception() for f in wrong], dict(p._core.stats)
+
+    sent, errs, stats = asyncio.run(asyncio.wait_for(run(), 30))
+    assert [md.offset for _, _, md in sent] == list(range(60))
+    assert stats["batch_splits"] >= 1
+    assert all(isinstance(e, OffsetMismatch) for e in errs), errs
+    _check(sent, _read_back(kit, broker, "split-cond", 1))

@@ -424,21 +424,61 @@ class BatchBuilder:
                            transactional=transactional)
 
 
-def split_builder(builder: BatchBuilder, max_bytes: int) -> list[tuple[BatchBuilder, list[int], list[int]]]:
+def split_builder(builder: BatchBuilder, max_bytes: int,
+                  min_parts: int = 1) -> list[tuple[BatchBuilder, list[int], list[int]]]:
     """The records of a closed batch re-encoded into batches of at most ``max_bytes`` (uncompressed; one
     record alone may be larger), in order: ``(builder, each record's timestamp, each record's key + value
     bytes)`` per new batch. For the producer's split of a batch the broker refused as MESSAGE_TOO_LARGE
-    (as Java's ProducerBatch.split: the records are read back from the batch and appended anew)."""
+    (as Java's ProducerBatch.split: the records are read back from the batch and appended anew). As few
+    batches as packing to ``max_bytes`` needs (at least ``min_parts`` if there are as many records), of
+    near-equal size: the smallest largest batch for that count (packing greedily to a limit left a small
+    last one, as 11/7/2 records)."""
     from oncelog.protocol.compression import decompress
     from oncelog.protocol.records import iter_records
 
     section = decompress(builder.codec, builder.close())
     whole = batch_bytes(section, codec=COMPRESSION_NONE, count=builder.count, base_timestamp=builder.base_timestamp,
                         max_timestamp=builder.max_timestamp)
+    recs = [(ts, rec) for _off, ts, rec in iter_records(whole)]
+    probe = BatchBuilder(1 << 62)  # each record's encoded size where it was (its deltas in a part are close)
+    sizes = []
+    for ts, rec in recs:
+        before = probe.size
+        probe.append(ts, rec.key, rec.value, rec.headers)
+        sizes.append(probe.size - before)
+
+    def packed(limit: int) -> list[int]:  # greedy: the number of records of each batch
+        counts: list[int] = []
+        size = HEADER_SIZE
+        for n in sizes:
+            if counts and size + n <= limit:
+                counts[-1] += 1
+                size += n
+            else:
+                counts.append(1)
+                size = HEADER_SIZE + n
+        return counts
+
+    k = min(max(len(packed(max_bytes)), min_parts), len(sizes))
+    lo = HEADER_SIZE + (sum(sizes) + k - 1) // k if k else max_bytes
+    hi = max(lo, max_bytes)
+    while lo < hi:  # the smallest limit that still packs into k batches
+        mid = (lo + hi) // 2
+        if len(packed(mid)) <= k:
+            hi = mid
+        else:
+            lo = mid + 1
+    counts = packed(lo)
     out: list[tuple[BatchBuilder, list[int], list[int]]] = []
+    cut = set()
+    first = 0
+    for c in counts:
+        cut.add(first)
+        first += c
     cur: BatchBuilder | None = None
-    for _off, ts, rec in iter_records(whole):
-        if cur is None or not cur.append(ts, rec.key, rec.value, rec.headers):
+    for i, (ts, rec) in enumerate(recs):
+        # a new batch at each planned cut, or when a record does not fit after all (its deltas grew)
+        if cur is None or i in cut or not cur.append(ts, rec.key, rec.value, rec.headers):
             cur = BatchBuilder(max_bytes, builder.codec)
             cur.created = builder.created
             cur.append(ts, rec.key, rec.value, rec.headers)

@@ -18,7 +18,6 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from bisect import bisect_right
 from collections import deque
 from time import time as _time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from oncelog.client.aio.producer import (
     _to_bytes,
     _values_list,
     produce_batch_into,
+    split_leaf,
 )
 from oncelog.client.aio.transactions import PreparedTxnState, TransactionManager
 from oncelog.client.batch import CODECS, RECORD_OVERHEAD_MAX, BatchBuilder
@@ -88,13 +88,7 @@ class _Done:
 
     def leaf(self, i: int) -> "tuple[_Done, int]":
         """The completion of record ``i`` and its index there (itself unless split)."""
-        g = self
-        while g.parts is not None:
-            parts = g.parts
-            k = bisect_right(parts, i, key=lambda part: part[0]) - 1
-            first, g = parts[k]
-            i -= first
-        return g, i
+        return split_leaf(self, i)
 
     def done(self) -> bool:
         return self.fin

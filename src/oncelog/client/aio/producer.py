@@ -49,9 +49,12 @@ Internal design (for the transactions work that builds on it):
   duplicate. That is franz-go's per-partition sequence buffer idea.
   A batch of several records refused MESSAGE_TOO_LARGE is split instead
   (:meth:`ProducerCore._split`, Java's splitAndReenqueue): its parts take its
-  place in ``unacked`` and are numbered by the same re-sequencing. Until a
-  batch of the producer id is acknowledged on a partition, the partition has
-  one request in flight (``_Partition.known``).
+  place in ``unacked`` and its sequences (Java's assignProducerStateToBatches).
+  Until a batch of the producer id is acknowledged on a partition, the
+  partition has one request in flight (``_Partition.known``; reset when the
+  broker shows it lost the producer's state, see ``_drop_overtaken_parts``).
+  OUT_OF_ORDER_SEQUENCE_NUMBER for a head batch that is not the next sequence
+  (the batches before it dropped unwritten) re-sequences it without a bump.
 * Epoch bump (KIP-360, as Java's idempotent producer): OUT_OF_ORDER_SEQUENCE_NUMBER
   or UNKNOWN_PRODUCER_ID on the first unacked batch (the batch is kept and
   retried; UNKNOWN_PRODUCER_ID with log start offset -1 is retried without a
@@ -211,7 +214,7 @@ def encode_produce_request(version: int, transactional_id: str | None, acks: int
 class _Batch:
     __slots__ = ("topic", "partition", "builder", "futures", "timestamps", "seq", "attempts", "in_flight",
                  "created", "last_error", "in_doubt", "nbytes", "expected", "spans", "group", "compressing",
-                 "expired")
+                 "expired", "part")
 
     def __init__(self, topic: str, partition: int, builder: BatchBuilder) -> None:
         self.topic = topic
@@ -235,6 +238,9 @@ class _Batch:
         # failed by delivery.timeout.ms while in flight (Java's getExpiredInflightBatches): its records are
         # completed; its answer still counts for the sequences, and it is never resent
         self.expired = False
+        # a part of a batch refused as MESSAGE_TOO_LARGE (ProducerCore._split), not sent yet: ``last_error`` is
+        # that refusal, which it fails with if a later batch of the partition was written meanwhile
+        self.part = False
 
     @property
     def count(self) -> int:
@@ -308,6 +314,18 @@ class BatchResult:
                               self.log_append_time if self.log_append_time >= 0 else self.timestamps[i])
 
 
+def split_leaf(node: Any, pos: int) -> tuple[Any, int]:
+    """The completion of record ``pos`` of a completion split with its batch (``parts``: (first position,
+    part) pairs, None unless split; :class:`_Span` and the blocking facade's ``_Done``), and the record's
+    position there: the node itself unless split."""
+    while node.parts is not None:
+        parts = node.parts
+        k = bisect_right(parts, pos, key=lambda part: part[0]) - 1
+        first, node = parts[k]
+        pos -= first
+    return node, pos
+
+
 class _Span:
     """``count`` consecutive records of one ``produce_batch`` call inside one batch: one completion for
     all of them (the per-record futures are made only when asked for, by :class:`BatchFutures`)."""
@@ -365,13 +383,7 @@ class _Span:
 
     def leaf(self, pos: int) -> tuple[_Span, int]:
         """The span completing the record at ``pos`` and its position there (itself unless split)."""
-        sp = self
-        while sp.parts is not None:
-            parts = sp.parts
-            k = bisect_right(parts, pos, key=lambda part: part[0]) - 1
-            first, sp = parts[k]
-            pos -= first
-        return sp, pos
+        return split_leaf(self, pos)
 
     def finish(self, topic: str, partition: int, offset: int, timestamp: int, error: BaseException | None) -> None:
         lock = self.lock
@@ -1228,6 +1240,8 @@ class ProducerCore:
                     if p.retry_at > now:
                         next_due = min(next_due, p.retry_at - now)
                         continue
+                    if self.idempotent and any(x.part and x.attempts == 0 for x in p.unacked):
+                        self._drop_overtaken_parts(p)
                     if p.unresolved >= 0:
                         p.blocked = False  # the sent batches are resent with their own sequences (no renumbering)
                     else:
@@ -1339,8 +1353,11 @@ class ProducerCore:
                 if b.in_flight or b.created > limit:
                     keep.append(b)
                     continue
-                if self.idempotent and queue is p.unacked and self.txn is None:
-                    self._mark_unresolved(p, b)  # sent: its fate is unknown
+                if self.idempotent and queue is p.unacked:
+                    if b.attempts == 0:  # a split part never sent: not written, its sequences are closed
+                        p.blocked = True  # by the re-sequencing once nothing is in flight
+                    elif self.txn is None:
+                        self._mark_unresolved(p, b)  # sent: its fate is unknown
                 err = b.last_error
                 self._fail_batch(b, error or DeliveryTimeoutError(
                     f"{b.count} record(s) for {b.topic}-{b.partition} not delivered within "
@@ -1564,28 +1581,36 @@ class ProducerCore:
         """MESSAGE_TOO_LARGE for a batch of several records (Java's Sender.completeBatch ->
         RecordAccumulator.splitAndReenqueue): its records go into new batches, in its place at the front of
         the partition's queue (before every later batch), to be sent as if never tried. The new batches are
-        at most ``batch.size`` and at most half the refused batch's size, so a topic whose
-        ``max.message.bytes`` is below ``batch.size`` is reached in a few refusals (Java splits to
-        ``batch.size`` only); a single record still too large fails alone with MessageTooLargeError.
+        at most ``batch.size``, at least two, of near-equal size (about half the refused batch or less), so a
+        topic whose ``max.message.bytes`` is below ``batch.size`` is reached in a few refusals (Java splits
+        to ``batch.size`` only); a single record still too large fails alone with MessageTooLargeError.
 
-        Idempotence: the parts take the refused batch's place in ``unacked`` without a sequence; the
-        partition is blocked until every request in flight for it is answered (its later batches are
-        refused OUT_OF_ORDER_SEQUENCE_NUMBER behind the gap and kept), then re-sequenced from ``acked_seq``
-        and resent in order (:meth:`_resequence`). No split while the batch may have been written (in doubt)
-        or a sequence of the partition is unresolved: it fails as before. Returns False when not split."""
+        Idempotence: the parts take the refused batch's place in ``unacked`` and its sequences, in order
+        (their counts add up to its count, so no other batch is renumbered: Java's
+        assignProducerStateToBatches); the partition is blocked until every request in flight for it is
+        answered (its later batches are refused OUT_OF_ORDER_SEQUENCE_NUMBER behind the gap and kept), then
+        resent in order (re-sequenced from ``acked_seq`` as after any refusal, :meth:`_resequence`, or with
+        their own sequences while a sequence is unresolved). Unless a later batch was written meanwhile
+        (:meth:`_drop_overtaken_parts`). No split while the batch may have been written (in doubt): it fails
+        as before. Returns False when not split."""
         if b.count < 2 or b.expired or not b.futures or b.builder.body is None:
             return False
         if self.idempotent:
-            if b.in_doubt or p.unresolved >= 0 or b not in p.unacked:
+            if b.in_doubt or b not in p.unacked:
                 return False
-        target = min(self.batch_size, max(b.builder.size // 2, HEADER_SIZE + 1))
-        pieces = split_builder(b.builder, target)
+        # at least two parts of near-equal size, each at most batch.size
+        pieces = split_builder(b.builder, self.batch_size, min_parts=2)
         counts = [nb.count for nb, _, _ in pieces]
         parts = []
+        seq = b.seq
         for nb, _, _ in pieces:
             part = _Batch(b.topic, b.partition, nb)
             part.created = b.created  # delivery.timeout.ms counts from the first record, as before
             part.spans = b.spans
+            part.part = True
+            part.last_error = b.last_error
+            if self.idempotent:  # the refused batch's sequences, in order (Java's assignProducerStateToBatches)
+                part.seq, seq = seq, (seq + nb.count) % _SEQ_MOD
             parts.append(part)
         if b.group is not None:  # the blocking facade's one completion for all the batch's records
             for part, child, (_, ts, _) in zip(parts, b.group.split(counts), pieces):
@@ -1636,6 +1661,26 @@ class ProducerCore:
         self.stats["batch_splits"] += 1
         return True
 
+    def _drop_overtaken_parts(self, p: _Partition) -> None:
+        """Before the unsent parts of a split batch go out (nothing in flight for the partition): if a later
+        batch was acknowledged meanwhile, the broker wrote it although the parts' sequences come first, so it
+        had lost the producer's state (``producer.id.expiration.ms``) and accepted it as a new producer's.
+        Writing the parts now would put them after it: they fail with the refusal instead (as a batch too large
+        did before splits existed), and the partition goes back to one request in flight."""
+        base = p.acked_seq
+        reach = (p.acked_max - base) % _SEQ_MOD
+        keep: deque[_Batch] = deque()
+        dropped = False
+        for x in p.unacked:
+            if x.part and x.attempts == 0 and reach > (x.seq - base) % _SEQ_MOD:
+                dropped = True
+                self._fail_batch(x, x.last_error or MessageTooLargeError("the batch is too large"))
+            else:
+                keep.append(x)
+        if dropped:
+            p.unacked = keep
+            p.known = -1
+
     def _refused(self, p: _Partition, b: _Batch, err: KafkaError) -> None:
         """A conditional refusal: the broker appended nothing of the batch (a retry of an appended batch is
         answered as a duplicate, never refused), so its sequences are free; the later batches of the
@@ -1683,6 +1728,8 @@ class ProducerCore:
             return
         head = bool(p.unacked) and p.unacked[0] is b
         code = err.code
+        if code == UNKNOWN_PRODUCER_ID:
+            p.known = -1  # the broker lost the producer's state there: the next first batch goes alone again
         expired = b.expired  # failed at delivery.timeout.ms while in flight: given up now, never resent
         if expired and not head:
             # an earlier batch is still unacknowledged: the partition's later answers settle this one's fate
@@ -1693,6 +1740,12 @@ class ProducerCore:
             return
         if not head and (code in (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID) or err.retriable or in_doubt):
             return  # an earlier batch failed first; this one is resent after it
+        if code == OUT_OF_ORDER_SEQUENCE_NUMBER and b.seq != p.acked_seq and p.unresolved < 0 \
+                and self.txn is None and b.attempts <= self.retries and not expired:
+            # not the next sequence: the batches before it were dropped unwritten (an unsent split part that
+            # expired, a batch refused for good) after it was sent; re-sequenced and resent, no bump (Java's
+            # canRetry, isNextSequence). (In a transaction it fails: the transaction is abortable already.)
+            return
         if self.txn is not None:
             # in a transaction the epoch is not bumped here: the batch fails, which makes the
             # transaction abortable (or fatal); the epoch changes after the abort
