@@ -172,3 +172,193 @@ def test_segment_index_sync_fds_closes_what_it_opened_when_one_fails(tmp_path: P
     assert _open_fds() == before
     del seg.txn_index.sync_fd
     log.close()
+
+
+def _always_emfile(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(self: segment_mod.Segment) -> list[int]:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(segment_mod.Segment, "index_sync_fds", fail)
+
+
+def test_a_shutdown_drain_is_bounded_while_no_descriptor_can_be_had(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of iofix, finding 3: drain() waited for ever while EMFILE lasted (SIGTERM hung).
+    drain_for gives up after its bound: the waiter fails with a retriable storage error (an
+    OSError, answered KAFKA_STORAGE_ERROR), nothing is reported durable, the directory stays
+    online and no retry is left scheduled."""
+    log = _log_with_two_rolled_unsynced_segments(tmp_path)
+    part = _Partition(log)
+    _always_emfile(monkeypatch)
+
+    async def main() -> None:
+        committer = GroupCommitter(log_dir=log.failure_channel)
+        try:
+            fut = committer.wait_durable(part)  # type: ignore[arg-type]
+            assert fut is not None
+            assert await asyncio.wait_for(committer.drain_for(0.3), 5) is False
+            assert fut.done() and isinstance(fut.exception(), DescriptorShortageError)
+            retries = committer.shortage_retries
+            assert retries >= 1
+            await asyncio.sleep(0.3)
+            assert committer.shortage_retries == retries  # no retry left scheduled
+            assert part.high_watermark == 0 and log.durable_end_offset == 0
+            assert not log.failure_channel.offline
+            late = committer.wait_durable(part)  # a round after the give-up fails instead of retrying
+            assert late is not None
+            with pytest.raises(DescriptorShortageError):
+                await asyncio.wait_for(late, 5)
+            assert committer.shortage_retries == retries and part.high_watermark == 0
+        finally:
+            committer.abandon()
+
+    asyncio.run(main())
+    log.abandon()
+
+
+def test_the_shutdown_drain_still_waits_for_a_round_that_gets_its_descriptors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _log_with_two_rolled_unsynced_segments(tmp_path)
+    part = _Partition(log)
+    _fail_index_fds(monkeypatch, {0, 1})
+
+    async def main() -> None:
+        committer = GroupCommitter(log_dir=log.failure_channel)
+        try:
+            fut = committer.wait_durable(part)  # type: ignore[arg-type]
+            assert await committer.drain_for(10) is True
+            assert fut is not None and fut.done() and fut.exception() is None
+            assert part.high_watermark == 3
+        finally:
+            committer.close()
+
+    asyncio.run(main())
+    log.close()
+
+
+def test_postponed_rounds_warn_once_per_streak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A retry every 10 ms to 1 s logged a WARNING each (and another log's successful round reset
+    the backoff to 10 ms): up to ~100 lines a second. Now one WARNING per streak of retries, and
+    a success of a log that is not being retried does not reset the backoff."""
+    log = _log_with_two_rolled_unsynced_segments(tmp_path)
+    part = _Partition(log)
+    other_log = PartitionLog.open(tmp_path / "u-0", LogConfig(), T0)
+    other_log.failure_channel = log.failure_channel
+    other = _Partition(other_log)
+    real = segment_mod.Segment.index_sync_fds
+    fail = {"on": True}
+
+    def failing(self: segment_mod.Segment) -> list[int]:
+        if fail["on"] and "t-0" in str(self.directory):
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(self)
+
+    monkeypatch.setattr(segment_mod.Segment, "index_sync_fds", failing)
+    batch = encode_record_batch([Record(b"k", b"v")], base_timestamp=T0)
+
+    async def main() -> None:
+        committer = GroupCommitter(log_dir=log.failure_channel)
+        try:
+            fut = committer.wait_durable(part)  # type: ignore[arg-type]
+            assert fut is not None
+            for _ in range(4):  # the other log syncs (its round succeeds) while t-0's retries go on
+                await asyncio.sleep(0.03)
+                other_log.append(batch, T0)
+                w = committer.wait_durable(other)  # type: ignore[arg-type]
+                assert w is not None
+                await asyncio.wait_for(w, 5)
+            assert committer.shortage_retries >= 3
+            assert committer._backoff >= 0.04  # 10, 20, 40 ms...: not back at 10 ms after other's rounds
+            fail["on"] = False
+            await asyncio.wait_for(fut, 10)
+            assert part.high_watermark == 3
+        finally:
+            committer.close()
+
+    with caplog.at_level("DEBUG", logger="oncelog"):
+        asyncio.run(main())
+    postponed = [r for r in caplog.records if "postponed" in r.getMessage() and r.levelname == "WARNING"]
+    assert len(postponed) == 1, [r.getMessage() for r in postponed]
+    log.close()
+    other_log.close()
+
+
+def test_a_log_that_synced_is_not_held_back_by_one_that_got_no_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of iofix, finding 4: a round of two logs where A synced and B got EMFILE released
+    nothing, A's waiters included, and both went into every retry. Now A is durable at once and
+    only B (and the waiter spanning both) waits for B's retry."""
+    a_log = _log_with_two_rolled_unsynced_segments(tmp_path / "a")
+    b_log = _log_with_two_rolled_unsynced_segments(tmp_path / "b")
+    b_log.failure_channel = a_log.failure_channel
+    a, b = _Partition(a_log), _Partition(b_log)
+    real = segment_mod.Segment.index_sync_fds
+    fail = {"on": True}
+
+    def failing(self: segment_mod.Segment) -> list[int]:
+        if fail["on"] and str(tmp_path / "b") in str(self.directory):
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(self)
+
+    monkeypatch.setattr(segment_mod.Segment, "index_sync_fds", failing)
+
+    async def main() -> None:
+        committer = GroupCommitter(log_dir=a_log.failure_channel)
+        try:
+            both = committer.wait_durable_all([a, b])  # type: ignore[list-item]
+            only_a = committer.wait_durable(a)  # type: ignore[arg-type]
+            assert both is not None and only_a is not None
+            await asyncio.wait_for(only_a, 5)
+            assert a.high_watermark == 3 and a_log.durable_end_offset == 3
+            assert not both.done() and b.high_watermark == 0 and b_log.durable_end_offset == 0
+            fail["on"] = False
+            await asyncio.wait_for(both, 5)
+            assert b.high_watermark == 3 and b_log.durable_end_offset == 3
+        finally:
+            committer.close()
+
+    asyncio.run(main())
+    a_log.close()
+    b_log.close()
+
+
+def test_server_stop_ends_while_a_log_can_get_no_descriptor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM while EMFILE lasted hung in server.stop() (committer.drain() had no bound).
+    Now stop() ends after SHUTDOWN_SYNC_TIMEOUT_S, the waiting produce is answered
+    KAFKA_STORAGE_ERROR (retriable; not acknowledged) and the directory never went offline."""
+    from oncelog.broker import server as server_mod
+    from oncelog.broker.broker import Broker
+    from oncelog.broker.config import BrokerConfig
+    from oncelog.protocol.errors import ErrorCode
+    from tests.unit.test_log_dir_offline import call, produce
+
+    monkeypatch.setattr(server_mod, "SHUTDOWN_SYNC_TIMEOUT_S", 0.3, raising=False)
+    real_sync = PartitionLog.sync
+
+    def no_descriptor(self: PartitionLog) -> int:
+        if self.directory.name == "t-0":
+            raise DescriptorShortageError(errno.EMFILE, f"fsync of {self.directory.name}: Too many open files")
+        return real_sync(self)
+
+    monkeypatch.setattr(PartitionLog, "sync", no_descriptor)
+    broker = Broker(BrokerConfig(data_dir=tmp_path / "data", host="127.0.0.1", port=0))
+    broker.create_topic("t", 1)
+
+    async def main() -> None:
+        server = server_mod.BrokerServer(broker)
+        await server.start()
+        answer = asyncio.ensure_future(call(broker, 0, 9, produce(encode_record_batch([Record(None, b"v")]))))
+        await asyncio.sleep(0.1)
+        assert not answer.done()
+        await asyncio.wait_for(server.stop(), 10)
+        r = await asyncio.wait_for(answer, 5)
+        assert r.responses[0].partition_responses[0].error_code == ErrorCode.kafka_storage_error
+        assert broker.partition("t", 0).high_watermark == 0
+        assert not broker.log_dir.offline
+
+    asyncio.run(main())

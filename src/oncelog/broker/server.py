@@ -69,6 +69,9 @@ class LogDirFailed(Exception):
     """The broker stopped because its log directory failed (already logged, one line)."""
 
 MAX_IN_FLIGHT = 64  # per connection; beyond it we stop reading the socket
+# how long a shutdown waits for the last group-commit rounds (GroupCommitter.drain_for): only a
+# lasting want of file descriptors (EMFILE/ENFILE retries) makes it wait that long
+SHUTDOWN_SYNC_TIMEOUT_S = 5.0
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -536,7 +539,8 @@ class BrokerServer:
             await asyncio.wait_for(self.broker.txn.drain(), 5)
         except asyncio.TimeoutError:
             log.warning("transaction markers still pending at shutdown; recovery completes them")
-        await self.broker.committer.drain()
+        # bounded: while no descriptor can be had the retries would go on for ever (SIGTERM hangs)
+        await self.broker.committer.drain_for(SHUTDOWN_SYNC_TIMEOUT_S)
         if self._server is not None:
             await self._server.wait_closed()
         self.broker.close()
