@@ -362,3 +362,60 @@ def test_server_stop_ends_while_a_log_can_get_no_descriptor(tmp_path: Path, monk
         assert not broker.log_dir.offline
 
     asyncio.run(main())
+
+
+_CLOSE_AT_THE_LIMIT = """
+import os, resource, sys
+from pathlib import Path
+from oncelog.broker.broker import Broker
+from oncelog.broker.config import BrokerConfig
+data = Path(sys.argv[1])
+broker = Broker(BrokerConfig(data_dir=data))
+broker.create_topic("big", 40)
+used = {int(fd) for fd in os.listdir("/proc/self/fd")}
+lowest_free = next(fd for fd in range(1 << 20) if fd not in used)
+# not one descriptor more can be opened now
+resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+broker.close()
+logs = [d for d in data.iterdir() if d.is_dir() and d.name.rsplit("-", 1)[-1].isdigit()]
+print(broker.log_dir.offline, sum((d / ".clean_shutdown").exists() for d in logs), len(logs))
+"""
+
+
+def test_a_clean_shutdown_at_the_open_files_limit_stays_clean(tmp_path: Path) -> None:
+    """Review of iofix, finding 2: closing a log dup'ed each segment's descriptor, so a broker at its
+    open-files limit (a real RLIMIT_NOFILE, in a subprocess) met EMFILE at shutdown and took the
+    directory offline (CRITICAL, exit 1, no clean-shutdown marker anywhere). Each log's close now
+    syncs through the segment's own descriptor and closes it before writing its marker."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _CLOSE_AT_THE_LIMIT, str(tmp_path / "data")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    offline, markers, logs = out.stdout.split()
+    assert offline == "False" and int(logs) == 42  # big-0..39, __consumer_offsets-0, __transaction_state-0
+    assert int(markers) == int(logs)
+
+
+def test_no_descriptor_at_close_skips_the_marker_but_the_directory_stays_online(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """EMFILE for an index file at close (no disk failure, as in sync): that log closes without its
+    clean-shutdown marker (the next start recovers it), one WARNING, nothing left open, the
+    directory stays online; what was appended is read back after recovery."""
+    log = _log_with_two_rolled_unsynced_segments(tmp_path)
+    directory = log.directory
+    _fail_index_fds(monkeypatch, {1})  # the first segment is synced and closed by then
+    before = _open_fds()
+    with caplog.at_level("WARNING", logger="oncelog"):
+        log.close()
+    assert not log.failure_channel.offline and log.closed
+    assert not (directory / ".clean_shutdown").exists()
+    assert len(before - _open_fds()) == 3  # the three segments' .log descriptors, and nothing opened stays open
+    assert [r.levelname for r in caplog.records if "clean-shutdown marker" in r.getMessage()] == ["WARNING"]
+    monkeypatch.undo()
+    again = PartitionLog.open(directory, LogConfig(), T0)
+    assert again.log_end_offset == 3
+    again.close()
+    assert (directory / ".clean_shutdown").exists()
