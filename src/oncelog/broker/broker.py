@@ -147,12 +147,30 @@ class Broker:
 
     def _bump_coordinator_epoch(self) -> int:
         """Kafka's coordinator epoch changes when a coordinator takes over; here
-        every start is a take-over, so markers of a previous run are older."""
+        every start is a take-over, so markers of a previous run are older.
+
+        Only a missing file means "no epoch yet" (0). One that cannot be read or parsed
+        fails the start (StartupError, one line): restarting at 0 would have the partitions
+        that saw a later epoch's markers fence this coordinator's markers
+        (TRANSACTION_COORDINATOR_FENCED), and its transactions would never complete."""
         path = self.config.data_dir / "meta" / "coordinator_epoch"
         try:
-            epoch = int(path.read_text().strip()) + 1
-        except (OSError, ValueError):
+            text = path.read_text()
+        except FileNotFoundError:
             epoch = 0
+        except OSError as exc:
+            raise StartupError(f"cannot read {path}: {exc.strerror or exc}") from None
+        else:
+            try:
+                epoch = int(text.strip()) + 1
+            except ValueError:
+                epoch = 0
+            if epoch <= 0:
+                raise StartupError(
+                    f"{path} is corrupt ({text.strip()[:40]!r} is no coordinator epoch); the partitions would"
+                    " fence this coordinator's transaction markers: restore it, or write an epoch at least as"
+                    " high as any used before"
+                )
         atomic_write(path, str(epoch).encode())
         return epoch
 
