@@ -142,3 +142,16 @@ def test_oncelog_serve_with_a_corrupt_coordinator_epoch_exits_1_with_one_line(
     assert _serve(data) == 1
     line = _one_line(capsys)
     assert "coordinator_epoch is corrupt" in line, line
+
+
+def test_the_start_failure_line_names_the_file_of_an_unguarded_error(tmp_path: Path) -> None:
+    """Review of iofix, finding 8: an OSError raised outside any guard (an open in Broker.__init__)
+    gave "Too many open files" and no file name."""
+    from oncelog.broker.server import start_failure
+
+    config = BrokerConfig(data_dir=tmp_path / "data")
+    exc = OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(tmp_path / "data" / "meta" / "some_file"))
+    line = start_failure(config, exc)
+    assert f"Too many open files: {tmp_path / 'data' / 'meta' / 'some_file'} (open files limit" in line, line
+    line = start_failure(config, OSError(errno.EIO, os.strerror(errno.EIO)))  # no file name: as before
+    assert line == f"cannot load the data directory {tmp_path / 'data'}: Input/output error"

@@ -624,7 +624,10 @@ async def serve(config: BrokerConfig, ready: Any = None) -> None:
 def start_failure(config: BrokerConfig, exc: OSError) -> str:
     """The one line for a start that failed on the data directory; for EMFILE/ENFILE it names
     the limit to raise (each partition's log needs descriptors; the catalog lists them all)."""
-    text = f"cannot load the data directory {config.data_dir}: {exc.strerror or exc}"
+    detail = exc.strerror or str(exc)
+    if exc.strerror and exc.filename is not None:  # a raw OSError (no guard named the step): which file
+        detail += f": {exc.filename}"
+    text = f"cannot load the data directory {config.data_dir}: {detail}"
     if is_descriptor_shortage(exc):
         soft = -1
         try:
