@@ -22,6 +22,7 @@ from oncelog.storage import segment as segment_mod
 from oncelog.storage.config import LogConfig
 from oncelog.storage.log import PartitionLog
 from oncelog.storage.log_dir import DescriptorShortageError, LogDirOfflineError
+from tests.unit.test_group_commit import FakePartition
 
 T0 = 1_700_000_000_000
 
@@ -98,21 +99,12 @@ def test_another_error_getting_the_index_descriptors_takes_the_directory_offline
     log.abandon()
 
 
-class _Partition:
-    def __init__(self, log: PartitionLog) -> None:
-        self.log = log
-        self.high_watermark = 0
-
-    def advance_high_watermark(self, offset: int) -> None:
-        self.high_watermark = offset
-
-
 def test_the_group_committer_retries_a_round_that_had_no_descriptor(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The waiters wait through two failed rounds and are released by the one that syncs."""
     log = _log_with_two_rolled_unsynced_segments(tmp_path)
-    part = _Partition(log)
+    part = FakePartition(log)
     _fail_index_fds(monkeypatch, {0, 1})
 
     async def main() -> None:
@@ -189,7 +181,7 @@ def test_a_shutdown_drain_is_bounded_while_no_descriptor_can_be_had(
     OSError, answered KAFKA_STORAGE_ERROR), nothing is reported durable, the directory stays
     online and no retry is left scheduled."""
     log = _log_with_two_rolled_unsynced_segments(tmp_path)
-    part = _Partition(log)
+    part = FakePartition(log)
     _always_emfile(monkeypatch)
 
     async def main() -> None:
@@ -221,7 +213,7 @@ def test_the_shutdown_drain_still_waits_for_a_round_that_gets_its_descriptors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = _log_with_two_rolled_unsynced_segments(tmp_path)
-    part = _Partition(log)
+    part = FakePartition(log)
     _fail_index_fds(monkeypatch, {0, 1})
 
     async def main() -> None:
@@ -245,10 +237,10 @@ def test_postponed_rounds_warn_once_per_streak(
     the backoff to 10 ms): up to ~100 lines a second. Now one WARNING per streak of retries, and
     a success of a log that is not being retried does not reset the backoff."""
     log = _log_with_two_rolled_unsynced_segments(tmp_path)
-    part = _Partition(log)
+    part = FakePartition(log)
     other_log = PartitionLog.open(tmp_path / "u-0", LogConfig(), T0)
     other_log.failure_channel = log.failure_channel
-    other = _Partition(other_log)
+    other = FakePartition(other_log)
     real = segment_mod.Segment.index_sync_fds
     fail = {"on": True}
 
@@ -296,7 +288,7 @@ def test_a_log_that_synced_is_not_held_back_by_one_that_got_no_descriptor(
     a_log = _log_with_two_rolled_unsynced_segments(tmp_path / "a")
     b_log = _log_with_two_rolled_unsynced_segments(tmp_path / "b")
     b_log.failure_channel = a_log.failure_channel
-    a, b = _Partition(a_log), _Partition(b_log)
+    a, b = FakePartition(a_log), FakePartition(b_log)
     real = segment_mod.Segment.index_sync_fds
     fail = {"on": True}
 
