@@ -411,3 +411,31 @@ def test_no_descriptor_at_close_skips_the_marker_but_the_directory_stays_online(
     assert again.log_end_offset == 3
     again.close()
     assert (directory / ".clean_shutdown").exists()
+
+
+def test_the_periodic_flush_retries_a_log_that_had_no_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """log.flush.interval.messages > 1 (no fsync per ack): a background flush that gets no descriptor
+    keeps the log dirty and syncs it at a later interval; the directory stays online."""
+    log = _log_with_two_rolled_unsynced_segments(tmp_path)
+    part = FakePartition(log)
+    _fail_index_fds(monkeypatch, {0, 1})
+
+    async def main() -> None:
+        committer = GroupCommitter(fsync_on_ack=False, flush_interval_ms=20, log_dir=log.failure_channel)
+        flusher = asyncio.ensure_future(committer.periodic_flush())
+        try:
+            assert committer.wait_durable(part) is None  # type: ignore[arg-type]
+            for _ in range(250):
+                if log.durable_end_offset == 3:
+                    break
+                await asyncio.sleep(0.02)
+            assert log.durable_end_offset == 3 and not log.failure_channel.offline
+        finally:
+            flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
+            committer.close()
+
+    asyncio.run(main())
+    log.close()
