@@ -602,7 +602,7 @@ async def serve(config: BrokerConfig, ready: Any = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):  # not the main thread
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (uvloop: ValueError)
             pass
     log.info("started in %.0f ms", (time.monotonic() - started) * 1000)
     print(f"oncelog listening on {config.host}:{server.port}", flush=True)
