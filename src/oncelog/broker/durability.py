@@ -344,9 +344,11 @@ class GroupCommitter:
                             w.fut.set_exception(short[p])
             else:
                 self._retry_round([p for p, _ in pairs], [ws for _, ws in pairs], next(iter(short.values())))
+        if error is not None:
+            self._retrying.difference_update(files)  # failed for good: not retried any more
+        elif self._retrying:
+            self._end_streak([p for p in files if p not in short])
         if error is None:
-            if self._retrying:
-                self._end_streak([p for p in files if p not in short])
             for p, end in zip(files, ends):
                 if p not in short:
                     p.advance_high_watermark(end)
