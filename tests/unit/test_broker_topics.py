@@ -266,3 +266,56 @@ def test_a_log_directory_left_by_a_failed_long_name_delete_is_removed_at_start(t
     assert not (tmp_path / "data" / f"{name}-0").exists() and name not in again.topics
     assert not any(p.name.endswith("-delete") for p in (tmp_path / "data").iterdir())
     again.close()
+
+
+def _snapshot_listing_fails(monkeypatch: pytest.MonkeyPatch, part_dir: str, err: int) -> None:
+    """os.scandir of ``<data>/<part_dir>`` fails with ``err`` while the partition loads its producer
+    state (Partition.__init__ lists its snapshots: Path.glob -> os.scandir), and only then."""
+    import sys
+
+    real = os.scandir
+
+    def failing(path: Any = ".") -> Any:
+        if str(path).endswith("/" + part_dir):
+            f = sys._getframe(1)
+            while f is not None:
+                if f.f_code.co_name == "_load_producer_state":
+                    raise OSError(err, os.strerror(err))
+                f = f.f_back
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", failing)
+
+
+def test_emfile_listing_a_new_partitions_snapshots_rolls_the_topic_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of iofix, finding 1: EMFILE in Partition.__init__ (outside any guard) left the topic in
+    the catalog but not in broker.topics (a retry got TOPIC_ALREADY_EXISTS, Metadata and
+    DeleteTopics said unknown). It now runs under the log's channel: rolled back, online, and the
+    retry creates the topic."""
+    broker = _broker(tmp_path)
+    _snapshot_listing_fails(monkeypatch, "t-1", errno.EMFILE)
+    with pytest.raises(KafkaError) as info:
+        broker.create_topic("t", 2)
+    assert info.value.code == ErrorCode.kafka_storage_error
+    monkeypatch.undo()
+    assert not broker.log_dir.offline
+    assert "t" not in broker.topics and broker.catalog.get("t") is None
+    assert not [p for p in (tmp_path / "data").iterdir() if p.name.startswith("t-")]
+    broker.create_topic("t", 2)
+    assert len(broker.topics["t"].partitions) == 2
+    broker.close()
+
+
+def test_another_error_listing_a_new_partitions_snapshots_takes_the_directory_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = _broker(tmp_path)
+    _snapshot_listing_fails(monkeypatch, "t-1", errno.EIO)
+    with pytest.raises(KafkaError) as info:
+        broker.create_topic("t", 2)
+    assert info.value.code == ErrorCode.kafka_storage_error
+    monkeypatch.undo()
+    assert broker.log_dir.offline
+    broker.close()

@@ -280,3 +280,31 @@ def test_a_read_error_in_fetch_takes_the_directory_offline_and_answers_kafka_sto
         asyncio.run(main())
     finally:
         broker.close()
+
+
+def test_a_topic_deleted_during_a_long_poll_below_the_high_watermark_is_no_disk_failure(tmp_path: Path) -> None:
+    """The long poll (min_bytes not met) reads the log again when woken by the DeleteTopics: that
+    read meets the closed log, which is no disk error (review of iofix, finding 5: the
+    ``part.log.closed`` branch had no test; without it the fetch got KAFKA_STORAGE_ERROR and the
+    directory went offline, a false halt on a normal race). UNKNOWN_TOPIC_OR_PARTITION, online."""
+    broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
+    try:
+        broker.create_topic("t", 1)
+
+        async def main() -> None:
+            (p,) = (await call(broker, PRODUCE, 9, produce(encode_record_batch([Record(None, b"v")])))).responses[
+                0].partition_responses
+            assert p.error_code == 0
+            body = fetch_body()  # offset 0: below the high watermark (1), so the woken fetch reads again
+            body.update(max_wait=3000, min_bytes=1 << 20)
+            task = asyncio.ensure_future(call(broker, FETCH, 12, body))
+            await asyncio.sleep(0.05)
+            assert not task.done()  # waiting for more bytes
+            broker.delete_topic("t")
+            f = await asyncio.wait_for(task, 5)
+            assert f.responses[0].partitions[0].error_code == E.unknown_topic_or_partition
+            assert not broker.log_dir.offline and broker.log_dir.cause is None
+
+        asyncio.run(main())
+    finally:
+        broker.close()

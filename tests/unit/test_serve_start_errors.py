@@ -105,3 +105,53 @@ def test_a_missing_producer_id_block_starts_the_ids_at_0(tmp_path: Path) -> None
         assert again.producer_ids.generate() == 1000  # the next block, above every id issued
     finally:
         again.close()
+
+
+@pytest.mark.parametrize("content", ["", "garbage", "-5"])
+def test_a_corrupt_coordinator_epoch_fails_the_start(tmp_path: Path, content: str) -> None:
+    """Review of iofix, finding 7: the epoch silently restarted at 0 (and 0 was written back); a
+    partition that saw a marker of a later epoch then fenced every marker of this coordinator."""
+    data = _data_with_a_topic(tmp_path, 1)
+    (data / "meta" / "coordinator_epoch").write_text(content)
+    assert _start_error(data).startswith(f"{data / 'meta' / 'coordinator_epoch'} is corrupt")
+    assert (data / "meta" / "coordinator_epoch").read_text() == content  # not overwritten
+
+
+def test_an_unreadable_coordinator_epoch_fails_the_start(tmp_path: Path) -> None:
+    data = _data_with_a_topic(tmp_path, 1)
+    path = data / "meta" / "coordinator_epoch"
+    path.unlink(missing_ok=True)
+    path.mkdir()  # read_text: IsADirectoryError, an OSError that is not ENOENT (as EIO or EACCES would be)
+    assert _start_error(data).startswith(f"cannot read {path}:")
+
+
+def test_the_coordinator_epoch_grows_at_each_start_and_starts_at_0(tmp_path: Path) -> None:
+    epochs = []
+    for _ in range(3):
+        broker = Broker(BrokerConfig(data_dir=tmp_path / "data"))
+        epochs.append(broker.coordinator_epoch)
+        broker.close()
+    assert epochs == [0, 1, 2]
+
+
+def test_oncelog_serve_with_a_corrupt_coordinator_epoch_exits_1_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _data_with_a_topic(tmp_path, 1)
+    (data / "meta" / "coordinator_epoch").write_text("garbage")
+    assert _serve(data) == 1
+    line = _one_line(capsys)
+    assert "coordinator_epoch is corrupt" in line, line
+
+
+def test_the_start_failure_line_names_the_file_of_an_unguarded_error(tmp_path: Path) -> None:
+    """Review of iofix, finding 8: an OSError raised outside any guard (an open in Broker.__init__)
+    gave "Too many open files" and no file name."""
+    from oncelog.broker.server import start_failure
+
+    config = BrokerConfig(data_dir=tmp_path / "data")
+    exc = OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(tmp_path / "data" / "meta" / "some_file"))
+    line = start_failure(config, exc)
+    assert f"Too many open files: {tmp_path / 'data' / 'meta' / 'some_file'} (open files limit" in line, line
+    line = start_failure(config, OSError(errno.EIO, os.strerror(errno.EIO)))  # no file name: as before
+    assert line == f"cannot load the data directory {tmp_path / 'data'}: Input/output error"

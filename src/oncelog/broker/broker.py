@@ -147,12 +147,30 @@ class Broker:
 
     def _bump_coordinator_epoch(self) -> int:
         """Kafka's coordinator epoch changes when a coordinator takes over; here
-        every start is a take-over, so markers of a previous run are older."""
+        every start is a take-over, so markers of a previous run are older.
+
+        Only a missing file means "no epoch yet" (0). One that cannot be read or parsed
+        fails the start (StartupError, one line): restarting at 0 would have the partitions
+        that saw a later epoch's markers fence this coordinator's markers
+        (TRANSACTION_COORDINATOR_FENCED), and its transactions would never complete."""
         path = self.config.data_dir / "meta" / "coordinator_epoch"
         try:
-            epoch = int(path.read_text().strip()) + 1
-        except (OSError, ValueError):
+            text = path.read_text()
+        except FileNotFoundError:
             epoch = 0
+        except OSError as exc:
+            raise StartupError(f"cannot read {path}: {exc.strerror or exc}") from None
+        else:
+            try:
+                epoch = int(text.strip()) + 1
+            except ValueError:
+                epoch = 0
+            if epoch <= 0:
+                raise StartupError(
+                    f"{path} is corrupt ({text.strip()[:40]!r} is no coordinator epoch); the partitions would"
+                    " fence this coordinator's transaction markers: restore it, or write an epoch at least as"
+                    " high as any used before"
+                )
         atomic_write(path, str(epoch).encode())
         return epoch
 
@@ -183,6 +201,14 @@ class Broker:
 
     def _new_partition(self, name: str, index: int, topic_id: uuid.UUID) -> Partition:
         return Partition(name, index, topic_id, self.logs.get(name, index), self.config.max_producers_per_partition)
+
+    def _created_partition(self, name: str, index: int, topic_id: uuid.UUID) -> Partition:
+        """A partition of a topic (or of partitions) being created: its producer-state loading
+        (the snapshots' listing) and its leader-epoch write run under its log's channel, so
+        an OSError there is either spared (EMFILE/ENFILE, in the caller's sparing block: the
+        creation is rolled back) or takes the directory offline, never raised unnoticed."""
+        with self.logs.get(name, index).io("opening of the partition"):
+            return self._new_partition(name, index, topic_id)
 
     def all_partitions(self) -> list[Partition]:
         return [p for t in self.topics.values() for p in t.partitions]
@@ -239,7 +265,8 @@ class Broker:
             with self.log_dir.sparing_descriptor_errors():
                 self.logs.create_partitions(name, 0, num_partitions, self.clock())
                 # each partition loads its producer state and writes its new leader epoch
-                partitions = [self._new_partition(name, i, uuid.UUID(str(meta.topic_id))) for i in range(num_partitions)]
+                partitions = [self._created_partition(name, i, uuid.UUID(str(meta.topic_id)))
+                              for i in range(num_partitions)]
         except DescriptorShortageError as exc:
             # out of file descriptors (no disk error; docs/architecture.md): this topic is undone, the
             # directory stays online; an error of the undo takes it offline
@@ -251,9 +278,10 @@ class Broker:
                 log.log(log_level(undo, logging.ERROR), "rolling back topic %s failed: %s", name, undo)
             raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {name!r}: {exc}") from None
         except OSError as exc:
-            # the catalog's write or a log's creation failed: the log directory is offline (Kafka's
-            # getOrCreateLog), nothing more is written to it and the broker stops; the next start
-            # creates the logs the catalog lists
+            # the catalog's write or a log's creation failed: every step above runs under the log
+            # directory's channel (the catalog, the logs, each partition's opening), so the directory
+            # is offline (Kafka's getOrCreateLog), nothing more is written to it and the broker stops;
+            # the next start creates the logs the catalog lists
             log.log(log_level(exc, logging.ERROR), "creating topic %s failed: %s", name, exc)
             raise KafkaError(ErrorCode.kafka_storage_error, f"cannot create topic {name!r}: {exc}") from None
         except TopicExistsError:  # the catalog has it, broker.topics not (never expected): Kafka's answer
@@ -301,7 +329,7 @@ class Broker:
             self.log_dir.check()
             with self.log_dir.sparing_descriptor_errors():
                 self.logs.create_partitions(name, current, total, self.clock())
-                added = [self._new_partition(name, i, topic.topic_id) for i in range(current, total)]
+                added = [self._created_partition(name, i, topic.topic_id) for i in range(current, total)]
             self.catalog.add_partitions(name, total)  # a failure here is the directory's (offline)
         except DescriptorShortageError as exc:  # out of descriptors: undo the new partitions, stay online
             log.error("adding partitions to %s failed, rolling back: %s", name, exc)

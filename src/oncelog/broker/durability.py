@@ -35,12 +35,18 @@ before any fdatasync ran (:class:`~oncelog.storage.log_dir.DescriptorShortageErr
 nothing was written or synced, the directory stays online) is retried after a
 short backoff (10 ms, doubling up to 1 s) with its waiters still waiting; nothing
 is reported durable before a later fdatasync succeeds. oncelog opens descriptors
-lazily, so a burst of connections can exhaust them; it is no disk failure.
+lazily, so a burst of connections can exhaust them; it is no disk failure. One
+WARNING is logged per streak of such retries (until every log that was retried
+has synced), not one per retry, and only the success of a retried log resets the
+backoff. At shutdown the retries are bounded (:meth:`GroupCommitter.drain_for`):
+past the bound, the waiters still waiting fail (a storage error, retriable) and
+nothing of theirs is reported durable.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import queue
 import threading
@@ -213,7 +219,12 @@ class GroupCommitter:
         self.rounds = 0
         self.synced_files = 0
         self.shortage_retries = 0  # rounds retried for want of a descriptor (DescriptorShortageError)
-        self._backoff = 0.0  # the next retry's delay (s); 0 after a round that got its descriptors
+        self._backoff = 0.0  # the next retry's delay (s); 0 once every retried log synced
+        self._retrying: set["Partition"] = set()  # logs of the current streak of retries (warned once)
+        self._streak_retries = 0
+        self._retry_timer: asyncio.TimerHandle | None = None
+        self._postponed: dict["Partition", None] = {}  # logs waiting for the retry timer
+        self._given_up = False  # drain_for timed out (shutdown): no more retries
 
     def wait_durable(self, partition: "Partition") -> asyncio.Future[None] | None:
         """Mark ``partition`` dirty; return a future that resolves once durable.
@@ -298,31 +309,52 @@ class GroupCommitter:
         self._rounds.add(done)
         done.add_done_callback(lambda fut: self._round_done(fut, files, ends, waiters))
 
-    def _round_done(self, fut: asyncio.Future[None], files: list["Partition"], ends: list[int],
+    def _round_done(self, fut: asyncio.Future[Any], files: list["Partition"], ends: list[int],
                     waiters: list[Any]) -> None:
         self._rounds.discard(fut)
         error: BaseException | None = None
+        short: dict["Partition", BaseException] = {}  # the logs that got no descriptor (nothing synced)
         if fut.cancelled():
             error = asyncio.CancelledError()
-        elif isinstance(fut.exception(), DescriptorShortageError) and not self.log_dir.offline:
-            self._retry_round(files, waiters, fut.exception())
-            return
+        elif isinstance(fut.exception(), DescriptorShortageError):  # the round could not start at all
+            short = dict.fromkeys(files, fut.exception())  # type: ignore[arg-type]
         elif fut.exception() is not None:
             error = fut.exception()
             if isinstance(error, OSError):  # never retried: the log directory goes offline
                 error = self.log_dir.failed("fsync", error)
             log.debug("fsync round failed: %s", error)
+        else:
+            short = dict(fut.result() or ())
         if error is None and self.log_dir.offline:
             # a round running beside the failed one: nothing is reported durable any more
             error = self.log_dir.error()
+        if error is not None:
+            short = {}
         self.rounds += 1
-        self.synced_files += len(files)
+        self.synced_files += len(files) - len(short)
         self._inflight.difference_update(files)
+        if short:
+            # only the logs that got no descriptor wait for a retry, with their waiters (a waiter
+            # of several logs is released once all are synced); the others are durable now
+            pairs = [(p, ws) for p, ws in zip(files, waiters) if p in short]
+            if self._given_up:  # shutting down: not retried, nothing of theirs is durable
+                for p, ws in pairs:
+                    for w in ws:
+                        if not w.fut.done():
+                            w.fut.set_exception(short[p])
+            else:
+                self._retry_round([p for p, _ in pairs], [ws for _, ws in pairs], next(iter(short.values())))
+        if error is not None:
+            self._retrying.difference_update(files)  # failed for good: not retried any more
+        elif self._retrying:
+            self._end_streak([p for p in files if p not in short])
         if error is None:
-            self._backoff = 0.0
             for p, end in zip(files, ends):
-                p.advance_high_watermark(end)
-        for ws in waiters:
+                if p not in short:
+                    p.advance_high_watermark(end)
+        for p, ws in zip(files, waiters):
+            if p in short:
+                continue
             for w in ws:
                 if w.fut.done():
                     continue
@@ -341,25 +373,60 @@ class GroupCommitter:
             asyncio.get_running_loop().call_soon(self._kick)
 
     def _retry_round(self, files: list["Partition"], waiters: list[Any], exc: BaseException | None) -> None:
-        """The round could not get a descriptor before any fdatasync (nothing synced, the
-        segments stay marked unsynced): its logs go back to the dirty ones with their waiters
-        (ahead of those queued meanwhile), and a round starts again after a backoff."""
-        self._inflight.difference_update(files)
+        """These logs could not get a descriptor before any fdatasync (nothing synced, the
+        segments stay marked unsynced): they wait with their waiters (ahead of those queued
+        meanwhile) and go back to the dirty logs after a backoff. The other logs' rounds
+        are not held back meanwhile (an append to one of these logs makes it dirty again
+        at once, and its round may retry it sooner)."""
         for p, ws in zip(files, waiters):
-            self._dirty[p] = None
+            self._postponed[p] = None
             if ws:
                 self._waiting[p] = list(ws) + self._waiting.get(p, [])
         self.shortage_retries += 1
+        self._streak_retries = self._streak_retries + 1 if self._retrying else 1
         self._backoff = min(1.0, max(0.01, self._backoff * 2))
-        log.warning("fsync round postponed %.0f ms: %s", self._backoff * 1000, exc)
-        if not self._kick_scheduled:
-            self._kick_scheduled = True  # drain() keeps waiting for the retry
-            asyncio.get_running_loop().call_later(self._backoff, self._kick)
+        # once per streak: a retry every 10 ms to 1 s would otherwise log up to ~100 lines a second
+        level = logging.DEBUG if self._retrying else logging.WARNING
+        log.log(level, "fsync round postponed %.0f ms (retried until a descriptor is free): %s",
+                self._backoff * 1000, exc)
+        self._retrying.update(files)
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+        # drain() keeps waiting for the retry
+        self._retry_timer = asyncio.get_running_loop().call_later(self._backoff, self._retried_kick)
 
-    def _fail_waiting(self) -> None:
-        """The log directory is offline: fail every waiter of a log not in a running round
-        (those of running rounds fail when their round ends) and forget the dirty logs."""
-        error = self.log_dir.error()
+    def _retried_kick(self) -> None:
+        self._retry_timer = None
+        postponed, self._postponed = self._postponed, {}
+        self._dirty.update(postponed)
+        if not self._kick_scheduled:
+            self._kick()
+
+    def _end_streak(self, synced: list["Partition"]) -> None:
+        """Logs of the streak of retries synced: once all have, the streak ends (the next
+        postponed round warns again, with the backoff back at its start). A round of other
+        logs ends nothing."""
+        before = len(self._retrying)
+        self._retrying.difference_update(synced)
+        if before and not self._retrying:
+            self._backoff = 0.0
+            log.info("fsync rounds resumed after %d postponed round(s)", self._streak_retries)
+
+    def _cancel_retry(self) -> None:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
+        self._postponed.clear()
+
+    def _give_up(self) -> None:
+        """Shutdown past :meth:`drain_for`'s bound: no more retries; the waiters of the logs
+        not in a running round fail now (those of running rounds fail if their round gets
+        no descriptor either), with a retriable storage error. Their data stays unsynced:
+        the log's close syncs it if it can, or leaves it to recovery."""
+        self._given_up = True
+        self._cancel_retry()
+        error = DescriptorShortageError(errno.EMFILE, "no descriptor to sync the log before shutdown; "
+                                        "not acknowledged as durable")
         waiting, self._waiting = self._waiting, {}
         self._dirty.clear()
         for ws in waiting.values():
@@ -367,31 +434,46 @@ class GroupCommitter:
                 if not w.fut.done():
                     w.fut.set_exception(error)
 
-    def _sync_all(self, loop: asyncio.AbstractEventLoop, dirty: list["Partition"]) -> asyncio.Future[None]:
+    def _fail_waiting(self) -> None:
+        """The log directory is offline: fail every waiter of a log not in a running round
+        (those of running rounds fail when their round ends) and forget the dirty logs."""
+        error = self.log_dir.error()
+        self._cancel_retry()
+        waiting, self._waiting = self._waiting, {}
+        self._dirty.clear()
+        for ws in waiting.values():
+            for w in ws:
+                if not w.fut.done():
+                    w.fut.set_exception(error)
+
+    def _sync_all(self, loop: asyncio.AbstractEventLoop, dirty: list["Partition"]) -> asyncio.Future[Any]:
         """fdatasync every log of ``dirty`` concurrently in the worker threads; the
-        future resolves (on the loop) once all are done, with the first error if
-        any failed. Only the last worker to finish wakes the loop."""
-        done: asyncio.Future[None] = loop.create_future()
+        future resolves (on the loop) once all are done: with the first error if one
+        failed otherwise than for want of a descriptor, else with the list of
+        ``(log, DescriptorShortageError)`` of the logs that could not get one (the
+        others are synced). Only the last worker to finish wakes the loop."""
+        done: asyncio.Future[Any] = loop.create_future()
         if not dirty:  # waiters without a dirty log (none today): nothing to sync
             done.set_result(None)
             return done
         left = [len(dirty)]
-        errors: list[BaseException] = []
+        errors: list[tuple["Partition", BaseException]] = []
         lock = threading.Lock()
 
         def finish() -> None:
             if done.done():  # the round's task was cancelled (shutdown)
                 return
-            if errors:
-                done.set_exception(errors[0])
+            failed = [exc for _, exc in errors if not isinstance(exc, DescriptorShortageError)]
+            if failed:
+                done.set_exception(failed[0])
             else:
-                done.set_result(None)
+                done.set_result(errors)
 
         def sync(p: "Partition") -> None:
             try:
                 p.log.sync()
             except BaseException as exc:
-                errors.append(exc)
+                errors.append((p, exc))
             with lock:
                 left[0] -= 1
                 last = left[0] == 0
@@ -430,11 +512,26 @@ class GroupCommitter:
         Cancelling the drain cancels only the drain: the rounds it waits on go on, since
         produce answers wait on them too (``asyncio.wait`` does not cancel what it waits
         for; ``gather`` would, and every waiter of the round would fail)."""
-        while self._rounds or self._kick_scheduled or (self._dirty and self.fsync_on_ack and self._waiting):
+        while (self._rounds or self._kick_scheduled or self._retry_timer is not None
+               or (self._dirty and self.fsync_on_ack and self._waiting)):
             if self._rounds:
                 await asyncio.wait(list(self._rounds))
             # a round postponed for want of a descriptor (_retry_round) starts later: no busy wait
-            await asyncio.sleep(0.005 if self._kick_scheduled and self._backoff else 0)
+            await asyncio.sleep(0.005 if self._retry_timer is not None else 0)
+
+    async def drain_for(self, timeout: float) -> bool:
+        """:meth:`drain`, for ``timeout`` seconds at most (shutdown): True if everything
+        appended was synced; False if not, and then the rounds postponed for want of a
+        descriptor are given up (their waiters fail; nothing of theirs is reported durable)."""
+        try:
+            await asyncio.wait_for(self.drain(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            self._give_up()
+            log.warning("shutdown: appends still not synced after %.0f s (%d log(s) waiting for a file "
+                        "descriptor); their requests fail, nothing unsynced is acknowledged",
+                        timeout, len(self._retrying))
+            return False
 
     def close(self) -> None:
         self._sync_threads.close()

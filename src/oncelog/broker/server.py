@@ -69,6 +69,9 @@ class LogDirFailed(Exception):
     """The broker stopped because its log directory failed (already logged, one line)."""
 
 MAX_IN_FLIGHT = 64  # per connection; beyond it we stop reading the socket
+# how long a shutdown waits for the last group-commit rounds (GroupCommitter.drain_for): only a
+# lasting want of file descriptors (EMFILE/ENFILE retries) makes it wait that long
+SHUTDOWN_SYNC_TIMEOUT_S = 5.0
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -536,7 +539,8 @@ class BrokerServer:
             await asyncio.wait_for(self.broker.txn.drain(), 5)
         except asyncio.TimeoutError:
             log.warning("transaction markers still pending at shutdown; recovery completes them")
-        await self.broker.committer.drain()
+        # bounded: while no descriptor can be had the retries would go on for ever (SIGTERM hangs)
+        await self.broker.committer.drain_for(SHUTDOWN_SYNC_TIMEOUT_S)
         if self._server is not None:
             await self._server.wait_closed()
         self.broker.close()
@@ -598,7 +602,7 @@ async def serve(config: BrokerConfig, ready: Any = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):  # not the main thread
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (uvloop: ValueError)
             pass
     log.info("started in %.0f ms", (time.monotonic() - started) * 1000)
     print(f"oncelog listening on {config.host}:{server.port}", flush=True)
@@ -620,7 +624,10 @@ async def serve(config: BrokerConfig, ready: Any = None) -> None:
 def start_failure(config: BrokerConfig, exc: OSError) -> str:
     """The one line for a start that failed on the data directory; for EMFILE/ENFILE it names
     the limit to raise (each partition's log needs descriptors; the catalog lists them all)."""
-    text = f"cannot load the data directory {config.data_dir}: {exc.strerror or exc}"
+    detail = exc.strerror or str(exc)
+    if exc.strerror and exc.filename is not None:  # a raw OSError (no guard named the step): which file
+        detail += f": {exc.filename}"
+    text = f"cannot load the data directory {config.data_dir}: {detail}"
     if is_descriptor_shortage(exc):
         soft = -1
         try:

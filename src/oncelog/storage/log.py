@@ -1196,6 +1196,13 @@ class PartitionLog:
         offline like any other sync's: the log is abandoned (no clean-shutdown
         marker, so the next start recovers it) and :class:`LogDirOfflineError` is
         raised; the caller abandons the other logs of the directory.
+
+        Except EMFILE/ENFILE (no descriptor for an index file or the marker: no disk
+        failure, as in :meth:`sync`): the log is abandoned without its marker (the next
+        start recovers it, as after a crash), one WARNING, and the directory stays
+        online. Each segment is closed right after its fdatasync, so a log's close
+        needs one descriptor more than it holds at most (its index files') and frees
+        its own as it goes: the next log's close has more room.
         """
         channel = self.failure_channel
         if channel.offline:
@@ -1204,13 +1211,22 @@ class PartitionLog:
         try:
             self._close()
         except OSError as exc:
+            if is_descriptor_shortage(exc):
+                logger.warning("closing %s without a clean-shutdown marker (the next start recovers it): %s",
+                               self.directory.name, exc.strerror or exc)
+                self._drop_marker()
+                self.abandon()
+                return
             error = channel.failed(f"fsync of {self.directory.name} at shutdown", exc)
-            try:  # a marker renamed in place before its directory's fsync failed
-                (self.directory / CLEAN_SHUTDOWN_FILE).unlink(missing_ok=True)
-            except OSError:
-                pass
+            self._drop_marker()
             self.abandon()
             raise error from exc
+
+    def _drop_marker(self) -> None:
+        try:  # a marker renamed in place before its directory's fsync failed
+            (self.directory / CLEAN_SHUTDOWN_FILE).unlink(missing_ok=True)
+        except OSError:
+            pass
 
     def _close(self) -> None:
         with self._sync_lock, self._lock:
@@ -1218,19 +1234,22 @@ class PartitionLog:
                 return
             self.leader_epochs.make_durable()
             for seg in self.segments:
-                fds = seg.sync_fds(with_indexes=True)
+                # both locks are held: no sync or retention uses the segment's own descriptor
+                # meanwhile, so it is synced (no dup) and closed at once (a tight open-files limit)
+                fds = seg.index_sync_fds()
                 try:
+                    if seg.fd >= 0:
+                        os.fdatasync(seg.fd)
                     for fd in fds:
                         os.fdatasync(fd)
                 finally:
                     for fd in fds:
                         os.close(fd)
+                seg.close()
             self._unsynced.clear()
             self._durable_end = self.log_end_offset
             self._closed = True
             atomic_write(self.directory / CLEAN_SHUTDOWN_FILE, b"")
-            for seg in self.segments:
-                seg.close()
 
     def abandon(self) -> None:
         """Close the files without writing or syncing anything (no clean-shutdown marker),

@@ -28,11 +28,12 @@ Coordinator-initiated aborts (fence, timeout) use the finalized version.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from oncelog.broker.group import TopicPartition
 from oncelog.broker.txn.log import TxnLogError, TxnLogStore
@@ -85,6 +86,28 @@ class _NoProducerId(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
+
+
+_R = TypeVar("_R")
+
+
+def _answers_no_producer_id(
+    result: Callable[[int], _R],
+) -> Callable[[Callable[..., Awaitable[_R]]], Callable[..., Awaitable[_R]]]:
+    """A request handler that may need a new producer id: a :class:`_NoProducerId` (raised before
+    anything changed) is answered ``result(code)`` (NOT_COORDINATOR, say)."""
+
+    def wrap(handler: Callable[..., Awaitable[_R]]) -> Callable[..., Awaitable[_R]]:
+        @functools.wraps(handler)
+        async def answered(*args: Any, **kwargs: Any) -> _R:
+            try:
+                return await handler(*args, **kwargs)
+            except _NoProducerId as exc:
+                return result(exc.code)
+
+        return answered
+
+    return wrap
 
 
 class MarkerWriter(Protocol):
@@ -340,23 +363,8 @@ class TransactionCoordinator:
             log.log(log_level(exc, logging.ERROR), "no new producer id: %s", exc)
             raise _NoProducerId(append_error(exc)) from None
 
+    @_answers_no_producer_id(InitProducerIdResult)  # NOT_COORDINATOR, as for the idempotent InitProducerId
     async def init_producer_id(
-        self,
-        transactional_id: str,
-        timeout_ms: int,
-        producer_id: int = -1,
-        producer_epoch: int = -1,
-        enable_2pc: bool = False,
-        keep_prepared_txn: bool = False,
-    ) -> InitProducerIdResult:
-        try:
-            return await self._init_producer_id(
-                transactional_id, timeout_ms, producer_id, producer_epoch, enable_2pc, keep_prepared_txn
-            )
-        except _NoProducerId as exc:  # NOT_COORDINATOR, as for the idempotent InitProducerId
-            return InitProducerIdResult(exc.code)
-
-    async def _init_producer_id(
         self,
         transactional_id: str,
         timeout_ms: int,
@@ -593,14 +601,12 @@ class TransactionCoordinator:
         tv2 = client_tv2 and self._server_tv2
         return await self._end(transactional_id, producer_id, producer_epoch, commit, tv2, fence=False)
 
+    @_answers_no_producer_id(EndTxnResult)  # TV2's next producer id (epoch exhausted): nothing changed
     async def _end(self, tid: str, pid: int, epoch: int, commit: bool, tv2: bool, fence: bool) -> EndTxnResult:
         md = self._txns.get(tid)
         if md is None:
             return EndTxnResult(int(E.invalid_producer_id_mapping))
-        try:
-            decision = self._end_tv2(md, pid, epoch, commit, fence) if tv2 else self._end_tv1(md, pid, epoch, commit, fence)
-        except _NoProducerId as exc:  # TV2's next producer id (epoch exhausted): nothing changed
-            return EndTxnResult(exc.code)
+        decision = self._end_tv2(md, pid, epoch, commit, fence) if tv2 else self._end_tv1(md, pid, epoch, commit, fence)
         if isinstance(decision, EndTxnResult):
             return decision
         transit = decision
