@@ -132,3 +132,61 @@ def test_batch_cancelled_while_waiting_places_none_of_its_records() -> None:
         assert _log(core, 1) == [b"a-0", b"c-0"]
 
     asyncio.run(main())
+
+
+def test_waiting_batch_counts_as_outstanding_until_it_ends() -> None:
+    """flush() (and so a transaction's end) waits for a produce_batch() call still waiting for metadata;
+    before, nothing counted it and flush() returned at once."""
+    async def main() -> None:
+        core, gate = _core()
+        core._idle.set()
+        batch = _batch(core, _vals("b", 2))
+        await asyncio.sleep(0)
+        assert core._outstanding == 1 and not core._idle.is_set()
+        flushed = asyncio.ensure_future(core.flush(None))
+        await asyncio.sleep(0.01)
+        assert not flushed.done()
+        gate.set_exception(UnknownTopicOrPartitionError("never"))
+        with pytest.raises(UnknownTopicOrPartitionError):
+            await asyncio.wait_for(batch, 5)
+        assert await asyncio.wait_for(flushed, 5) == 0
+
+    asyncio.run(main())
+
+
+def _txn_core() -> tuple[ProducerCore, "asyncio.Future[None]"]:
+    core, gate = _core()
+    txn_core = ProducerCore(parse_config({"bootstrap.servers": "127.0.0.1:9", "linger.ms": 60_000,
+                                          "transactional.id": "x"}, "producer"))
+    core.txn = txn_core.txn
+    core.txn.core = core  # type: ignore[union-attr]
+    return core, gate
+
+
+@pytest.mark.parametrize("state,placed", [("IN_TRANSACTION", True), ("COMMITTING", True), ("READY", False),
+                                          ("ABORTING", False)])
+def test_waiting_batch_checks_the_transaction_when_placed(state: str, placed: bool) -> None:
+    """A call made in a transaction is placed while that transaction is open or being committed (commit
+    waits for it), and fails when the transaction ended meanwhile instead of going into the next one or
+    outside any."""
+    from oncelog.client.aio.transactions import S
+    from oncelog.client.errors import IllegalStateError
+
+    async def main() -> None:
+        core, gate = _txn_core()
+        core._idle.set()
+        core.txn.state = S.IN_TRANSACTION  # type: ignore[union-attr]
+        batch = _batch(core, _vals("b", 2))
+        await asyncio.sleep(0)
+        core.txn.state = S[state]  # type: ignore[union-attr]
+        gate.set_result(None)
+        if placed:
+            await asyncio.wait_for(batch, 5)
+            assert _log(core, 1) == [b"b-0", b"b-1"]
+        else:
+            with pytest.raises(IllegalStateError):
+                await asyncio.wait_for(batch, 5)
+            assert _log(core, 1) == []
+            assert core._outstanding == 0
+
+    asyncio.run(main())

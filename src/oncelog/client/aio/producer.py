@@ -906,6 +906,18 @@ class ProducerCore:
         self.buffered_bytes += b.nbytes
         p.ready.append(b)
 
+    def hold_waiting(self) -> None:
+        """A produce_batch() call starts waiting for its topic's metadata: one outstanding until it ends."""
+        if not self._outstanding:
+            self._idle.clear()  # type: ignore[union-attr]
+        self._outstanding += 1
+
+    def release_waiting(self) -> None:
+        """A waiting produce_batch() call was placed (its records now count), failed or was cancelled."""
+        self._outstanding -= 1
+        if self._outstanding == 0 and self._idle is not None:
+            self._idle.set()
+
     def wait_in_line(self, topic: str, call: "_WaitingBatch") -> None:
         """Queue a produce_batch() call behind everything already waiting for ``topic``'s metadata
         (the caller checked that the topic has none, or that records wait for it): it is placed in call
@@ -1832,18 +1844,33 @@ class _WaitingBatch:
     """A produce_batch() call queued in ``ProducerCore._waiting`` behind the records (and calls) made
     before it for a topic without metadata: ``run(info)`` places its records when the metadata comes
     (in the same synchronous pass as those ahead of it) and completes ``done`` (the call's awaited
-    future) with the outcome."""
+    future) with the outcome.
 
-    __slots__ = ("place", "done")
+    While it waits it counts as one outstanding record (``_outstanding``), so flush() and a
+    transaction's end wait until it is placed or fails (as Java's send() returns only once the record
+    is appended: a commit after it always includes it)."""
 
-    def __init__(self, place: Callable[[TopicInfo], None], done: asyncio.Future[None]) -> None:
-        self.place = place
+    __slots__ = ("core", "topic", "place", "done")
+
+    def __init__(self, core: "ProducerCore", topic: str, place: Callable[[TopicInfo], None],
+                 done: asyncio.Future[None]) -> None:
+        self.core = core
+        self.topic = topic
+        self.place: Callable[[TopicInfo], None] | None = place
         self.done = done
+        core.hold_waiting()
+        done.add_done_callback(self._ended)
+
+    def _ended(self, done: asyncio.Future[None]) -> None:
+        self.core.release_waiting()
 
     def run(self, info: Any) -> None:
-        if self.done.done():
+        if self.done.done() or self.place is None:
             return  # the call was cancelled while it waited: none of its records is placed
         try:
+            txn = self.core.txn
+            if txn is not None:
+                txn.check_send_waited()  # the transaction it was made in is still open (or committing)
             self.place(info)
         except Exception as exc:  # partition out of range, ...: produce_batch() raises it
             self.done.set_exception(exc)
@@ -1871,7 +1898,7 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
         # the topic's first use (or records still wait for it): in line behind the produce() records and
         # produce_batch() calls made before this one, so each partition's log follows the call order
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        core.wait_in_line(topic, _WaitingBatch(place, done))
+        core.wait_in_line(topic, _WaitingBatch(core, topic, place, done))
         await done
         return
     place(await core.cluster.wait_topic(topic, core.max_block))  # at once unless the metadata is stale

@@ -310,6 +310,15 @@ class TransactionManager:
         if self.state is not S.IN_TRANSACTION:
             raise IllegalStateError(f"cannot produce in state {self.state.value}: call begin_transaction() first")
 
+    def check_send_waited(self) -> None:
+        """Raise unless a produce_batch() call made in this transaction, which waited for its topic's
+        metadata, may be placed now: still in the transaction, or committing it (commit_transaction()'s
+        flush waits for such a call, so it belongs to the transaction being committed)."""
+        if self.state in (S.ABORTABLE_ERROR, S.FATAL_ERROR):
+            self._raise_if_error()
+        if self.state is not S.IN_TRANSACTION and self.state is not S.COMMITTING:
+            raise IllegalStateError(f"cannot produce in state {self.state.value}: the transaction ended")
+
     # -- sender hooks ----------------------------------------------------------------
 
     def needs_add(self, tp: tuple[str, int]) -> bool:
