@@ -111,3 +111,35 @@ def test_blocking_produce_then_batch_in_call_order(broker: EmbeddedBroker, kit: 
         _vals("a", 5) + _vals("b", 5) + _vals("c", 2) + _vals("d", 2)
     txn = _read(kit, broker.bootstrap, "txn", 2, committed=True)[0]
     assert txn == _vals("a", 5) + _vals("b", 5) + _vals("c", 2)
+
+
+def test_asyncio_commit_includes_a_batch_still_waiting_for_metadata(broker: EmbeddedBroker, kit: Any) -> None:
+    """produce_batch() to a topic this producer has no metadata for, not awaited, then
+    commit_transaction() at once: the commit waits for the call (as Java's send() returns only once the
+    record is appended), so read_committed sees its records once, in that transaction, and the next
+    transaction's abort takes none of them. Before, the commit did not wait, and the records went after
+    it (into no transaction, or the next)."""
+    kit.create_topic(broker.bootstrap, "txn-fresh", 2)
+
+    async def run() -> list[Any]:
+        async with aio.Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5,
+                                 "transactional.id": "order-fresh"}) as p:
+            await p.init_transactions(30)
+            await p.begin_transaction()
+            call = asyncio.ensure_future(p.produce_batch("txn-fresh", _vals("b", 5), partition=0))
+            await asyncio.sleep(0)  # waiting for the topic's metadata
+            await asyncio.wait_for(p.commit_transaction(30), 60)
+            assert call.done()
+            futs = list(call.result())
+            await p.begin_transaction()
+            late = p.produce("txn-fresh", b"aborted", partition=0)
+            await p.flush(30)
+            await p.abort_transaction(30)
+            await late
+            return [await f for f in futs]
+
+    mds = asyncio.run(run())
+    assert [m.offset for m in mds] == [0, 1, 2, 3, 4]
+    got = kit.confluent_consume_all(broker.bootstrap, "txn-fresh", {0: 5}, timeout=20,
+                                    extra={"isolation.level": "read_committed"})
+    assert [m.value() for m in got[0]] == _vals("b", 5)
