@@ -190,3 +190,27 @@ def test_waiting_batch_checks_the_transaction_when_placed(state: str, placed: bo
             assert core._outstanding == 0
 
     asyncio.run(main())
+
+
+def test_batch_to_a_topic_with_stale_metadata_is_placed_before_later_produce() -> None:
+    """Metadata known but marked stale (NOT_LEADER_OR_FOLLOWER invalidated it): produce_batch() places
+    at once as produce() does. Before, it awaited a refresh and a later produce() landed first."""
+    async def main() -> None:
+        core = ProducerCore(parse_config({"bootstrap.servers": "127.0.0.1:9", "linger.ms": 60_000}, "producer"))
+        core._idle = asyncio.Event()
+        core.cluster.topics["t"] = TopicInfo("t", None, {0: 1, 1: 1})
+        core.cluster.invalidate("t")
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def refresh(topics: Any = None) -> None:
+            await gate
+            core.cluster._stale.discard("t")
+        core.cluster.refresh = refresh  # type: ignore[method-assign]
+        task = _batch(core, _vals("batch", 2))
+        await asyncio.sleep(0)
+        _produce(core, [b"later"])
+        gate.set_result(None)
+        await asyncio.wait_for(task, 5)
+        assert _log(core, 1) == [b"batch-0", b"batch-1", b"later"]
+
+    asyncio.run(main())

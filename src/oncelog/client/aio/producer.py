@@ -1894,14 +1894,17 @@ async def produce_batch_into(core: ProducerCore, topic: str, vals: list[bytes | 
         _place_batch(core, topic, info, vals, ks, partition, timestamp, futs, expected_offset)
 
     known = core.cluster.topics.get(topic)
-    if known is None or not known.leaders or topic in core._waiting:
-        # the topic's first use (or records still wait for it): in line behind the produce() records and
-        # produce_batch() calls made before this one, so each partition's log follows the call order
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        core.wait_in_line(topic, _WaitingBatch(core, topic, place, done))
-        await done
+    if known is not None and known.leaders and topic not in core._waiting:
+        # placed at once, with no await, by the same rule as produce()'s _place: metadata marked stale
+        # (after NOT_LEADER_OR_FOLLOWER) is refreshed by the sender before it sends, so a produce() made
+        # after this call cannot land ahead of it
+        place(known)
         return
-    place(await core.cluster.wait_topic(topic, core.max_block))  # at once unless the metadata is stale
+    # the topic's first use (or records still wait for it): in line behind the produce() records and
+    # produce_batch() calls made before this one, so each partition's log follows the call order
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    core.wait_in_line(topic, _WaitingBatch(core, topic, place, done))
+    await done
 
 
 def _place_batch(core: ProducerCore, topic: str, info: TopicInfo, vals: Any, ks: Any, partition: int | None,
