@@ -214,3 +214,22 @@ def test_batch_to_a_topic_with_stale_metadata_is_placed_before_later_produce() -
         assert _log(core, 1) == [b"batch-0", b"batch-1", b"later"]
 
     asyncio.run(main())
+
+
+def test_cancelled_waiting_batch_is_dropped_at_once() -> None:
+    async def main() -> None:
+        core, gate = _core()
+        core._idle.set()
+        _produce(core, _vals("a", 1))
+        batch = _batch(core, _vals("b", 2))
+        await asyncio.sleep(0)
+        assert len(core._waiting["t"]) == 2 and core._outstanding == 2
+        batch.cancel()
+        await asyncio.sleep(0)
+        assert len(core._waiting["t"]) == 1 and core._outstanding == 1  # the produce() record only
+        gate.set_result(None)
+        await asyncio.sleep(0.01)
+        assert _log(core, 1) == [b"a-0"]
+
+    asyncio.run(main())
+

@@ -1848,7 +1848,8 @@ class _WaitingBatch:
 
     While it waits it counts as one outstanding record (``_outstanding``), so flush() and a
     transaction's end wait until it is placed or fails (as Java's send() returns only once the record
-    is appended: a commit after it always includes it)."""
+    is appended: a commit after it always includes it). Cancelled, it is dropped at once: its values
+    are released and it no longer counts."""
 
     __slots__ = ("core", "topic", "place", "done")
 
@@ -1862,6 +1863,11 @@ class _WaitingBatch:
         done.add_done_callback(self._ended)
 
     def _ended(self, done: asyncio.Future[None]) -> None:
+        self.place = None  # the values (a closure over them) go now, not when the metadata wait ends
+        if done.cancelled():
+            waiting = self.core._waiting.get(self.topic)
+            if waiting is not None and self in waiting:
+                waiting.remove(self)
         self.core.release_waiting()
 
     def run(self, info: Any) -> None:
