@@ -306,6 +306,27 @@ def test_parts_are_not_written_after_a_later_batch_the_broker_took_as_a_new_prod
     assert [f.result(0).offset for f in c_futs] == [4, 5]
 
 
+def test_after_overtaken_parts_are_dropped_the_next_batch_follows_the_acknowledged_one() -> None:
+    """The same scenario, then one more batch: it goes at the sequence after B's (every sequence below the
+    acknowledged maximum was dropped), accepted at once. Before, it went at A's old sequence, was refused
+    OUT_OF_ORDER_SEQUENCE_NUMBER and cost an epoch bump."""
+    core, leader = _small(200)
+    _acked_first(core, leader)
+    leader.entry = None
+    a_futs: list[Future[Any]] = [Future() for _ in range(8)]
+    core.append_many("t", _vals("a", 8), None, 0, 1_700_000_000_000, a_futs)
+    _pass(core)
+    _produce(core, "b", 2)
+    _pass(core)
+    _settle(core, leader)
+    p = core.partitions[("t", 0)]
+    assert (p.acked_seq, p.acked_ahead) == (p.acked_max, {})
+    _, c_futs = _produce(core, "c", 2)
+    _settle(core, leader)
+    assert [f.result(0).offset for f in c_futs] == [4, 5]
+    assert core.stats["epoch_bumps"] == 0
+
+
 def test_unknown_producer_id_resets_the_known_partition() -> None:
     """UNKNOWN_PRODUCER_ID: the broker has no state for the producer there, so the partition's next first
     batch goes alone again (_Partition.known)."""

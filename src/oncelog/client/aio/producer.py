@@ -1692,6 +1692,11 @@ class ProducerCore:
         if dropped:
             p.unacked = keep
             p.known = -1
+            if not any(reach > (x.seq - base) % _SEQ_MOD for x in keep):
+                # no sequence below the acknowledged maximum is still owed: the next batch follows it
+                # (else it went out at the dropped parts' old sequence, refused, and the epoch bumped)
+                p.acked_seq = p.acked_max
+                p.acked_ahead.clear()
 
     def _refused(self, p: _Partition, b: _Batch, err: KafkaError) -> None:
         """A conditional refusal: the broker appended nothing of the batch (a retry of an appended batch is
