@@ -101,7 +101,7 @@ from oncelog.storage.log_dir import (
     DescriptorShortageError,
     LogClosedError,
     LogDirFailureChannel,
-    LogDirOfflineError,
+    guarded,
     is_descriptor_shortage,
 )
 from oncelog.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, Segment, segment_name, walk_batches
@@ -220,11 +220,11 @@ def _log_dir_io(what: str) -> Callable[[_F], _F]:
 
     def wrap(method: _F) -> _F:
         @functools.wraps(method)
-        def guarded(self: PartitionLog, *args: Any, **kwargs: Any) -> Any:
+        def under_io(self: PartitionLog, *args: Any, **kwargs: Any) -> Any:
             with self.io(what):
                 return method(self, *args, **kwargs)
 
-        return guarded  # type: ignore[return-value]
+        return under_io  # type: ignore[return-value]
 
     return wrap
 
@@ -491,14 +491,8 @@ class PartitionLog:
         an ``OSError`` takes the directory offline (``what`` names the operation in the
         broker's one line). An error of a log closed meanwhile (its topic was deleted: its
         files went with it) is raised as is and leaves the directory online."""
-        channel = self.failure_channel
-        channel.check()
-        try:
+        with guarded(self.failure_channel, f"{what} of {self.directory.name}", unless=lambda: self._closed):
             yield
-        except OSError as exc:
-            if self._closed and not isinstance(exc, LogDirOfflineError):
-                raise
-            raise channel.failed(f"{what} of {self.directory.name}", exc) from exc
 
     def set_config(self, config: LogConfig) -> None:
         """Apply new settings (used by later appends, rolls and retention)."""

@@ -135,11 +135,14 @@ class LogDirFailureChannel:
 
 
 @contextmanager
-def guarded(channel: LogDirFailureChannel | None, what: str) -> Iterator[None]:
+def guarded(channel: LogDirFailureChannel | None, what: str,
+            unless: Callable[[], bool] | None = None) -> Iterator[None]:
     """Run the block as I/O of the log directory (Kafka's ``maybeHandleIOException``): it
     raises :class:`LogDirOfflineError` at once if the directory is offline, and an
     ``OSError`` in it takes the directory offline (``what`` names it in the one line the
-    broker logs). Without a channel (a log opened alone, in tests) the error is raised as is."""
+    broker logs), unless ``unless()`` is true when it is raised: then it is raised as is
+    (a :class:`LogDirOfflineError` is raised as is anyway). Without a channel (a log
+    opened alone, in tests) the error is raised as is."""
     if channel is None:
         yield
         return
@@ -147,6 +150,8 @@ def guarded(channel: LogDirFailureChannel | None, what: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
+        if unless is not None and unless():
+            raise
         raise channel.failed(what, exc) from exc
 
 
