@@ -424,20 +424,15 @@ class GroupCommitter:
         no descriptor either), with a retriable storage error. Their data stays unsynced:
         the log's close syncs it if it can, or leaves it to recovery."""
         self._given_up = True
-        self._cancel_retry()
-        error = DescriptorShortageError(errno.EMFILE, "no descriptor to sync the log before shutdown; "
-                                        "not acknowledged as durable")
-        waiting, self._waiting = self._waiting, {}
-        self._dirty.clear()
-        for ws in waiting.values():
-            for w in ws:
-                if not w.fut.done():
-                    w.fut.set_exception(error)
+        self._fail_waiting(DescriptorShortageError(errno.EMFILE, "no descriptor to sync the log before shutdown; "
+                                                   "not acknowledged as durable"))
 
-    def _fail_waiting(self) -> None:
-        """The log directory is offline: fail every waiter of a log not in a running round
-        (those of running rounds fail when their round ends) and forget the dirty logs."""
-        error = self.log_dir.error()
+    def _fail_waiting(self, error: BaseException | None = None) -> None:
+        """Fail every waiter of a log not in a running round with ``error`` (by default: the
+        log directory is offline; those of running rounds fail when their round ends), and
+        forget the dirty logs and any postponed retry."""
+        if error is None:
+            error = self.log_dir.error()
         self._cancel_retry()
         waiting, self._waiting = self._waiting, {}
         self._dirty.clear()
