@@ -212,6 +212,7 @@ def test_async_for_ends_quietly_when_close_ends_a_wait_or_an_offload(monkeypatch
         idle = Consumer({"bootstrap.servers": "127.0.0.1:1", "enable.auto.commit": False})
         idle.assign([("t", 0, 0)])
         for c, started in ((idle, lambda: asyncio.sleep(0.05)), (new_consumer(big_zstd()), gate.wait_started)):
+            gate.release.clear()  # the idle round released it: the worker must be held in the offload round
             t = asyncio.ensure_future(iterate(c))
             await started()
             await c.close()
